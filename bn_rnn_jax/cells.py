@@ -1,0 +1,190 @@
+"""Recurrent step functions: pure `(params, carry, step_inputs) -> (carry, step_outputs)`.
+
+The layers in `recurrent.py` scan these over time. A step never touches the `batch_stats`
+collection (DESIGN.md decision 1): in training it *returns* the batch moments it used, in
+inference it *receives* the population statistics of its time step as inputs.
+
+Gate order is `(f, i, o, g)` (Cooijmans et al. eq. 6): forget, input, output, candidate.
+A gated pre-activation `[B, 4H]` is the concatenation of the four `[B, H]` gate blocks.
+
+Parameter names (all float32 unless a compute dtype is set):
+  input_kernel      [I, G*H]   W_x
+  recurrent_kernel  [H, G*H]   W_h
+  bias              [G*H]      b (also the shift of an input-only normalisation)
+  input_scale       [G*H]      gamma_x     (input term normalised)
+  recurrent_scale   [G*H]      gamma_h     (recurrent term normalised)
+  cell_scale, cell_bias [H]    gamma_c, beta_c (LSTM cell normalised)
+  scale             [H]        gamma of tanh-RNN BN inside the recurrence (bias = beta)
+with G = 4 for the LSTM and 1 for the tanh RNN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+from bn_rnn_jax import normalization
+
+Array = jax.Array
+Params = dict[str, Array]
+
+# A normalisation site is one of these (None = not normalised):
+NORM_KINDS = (None, 'batch', 'layer')
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+  """Static settings of a step function (hashable, so it can close over a jitted scan).
+
+  Attributes:
+    recurrent_norm: normalisation of the recurrent term W_h h (None, 'batch', 'layer').
+    input_norm: normalisation of the input term W_x x, when it is computed in the step.
+    cell_norm: normalisation of c_t before the output tanh (LSTM only).
+    train: batch statistics (True) or the population statistics given per step (False).
+    epsilon: variance epsilon of every normalisation.
+    axis_name: pmap axis for cross-device batch moments.
+    compute_dtype: dtype of the matmuls (e.g. bfloat16); normalisation runs in float32.
+  """
+  recurrent_norm: Optional[str] = None
+  input_norm: Optional[str] = None
+  cell_norm: Optional[str] = None
+  train: bool = True
+  epsilon: float = normalization.DEFAULT_EPSILON
+  axis_name: Optional[str] = None
+  compute_dtype: Any = jnp.float32
+
+
+def matmul(x: Array, kernel: Array, compute_dtype) -> Array:
+  """`x @ kernel` in `compute_dtype`, returned in float32 for the statistics."""
+  out = jnp.dot(x.astype(compute_dtype), kernel.astype(compute_dtype),
+                preferred_element_type=jnp.float32)
+  return out.astype(jnp.float32)
+
+
+def apply_norm(kind: Optional[str], z: Array, scale: Optional[Array], bias: Optional[Array],
+               *, train: bool, mask: Optional[Array] = None, stats=None,
+               reduce_axes=(0,), epsilon: float, axis_name: Optional[str] = None):
+  """Normalise `z [..., F]` by `kind`.
+
+  Returns `(y, moments)`. `moments` is `(mean, var, count)` of a training-mode batch norm
+  (to be folded into the population statistics) and None otherwise. In inference a batch
+  norm uses `stats = (mean, var)` broadcastable against z.
+  """
+  if kind is None:
+    y = z
+    if scale is not None:
+      y = y * scale
+    if bias is not None:
+      y = y + bias
+    return y, None
+  if kind == 'layer':
+    return normalization.layer_norm(z, scale, bias, epsilon), None
+  if kind != 'batch':
+    raise ValueError(f'Unknown normalisation {kind!r}; expected one of {NORM_KINDS}.')
+  if train:
+    y, mean, var, count = normalization.batch_norm(
+        z, scale, bias, mask=mask, reduce_axes=reduce_axes, axis_name=axis_name,
+        epsilon=epsilon)
+    return y, (mean, var, count)
+  mean, var = stats
+  return normalization.normalize(z, mean, var, scale, bias, epsilon), None
+
+
+def _keep_padded(mask: Optional[Array], new: Array, old: Array) -> Array:
+  """Padded steps (mask 0) keep the previous state."""
+  return new if mask is None else jnp.where(mask > 0, new, old)
+
+
+def _zero_padded(mask: Optional[Array], value: Array) -> Array:
+  return value if mask is None else jnp.where(mask > 0, value, jnp.zeros_like(value))
+
+
+def _step_input_term(params: Params, cfg: StepConfig, inputs: dict[str, Any]):
+  """The input term of one step: precomputed outside the scan, or projected here."""
+  if 'input_term' in inputs:
+    return inputs['input_term'], None
+  z = matmul(inputs['x'], params['input_kernel'], cfg.compute_dtype)
+  return apply_norm(cfg.input_norm, z, params.get('input_scale'), None, train=cfg.train,
+                    mask=inputs.get('mask'), stats=inputs.get('stats', {}).get('input'),
+                    epsilon=cfg.epsilon, axis_name=cfg.axis_name)
+
+
+def lstm_step(params: Params, cfg: StepConfig, carry: tuple[Array, Array],
+              inputs: dict[str, Any]):
+  """One LSTM / BN-LSTM / LN-LSTM step (Cooijmans et al. eq. 6-8 and 14-16).
+
+    gates = N_h(W_h h_{t-1}; gamma_h) + N_x(W_x x_t; gamma_x) + b
+    c_t   = sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(g)
+    h_t   = sigmoid(o) * tanh(N_c(c_t; gamma_c, beta_c))
+  where each N is the identity, a batch norm or a layer norm as `cfg` says.
+
+  Args:
+    params: see the module docstring.
+    cfg: static settings.
+    carry: `(c, h)`, each `[B, H]` float32.
+    inputs: dict with either `'x' [B, I]` (input term computed here) or
+      `'input_term' [B, 4H]` (computed and normalised outside the scan); optionally
+      `'mask' [B, 1]` and, in inference, `'stats'`: `{site: (mean [F], var [F])}`.
+
+  Returns:
+    `(carry, outputs)`: the new `(c, h)` (padded rows keep the old state) and
+    `{'h': [B, H] (0 on padded rows), 'moments': {site: (mean, var, count)}}`.
+  """
+  c_prev, h_prev = carry
+  mask = inputs.get('mask')
+  stats = inputs.get('stats', {})
+  moments = {}
+  kw = dict(train=cfg.train, mask=mask, epsilon=cfg.epsilon, axis_name=cfg.axis_name)
+
+  input_term, input_moments = _step_input_term(params, cfg, inputs)
+  if input_moments is not None:
+    moments['input'] = input_moments
+  recurrent_term, recurrent_moments = apply_norm(
+      cfg.recurrent_norm, matmul(h_prev, params['recurrent_kernel'], cfg.compute_dtype),
+      params.get('recurrent_scale'), None, stats=stats.get('recurrent'), **kw)
+  if recurrent_moments is not None:
+    moments['recurrent'] = recurrent_moments
+
+  gates = recurrent_term + input_term + params['bias']
+  f, i, o, g = jnp.split(gates, 4, axis=-1)
+  c = jax.nn.sigmoid(f) * c_prev + jax.nn.sigmoid(i) * jnp.tanh(g)
+  c_out, cell_moments = apply_norm(cfg.cell_norm, c, params.get('cell_scale'),
+                                   params.get('cell_bias'), stats=stats.get('cell'), **kw)
+  if cell_moments is not None:
+    moments['cell'] = cell_moments
+  h = jax.nn.sigmoid(o) * jnp.tanh(c_out)
+
+  new_carry = (_keep_padded(mask, c, c_prev), _keep_padded(mask, h, h_prev))
+  return new_carry, {'h': _zero_padded(mask, h), 'moments': moments}
+
+
+def rnn_step(params: Params, cfg: StepConfig, carry: Array, inputs: dict[str, Any]):
+  """One tanh-RNN step, in Laurent et al.'s three forms.
+
+    no BN / input-only BN (eq. 18):  h_t = tanh(W_h h_{t-1} + N_x(W_x x_t) + b)
+    BN in the recurrence (eq. 17, their appendix A):
+                                     h_t = tanh(BN(W_h h_{t-1} + W_x x_t; gamma, beta))
+  `cfg.recurrent_norm` normalises the *sum* (the appendix-A form); `cfg.input_norm` only
+  the input term. Arguments and outputs as in `lstm_step`, with carry `h [B, H]`.
+  """
+  h_prev = carry
+  mask = inputs.get('mask')
+  stats = inputs.get('stats', {})
+  moments = {}
+  input_term, input_moments = _step_input_term(params, cfg, inputs)
+  if input_moments is not None:
+    moments['input'] = input_moments
+  pre = matmul(h_prev, params['recurrent_kernel'], cfg.compute_dtype) + input_term
+  if cfg.recurrent_norm is None:
+    pre = pre + params['bias']
+  else:
+    pre, recurrent_moments = apply_norm(
+        cfg.recurrent_norm, pre, params['scale'], params['bias'], train=cfg.train, mask=mask,
+        stats=stats.get('recurrent'), epsilon=cfg.epsilon, axis_name=cfg.axis_name)
+    if recurrent_moments is not None:
+      moments['recurrent'] = recurrent_moments
+  h = jnp.tanh(pre)
+  return _keep_padded(mask, h, h_prev), {'h': _zero_padded(mask, h), 'moments': moments}

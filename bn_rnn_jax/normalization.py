@@ -1,0 +1,313 @@
+"""Batch and layer normalisation as pure functions.
+
+Everything here works on plain arrays. The recurrent layers in `recurrent.py` call these
+functions inside and outside their `lax.scan`, and keep the population statistics in the
+Flax `batch_stats` collection.
+
+Conventions
+-----------
+* Features are the last axis. Statistics reduce over `reduce_axes` (the batch axis for
+  frame-wise statistics, batch and time for sequence-wise statistics).
+* A `mask` broadcastable to `x.shape[:-1] + (1,)` marks valid entries with 1 and padding
+  with 0. Padding never counts in a statistic.
+* With `axis_name` set (inside `jax.pmap`/`shard_map`), sums *and counts* are `psum`-ed
+  over that axis, so the moments are those of the global batch even when devices hold
+  different numbers of valid entries (a mean of per-device means would be biased).
+* Variances are biased (divide by the count), as in Cooijmans et al. eq. 9.
+
+Population statistics
+---------------------
+A normalisation site keeps `{'mean': [T_max, F], 'var': [T_max, F], 'count': [T_max]}`:
+one row per time step (`T_max = 1` when statistics are shared over time). `count[t]` is the
+number of minibatches that contributed to row t. Inference at step t reads row
+`min(t, last_seen)`, where `last_seen` is the last row with `count > 0`: the statistics of
+the longest training length are reused past it (Cooijmans et al. sec. 3).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Array = jax.Array
+Axes = tuple[int, ...]
+
+DEFAULT_EPSILON = 1e-5
+
+
+def _psum(x, axis_name):
+  return x if axis_name is None else lax.psum(x, axis_name)
+
+
+def _valid_count(x: Array, mask: Optional[Array], reduce_axes: Axes,
+                 axis_name: Optional[str]) -> Array:
+  """Number of valid entries that each statistic averages over (psum-ed)."""
+  if mask is None:
+    n = 1
+    for a in reduce_axes:
+      n *= x.shape[a]
+    count = jnp.asarray(n, jnp.float32)
+  else:
+    mask = jnp.broadcast_to(mask, x.shape[:-1] + (1,)).astype(jnp.float32)
+    count = jnp.sum(mask[..., 0], axis=reduce_axes)
+  return _psum(count, axis_name)
+
+
+def _masked_sum(v: Array, mask: Optional[Array], reduce_axes: Axes) -> Array:
+  return jnp.sum(v if mask is None else v * mask, axis=reduce_axes)
+
+
+def batch_moments(x: Array,
+                  mask: Optional[Array] = None,
+                  reduce_axes: Sequence[int] = (0,),
+                  axis_name: Optional[str] = None):
+  """Masked, cross-device mean and biased variance.
+
+  Args:
+    x: `[..., F]` values, e.g. `[batch, F]` (one step) or `[batch, time, F]`.
+    mask: broadcastable to `x.shape[:-1] + (1,)`; 1 = valid, 0 = padding.
+    reduce_axes: axes to reduce; the remaining ones index separate statistics.
+    axis_name: pmap axis over which sums and counts are psum-ed.
+
+  Returns:
+    `(mean, var, count)`: mean and var have `x`'s shape with `reduce_axes` removed;
+    count is the global number of valid entries per statistic (features excluded),
+    clamped at 1 so that an all-padding statistic is 0/1 instead of NaN.
+  """
+  reduce_axes = tuple(a % x.ndim for a in reduce_axes)
+  x = x.astype(jnp.float32)
+  if mask is not None:
+    mask = jnp.broadcast_to(mask, x.shape[:-1] + (1,)).astype(jnp.float32)
+  count = _valid_count(x, mask, reduce_axes, axis_name)
+  safe_count = jnp.maximum(count, 1.0)
+  count_f = safe_count[..., None] if jnp.ndim(safe_count) else safe_count
+  mean = _psum(_masked_sum(x, mask, reduce_axes), axis_name) / count_f
+  centred = x - jnp.expand_dims(mean, reduce_axes)
+  # Two passes: E[x^2] - E[x]^2 cancels catastrophically in float32 when |mean| >> std.
+  var = _psum(_masked_sum(centred * centred, mask, reduce_axes), axis_name) / count_f
+  return mean, var, count
+
+
+def normalize(x: Array, mean: Array, var: Array, scale: Optional[Array] = None,
+              bias: Optional[Array] = None, epsilon: float = DEFAULT_EPSILON) -> Array:
+  """`bias + scale * (x - mean) / sqrt(var + epsilon)`; statistics broadcast against x."""
+  y = (x - mean) * lax.rsqrt(var + epsilon)
+  if scale is not None:
+    y = y * scale
+  if bias is not None:
+    y = y + bias
+  return y
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _batch_norm(x, scale, bias, mask, reduce_axes, axis_name, epsilon):
+  out, _ = _batch_norm_fwd(x, scale, bias, mask, reduce_axes, axis_name, epsilon)
+  return out
+
+
+def _batch_norm_fwd(x, scale, bias, mask, reduce_axes, axis_name, epsilon):
+  mean, var, count = batch_moments(x, mask, reduce_axes, axis_name)
+  inv_std = lax.rsqrt(var + epsilon)
+  x_hat = (x - jnp.expand_dims(mean, reduce_axes)) * jnp.expand_dims(inv_std, reduce_axes)
+  y = x_hat
+  if scale is not None:
+    y = y * scale
+  if bias is not None:
+    y = y + bias
+  residuals = (x_hat, inv_std, scale, bias, mask, jnp.maximum(count, 1.0))
+  return (y, mean, var, count), residuals
+
+
+def _batch_norm_bwd(reduce_axes, axis_name, epsilon, residuals, cotangents):
+  """Closed-form backward pass of batch norm (Ioffe & Szegedy 2015, sec. 3).
+
+  With g = dL/dx_hat, N the global valid count, m the mask and sums over all entries
+  of the global batch (padding included: padded outputs also depend on the statistics),
+    dx = inv_std * (g - m * sum(g)/N - m * x_hat * sum(g * x_hat)/N)
+         + m * d_mean / N + m * 2 (x - mean) * d_var / N.
+  One psum carries the four per-feature sums. Writing this out instead of letting
+  autodiff trace the moments halves the number of ops in the scanned backward pass.
+  Parameter gradients are the local (per-device) sums, like every other parameter
+  gradient inside pmap: the trainer averages them across devices.
+  """
+  del epsilon
+  x_hat, inv_std, scale, bias, mask, count = residuals
+  dy, d_mean, d_var, _ = cotangents
+  param_axes = tuple(range(x_hat.ndim - 1))
+  d_scale = None if scale is None else jnp.sum(dy * x_hat, axis=param_axes).astype(scale.dtype)
+  d_bias = None if bias is None else jnp.sum(dy, axis=param_axes).astype(bias.dtype)
+  g = dy if scale is None else dy * scale
+  sums = jnp.stack([
+      jnp.sum(g, axis=reduce_axes),
+      jnp.sum(g * x_hat, axis=reduce_axes),
+      d_mean,
+      d_var * 2.0 / inv_std,  # d_var * 2 (x - mean) = d_var * 2 x_hat / inv_std
+  ])
+  sums = _psum(sums, axis_name)
+  count_f = count[..., None] if jnp.ndim(count) else count
+  sums = sums / count_f
+  expand = lambda s: jnp.expand_dims(s, reduce_axes)
+  inv = expand(inv_std)
+  correction = expand(sums[0]) * inv + x_hat * expand(sums[1]) * inv
+  correction = correction - expand(sums[2]) - x_hat * expand(sums[3])
+  if mask is not None:
+    correction = correction * mask
+  dx = g * inv - correction
+  d_mask = None if mask is None else jnp.zeros_like(mask)
+  return dx.astype(x_hat.dtype), d_scale, d_bias, d_mask
+
+
+_batch_norm.defvjp(_batch_norm_fwd, _batch_norm_bwd)
+
+
+def batch_norm(x: Array,
+               scale: Optional[Array] = None,
+               bias: Optional[Array] = None,
+               *,
+               mask: Optional[Array] = None,
+               reduce_axes: Sequence[int] = (0,),
+               axis_name: Optional[str] = None,
+               epsilon: float = DEFAULT_EPSILON):
+  """Training-mode batch norm with a closed-form backward pass.
+
+  `BN(x; scale, bias) = bias + scale * (x - mean) / sqrt(var + epsilon)` with the masked,
+  cross-device moments of `batch_moments`.
+
+  Args:
+    x: `[..., F]` float32 pre-activations.
+    scale, bias: `[F]` or None (None = 1 / 0, and no parameter).
+    mask, reduce_axes, axis_name: as in `batch_moments`.
+    epsilon: added to the variance.
+
+  Returns:
+    `(y, mean, var, count)`: y like x; the moments and counts as `batch_moments`.
+  """
+  reduce_axes = tuple(sorted(a % x.ndim for a in reduce_axes))
+  if x.shape[-1:] and (x.ndim - 1) in reduce_axes:
+    raise ValueError(f'batch_norm reduces over {reduce_axes}, which includes the feature '
+                     f'axis of x with shape {x.shape}.')
+  if mask is not None:
+    mask = jnp.broadcast_to(mask, x.shape[:-1] + (1,)).astype(x.dtype)
+  return _batch_norm(x, scale, bias, mask, reduce_axes, axis_name, epsilon)
+
+
+def layer_norm(x: Array, scale: Optional[Array] = None, bias: Optional[Array] = None,
+               epsilon: float = DEFAULT_EPSILON) -> Array:
+  """Layer normalisation over the feature axis (Ba et al. 2016). x: `[..., F]`."""
+  mean = jnp.mean(x, axis=-1, keepdims=True)
+  var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+  return normalize(x, mean, var, scale, bias, epsilon)
+
+
+# --------------------------------------------------------------------------------------
+# Population statistics.
+
+
+def init_population_stats(num_rows: int, features: int) -> dict[str, Array]:
+  """Fresh statistics of one normalisation site: mean 0, var 1, no batch seen."""
+  return {
+      'mean': jnp.zeros((num_rows, features), jnp.float32),
+      'var': jnp.ones((num_rows, features), jnp.float32),
+      'count': jnp.zeros((num_rows,), jnp.float32),
+  }
+
+
+def check_length(length: int, max_length: int, what: str = 'sequence') -> None:
+  """Training on more steps than there are statistics rows is an error, never a clamp."""
+  if length > max_length:
+    raise ValueError(
+        f'A training {what} has {length} time steps but the per-step batch statistics '
+        f'hold only max_length={max_length} rows. Raise max_length to at least {length} '
+        f'(population statistics past the training length are reused at inference only).')
+
+
+def minibatch_moments_record(mean: Array, var: Array, count: Array,
+                             num_rows: int) -> dict[str, Array]:
+  """One minibatch's per-step moments as a `[num_rows]` record for `batch_moments`.
+
+  Args:
+    mean, var: `[T, F]` moments of steps 0..T-1 (`T <= num_rows`), or `[F]` for statistics
+      shared over time.
+    count: `[T]` (or scalar) global valid counts; a row whose count is 0 saw only padding
+      and does not count as seen.
+    num_rows: rows of the statistics buffer (T_max, or 1 when shared over time).
+
+  Returns:
+    `{'mean', 'var': [num_rows, F], 'count': [num_rows]}` with `count` 1 on rows that this
+    minibatch informed and 0 elsewhere.
+  """
+  mean = jnp.atleast_2d(mean)
+  var = jnp.atleast_2d(var)
+  seen = (jnp.atleast_1d(count) > 0).astype(jnp.float32)
+  pad = num_rows - mean.shape[0]
+  if pad < 0:
+    check_length(mean.shape[0], num_rows)
+  return {
+      'mean': jnp.pad(mean, ((0, pad), (0, 0))),
+      'var': jnp.pad(var, ((0, pad), (0, 0)), constant_values=1.0),
+      'count': jnp.pad(seen, (0, pad)),
+  }
+
+
+def update_running_stats(stats: dict[str, Array], record: dict[str, Array],
+                         momentum: float) -> dict[str, Array]:
+  """Exponential running average `m * stats + (1 - m) * batch` on the rows a batch saw.
+
+  A row's first update takes the batch value outright, so rows of steps reached late in
+  training do not start from the (0, 1) initial values.
+  """
+  seen = record['count'][:, None] > 0
+  first = stats['count'][:, None] == 0
+  def blend(old, new):
+    ema = momentum * old + (1.0 - momentum) * new
+    return jnp.where(seen, jnp.where(first, new, ema), old)
+  return {
+      'mean': blend(stats['mean'], record['mean']),
+      'var': blend(stats['var'], record['var']),
+      'count': stats['count'] + record['count'],
+  }
+
+
+def average_moment_records(records: Any) -> Any:
+  """The papers' population estimate: the average of minibatch moments.
+
+  Args:
+    records: a pytree whose statistics sites are `{'mean', 'var', 'count'}` dicts whose
+      leaves carry a leading axis of N minibatches (as stacked by the trainer).
+
+  Returns:
+    The same tree without the leading axis: per row, the mean of the minibatch means and
+    of the minibatch variances over the minibatches that saw that row; `count` is the
+    number of such minibatches. Rows no minibatch saw keep mean 0, var 1.
+  """
+  def is_site(node):
+    return isinstance(node, dict) and set(node) == {'mean', 'var', 'count'}
+
+  def average(site):
+    count = jnp.sum(site['count'], axis=0)
+    weights = site['count'][..., None]
+    denom = jnp.maximum(count, 1.0)[:, None]
+    seen = count[:, None] > 0
+    mean = jnp.sum(site['mean'] * weights, axis=0) / denom
+    var = jnp.sum(site['var'] * weights, axis=0) / denom
+    return {'mean': jnp.where(seen, mean, 0.0), 'var': jnp.where(seen, var, 1.0),
+            'count': count}
+
+  return jax.tree.map(average, records, is_leaf=is_site)
+
+
+def population_rows(stats: dict[str, Array], length: int) -> tuple[Array, Array]:
+  """Population mean and var for steps 0..length-1: `[length, F]` each.
+
+  Step t reads row `min(t, last_seen)`, `last_seen` being the last row that any training
+  batch reached, so inference runs on sequences of any length (Cooijmans et al. sec. 3).
+  """
+  num_rows = stats['count'].shape[0]
+  seen_rows = jnp.sum((stats['count'] > 0).astype(jnp.int32))
+  last_seen = jnp.maximum(seen_rows - 1, 0)
+  rows = jnp.minimum(jnp.arange(length), jnp.minimum(last_seen, num_rows - 1))
+  return stats['mean'][rows], stats['var'][rows]

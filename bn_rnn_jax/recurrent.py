@@ -1,0 +1,403 @@
+"""Recurrent layers scanned over time with per-step batch statistics.
+
+`RecurrentLayer` is the one scanned layer. Its fields pick the cell (`'lstm'` or `'rnn'`)
+and which terms are normalised; `VARIANTS` names the combinations the papers study:
+
+  lstm                 plain LSTM
+  bn_lstm              Cooijmans et al.: BN on W_h h, W_x x and c_t, per-step statistics
+  bn_lstm_shared       the same with statistics shared over time (their ablation)
+  bn_input_only        Laurent et al.: BN on W_x x only, frame-wise (per-step) statistics
+  bn_input_only_seq    Laurent et al.: BN on W_x x only, sequence-wise (batch and time)
+  ln_lstm              LayerNorm-LSTM (Ba et al. 2016) on the same three sites
+  rnn                  tanh RNN
+  rnn_bn_input         tanh RNN with BN on W_x x (Laurent eq. 18)
+  rnn_bn_recurrence    tanh RNN with BN(W_h h + W_x x) (Laurent eq. 17, appendix A)
+
+Shapes: inputs `[batch, time, features]`, mask `[batch, time]` (1 = valid, valid steps
+first), outputs `[batch, time, hidden]`.
+
+Statistics live in the `batch_stats` collection, one entry per normalisation site
+(`'recurrent'`, `'input'`, `'cell'`), each `{'mean': [R, F], 'var': [R, F], 'count': [R]}`
+with R = `max_length` rows (per-step statistics) or 1 (shared over time / sequence-wise).
+In training the scan returns the per-step batch moments, and the layer folds them into
+the running average once, after the scan (DESIGN.md decision 1). When the collection
+`batch_moments` is mutable, the layer also writes this minibatch's moments there, in the
+same layout, for the papers' population estimate (`normalization.average_moment_records`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Mapping, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from bn_rnn_jax import cells
+from bn_rnn_jax import initializers
+from bn_rnn_jax import normalization
+
+Array = jax.Array
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    'lstm': dict(cell='lstm'),
+    'bn_lstm': dict(cell='lstm', recurrent_norm='batch', input_norm='batch',
+                    cell_norm='batch'),
+    'bn_lstm_shared': dict(cell='lstm', recurrent_norm='batch', input_norm='batch',
+                           cell_norm='batch', stats_per_step=False,
+                           input_statistics='sequence'),
+    'bn_input_only': dict(cell='lstm', input_norm='batch'),
+    'bn_input_only_seq': dict(cell='lstm', input_norm='batch', input_statistics='sequence'),
+    'ln_lstm': dict(cell='lstm', recurrent_norm='layer', input_norm='layer',
+                    cell_norm='layer', gamma_init=1.0),
+    'rnn': dict(cell='rnn'),
+    'rnn_bn_input': dict(cell='rnn', input_norm='batch'),
+    'rnn_bn_recurrence': dict(cell='rnn', recurrent_norm='batch'),
+}
+
+_GATES = {'lstm': 4, 'rnn': 1}
+
+
+def reverse_valid(x: Array, mask: Optional[Array]) -> Array:
+  """Reverse each sequence's valid prefix in time, leaving its padding where it is.
+
+  x: `[batch, time, ...]`; mask: `[batch, time]` with the valid steps first. Step t < L_b
+  of sequence b goes to L_b - 1 - t; padded steps stay put. Applying it twice is the
+  identity, so the same call maps a backward layer's outputs back to input order.
+  """
+  batch, time = x.shape[:2]
+  steps = jnp.arange(time)[None, :]
+  if mask is None:
+    index = jnp.broadcast_to(time - 1 - steps, (batch, time))
+  else:
+    lengths = jnp.sum(mask > 0, axis=1, keepdims=True)
+    index = jnp.where(steps < lengths, lengths - 1 - steps, steps)
+  index = index.reshape(index.shape + (1,) * (x.ndim - 2))
+  return jnp.take_along_axis(x, index, axis=1)
+
+
+class RecurrentLayer(nn.Module):
+  """One recurrent layer over `[batch, time, features]`, scanned with `lax.scan`.
+
+  Attributes:
+    hidden_size: H.
+    cell: 'lstm' (gates f, i, o, g) or 'rnn' (tanh).
+    recurrent_norm: None | 'batch' | 'layer' on W_h h (on W_h h + W_x x for 'rnn').
+    input_norm: None | 'batch' | 'layer' on W_x x.
+    cell_norm: None | 'batch' | 'layer' on c_t before the output tanh ('lstm' only).
+    stats_per_step: separate statistics per time step (True, Cooijmans) or one set shared
+      over time for the recurrent and cell terms (their ablation).
+    input_statistics: 'frame' (per step over the batch) or 'sequence' (over batch and
+      time, padding excluded: Laurent eq. 20-21). 'sequence' hoists the input term.
+    max_length: T_max, the rows of per-step statistics. Training on a longer sequence is
+      an error; inference past the longest trained length reuses its last row.
+    momentum: running-average momentum of the population statistics.
+    epsilon: variance epsilon.
+    gamma_init: initial gamma of every normalisation (0.1, Cooijmans sec. 4).
+    forget_bias: initial bias of the forget gate.
+    recurrent_init: 'orthogonal' or 'identity' (per gate block); W_x is orthogonal.
+    initial_state: 'zeros', 'learned', or 'noise' (zeros plus N(0, initial_state_noise^2)
+      on h_0 in training, from the 'noise' rng stream: it keeps the recurrent term's batch
+      variance off zero while the inputs are constant, e.g. black rows of MNIST).
+    initial_state_noise: standard deviation of that noise.
+    hoist_input: compute W_x x (and its normalisation) for all steps before the scan
+      (one large matmul) instead of inside the step. None = auto: hoisted when required
+      ('sequence' statistics) or when the input is wide enough for the big matmul to pay
+      (see `benchmarks/rnn_speed.py`).
+    remat: `jax.checkpoint` the step: recompute activations in the backward pass.
+    unroll: steps per scan iteration (`lax.scan(unroll=)`).
+    dtype: compute dtype of the matmuls (e.g. jnp.bfloat16); statistics stay float32.
+    axis_name: pmap axis name for cross-device batch moments.
+  """
+  hidden_size: int
+  cell: str = 'lstm'
+  recurrent_norm: Optional[str] = None
+  input_norm: Optional[str] = None
+  cell_norm: Optional[str] = None
+  stats_per_step: bool = True
+  input_statistics: str = 'frame'
+  max_length: int = 1000
+  momentum: float = 0.99
+  epsilon: float = normalization.DEFAULT_EPSILON
+  gamma_init: float = 0.1
+  forget_bias: float = 0.0
+  recurrent_init: str = 'orthogonal'
+  initial_state: str = 'zeros'
+  initial_state_noise: float = 0.1
+  hoist_input: Optional[bool] = None
+  remat: bool = False
+  unroll: int = 1
+  dtype: Any = jnp.float32
+  axis_name: Optional[str] = None
+
+  # ------------------------------------------------------------------ configuration
+  def _validate(self, inputs: Array, mask: Optional[Array]) -> None:
+    if self.cell not in _GATES:
+      raise ValueError(f'cell must be one of {sorted(_GATES)}; got {self.cell!r}.')
+    for site, kind in (('recurrent_norm', self.recurrent_norm),
+                       ('input_norm', self.input_norm), ('cell_norm', self.cell_norm)):
+      if kind not in cells.NORM_KINDS:
+        raise ValueError(f'{site} must be one of {cells.NORM_KINDS}; got {kind!r}.')
+    if self.cell == 'rnn' and self.cell_norm is not None:
+      raise ValueError('cell_norm applies to the LSTM cell only (cell="rnn" has no c_t).')
+    if self.input_statistics not in ('frame', 'sequence'):
+      raise ValueError("input_statistics must be 'frame' or 'sequence'; got "
+                       f'{self.input_statistics!r}.')
+    if self.initial_state not in ('zeros', 'learned', 'noise'):
+      raise ValueError("initial_state must be 'zeros', 'learned' or 'noise'; got "
+                       f'{self.initial_state!r}.')
+    if self.hidden_size <= 0 or self.max_length <= 0:
+      raise ValueError(f'hidden_size ({self.hidden_size}) and max_length '
+                       f'({self.max_length}) must be positive.')
+    if not 0.0 <= self.momentum < 1.0:
+      raise ValueError(f'momentum must be in [0, 1); got {self.momentum}.')
+    if inputs.ndim != 3:
+      raise ValueError('RecurrentLayer expects inputs [batch, time, features]; got shape '
+                       f'{inputs.shape}.')
+    if mask is not None and mask.shape != inputs.shape[:2]:
+      raise ValueError(f'mask must be [batch, time] = {inputs.shape[:2]}; got {mask.shape}.')
+
+  def _hoisted(self, input_size: int) -> bool:
+    if self.input_norm == 'batch' and self.input_statistics == 'sequence':
+      return True
+    if self.hoist_input is not None:
+      return self.hoist_input
+    # On CPU a wide hoisted projection costs memory traffic that an in-step matmul
+    # avoids; see DESIGN.md decision 2 and benchmarks/rnn_speed.py.
+    return jax.default_backend() != 'cpu'
+
+  def _rows(self, site: str) -> int:
+    if site == 'input':
+      return self.max_length if self.input_statistics == 'frame' else 1
+    return self.max_length if self.stats_per_step else 1
+
+  def _batch_sites(self) -> tuple[str, ...]:
+    kinds = {'recurrent': self.recurrent_norm, 'input': self.input_norm,
+             'cell': self.cell_norm}
+    return tuple(site for site, kind in kinds.items() if kind == 'batch')
+
+  def _site_features(self, site: str) -> int:
+    return self.hidden_size if site == 'cell' else _GATES[self.cell] * self.hidden_size
+
+  # ------------------------------------------------------------------ parameters
+  def _params(self, input_size: int) -> dict[str, Array]:
+    gates = _GATES[self.cell]
+    width = gates * self.hidden_size
+    gamma = nn.initializers.constant(self.gamma_init)
+    params = {
+        'input_kernel': self.param('input_kernel', nn.initializers.orthogonal(),
+                                   (input_size, width)),
+        'recurrent_kernel': self.param(
+            'recurrent_kernel', initializers.recurrent_initializer(self.recurrent_init),
+            (self.hidden_size, width)),
+        'bias': self.param('bias', initializers.gate_bias(
+            gates, self.hidden_size, 0 if self.cell == 'lstm' else None, self.forget_bias),
+            (width,)),
+    }
+    if self.input_norm is not None:
+      params['input_scale'] = self.param('input_scale', gamma, (width,))
+    if self.recurrent_norm is not None:
+      name = 'recurrent_scale' if self.cell == 'lstm' else 'scale'
+      params[name] = self.param(name, gamma, (width,))
+    if self.cell_norm is not None:
+      params['cell_scale'] = self.param('cell_scale', gamma, (self.hidden_size,))
+      params['cell_bias'] = self.param('cell_bias', nn.initializers.zeros,
+                                       (self.hidden_size,))
+    return params
+
+  def initial_carry(self, batch_size: int, train: bool):
+    """Zeros, a learned vector, or zeros plus Gaussian noise on h_0 (training only)."""
+    shape = (batch_size, self.hidden_size)
+    h = jnp.zeros(shape, jnp.float32)
+    c = jnp.zeros(shape, jnp.float32)
+    if self.initial_state == 'learned':
+      h = h + self.param('initial_hidden', nn.initializers.zeros, (self.hidden_size,))
+      if self.cell == 'lstm':
+        c = c + self.param('initial_cell', nn.initializers.zeros, (self.hidden_size,))
+    elif self.initial_state == 'noise' and train:
+      h = h + self.initial_state_noise * jax.random.normal(self.make_rng('noise'), shape)
+    return (c, h) if self.cell == 'lstm' else h
+
+  # ------------------------------------------------------------------ forward
+  @nn.compact
+  def __call__(self, inputs: Array, mask: Optional[Array] = None, *, train: bool,
+               initial_carry=None):
+    """Run the layer.
+
+    Args:
+      inputs: `[batch, time, features]`.
+      mask: `[batch, time]`, 1 on valid steps (a prefix of each row), 0 on padding.
+        Padded steps keep the state, output zeros and never count in statistics.
+      train: batch statistics (and their running average) or population statistics.
+      initial_carry: optional state to start from (e.g. carried across truncated-BPTT
+        segments): `(c, h)` for the LSTM, `h` for the RNN, each `[batch, hidden]`.
+
+    Returns:
+      `(final_carry, outputs)`: the state after each sequence's last valid step, and
+      `[batch, time, hidden]` outputs (zeros at padded steps).
+    """
+    self._validate(inputs, mask)
+    batch, length, input_size = inputs.shape
+    sites = self._batch_sites()
+    if train and sites:
+      normalization.check_length(length, self.max_length)
+    stats = {site: self.variable('batch_stats', site, normalization.init_population_stats,
+                                 self._rows(site), self._site_features(site))
+             for site in sites}
+    params = self._params(input_size)
+    carry = self.initial_carry(batch, train) if initial_carry is None else initial_carry
+
+    time_major = jnp.swapaxes(inputs, 0, 1)                                 # [T, B, I]
+    mask_tm = None if mask is None else jnp.swapaxes(mask, 0, 1)[..., None].astype(
+        jnp.float32)                                                        # [T, B, 1]
+    cfg = cells.StepConfig(
+        recurrent_norm=self.recurrent_norm, input_norm=self.input_norm,
+        cell_norm=self.cell_norm, train=train, epsilon=self.epsilon,
+        axis_name=self.axis_name, compute_dtype=self.dtype)
+    xs = {} if mask_tm is None else {'mask': mask_tm}
+    moments = {}
+    if self._hoisted(input_size):
+      xs['input_term'], input_moments = self._hoisted_input_term(
+          params, time_major, mask_tm, train, stats.get('input'))
+      if input_moments is not None:
+        moments['input'] = input_moments
+    else:
+      xs['x'] = time_major
+    if not train:
+      xs['stats'] = {site: self._population_rows(stats[site].value, site, length)
+                     for site in sites if not (site == 'input' and 'input_term' in xs)}
+
+    step = functools.partial(cells.lstm_step if self.cell == 'lstm' else cells.rnn_step,
+                             params, cfg)
+    if self.remat:
+      step = jax.checkpoint(step, prevent_cse=False)
+    final_carry, ys = jax.lax.scan(step, carry, xs, unroll=self.unroll)
+    moments.update(ys['moments'])
+
+    if train and sites and not self.is_initializing():
+      self._record_moments(stats, moments)
+    return final_carry, jnp.swapaxes(ys['h'], 0, 1)
+
+  def _hoisted_input_term(self, params, time_major, mask_tm, train, input_stats):
+    """W_x x for all steps `[T, B, G*H]` and its normalisation, outside the scan."""
+    z = cells.matmul(time_major, params['input_kernel'], self.dtype)
+    reduce_axes = (1,) if self.input_statistics == 'frame' else (0, 1)
+    stats = None
+    if self.input_norm == 'batch' and not train:
+      mean, var = self._population_rows(input_stats.value, 'input', z.shape[0])
+      stats = (mean[:, None, :], var[:, None, :])
+    y, moments = cells.apply_norm(
+        self.input_norm, z, params.get('input_scale'), None, train=train, mask=mask_tm,
+        stats=stats, reduce_axes=reduce_axes, epsilon=self.epsilon,
+        axis_name=self.axis_name)
+    return y, moments
+
+  def _population_rows(self, site_stats, site: str, length: int):
+    """`[T, F]` population mean and var for each step (one row broadcast if shared)."""
+    if self._rows(site) == 1:
+      mean, var = site_stats['mean'][0], site_stats['var'][0]
+      return (jnp.broadcast_to(mean, (length,) + mean.shape),
+              jnp.broadcast_to(var, (length,) + var.shape))
+    return normalization.population_rows(site_stats, length)
+
+  def _record_moments(self, stats, moments) -> None:
+    """Fold this minibatch's moments into the running averages (and `batch_moments`)."""
+    for site, (mean, var, count) in moments.items():
+      mean, var, count = jax.lax.stop_gradient((mean, var, count))
+      if self._rows(site) == 1 and mean.ndim == 2:
+        # Shared over time: average the per-step moments, weighting steps by valid count.
+        count = jnp.broadcast_to(count, mean.shape[:1])
+        total = jnp.sum(count)
+        weights = (count / jnp.maximum(total, 1.0))[:, None]
+        mean = jnp.sum(mean * weights, axis=0)
+        var = jnp.sum(var * weights, axis=0)
+        count = total
+      elif mean.ndim == 2:
+        count = jnp.broadcast_to(count, mean.shape[:1])
+      record = normalization.minibatch_moments_record(mean, var, count, self._rows(site))
+      if self.is_mutable_collection('batch_stats'):
+        stats[site].value = normalization.update_running_stats(
+            stats[site].value, record, self.momentum)
+      if self.is_mutable_collection('batch_moments'):
+        self.put_variable('batch_moments', site, record)
+
+
+def make_layer(variant: str, hidden_size: int, **overrides) -> RecurrentLayer:
+  """A `RecurrentLayer` preset from `VARIANTS`, with any field overridden."""
+  if variant not in VARIANTS:
+    raise ValueError(f'Unknown RNN variant {variant!r}; choose one of {sorted(VARIANTS)}.')
+  fields = {**VARIANTS[variant], **overrides}
+  unknown = set(fields) - {f.name for f in dataclasses.fields(RecurrentLayer)}
+  if unknown:
+    raise ValueError(f'Unknown RecurrentLayer fields {sorted(unknown)}.')
+  return RecurrentLayer(hidden_size=hidden_size, **fields)
+
+
+class Bidirectional(nn.Module):
+  """Runs `forward_layer` in time order and `backward_layer` on each sequence's reversed
+  valid part (padding stays at the end, as BN-e** needs); concatenates their outputs.
+
+  Returns `((forward_carry, backward_carry), [batch, time, 2 * hidden])`.
+  """
+  forward_layer: nn.Module
+  backward_layer: nn.Module
+
+  @nn.compact
+  def __call__(self, inputs: Array, mask: Optional[Array] = None, *, train: bool):
+    forward_carry, forward_out = self.forward_layer(inputs, mask, train=train)
+    backward_carry, backward_out = self.backward_layer(
+        reverse_valid(inputs, mask), mask, train=train)
+    outputs = jnp.concatenate([forward_out, reverse_valid(backward_out, mask)], axis=-1)
+    return (forward_carry, backward_carry), outputs
+
+
+class StackedRNN(nn.Module):
+  """`num_layers` recurrent layers with Zaremba-style dropout on the non-recurrent
+  connections (each layer's input and the stack's output).
+
+  Attributes:
+    variant: a name from `VARIANTS`.
+    hidden_size: units per layer (per direction).
+    num_layers: depth.
+    dropout_rate: dropout between layers, before the first and after the last.
+    bidirectional: wrap each layer in `Bidirectional`.
+    layer_options: `RecurrentLayer` field overrides (max_length, gamma_init, ...).
+
+  Call: `(inputs [B, T, I], mask [B, T] | None, train=..., initial_carries=None)` ->
+  `(final_carries: list per layer, outputs [B, T, H or 2H])`.
+  """
+  variant: str
+  hidden_size: int
+  num_layers: int = 1
+  dropout_rate: float = 0.0
+  bidirectional: bool = False
+  layer_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  @nn.compact
+  def __call__(self, inputs: Array, mask: Optional[Array] = None, *, train: bool,
+               initial_carries: Optional[Sequence[Any]] = None):
+    if self.num_layers <= 0:
+      raise ValueError(f'num_layers must be positive; got {self.num_layers}.')
+    if not 0.0 <= self.dropout_rate < 1.0:
+      raise ValueError(f'dropout_rate must be in [0, 1); got {self.dropout_rate}.')
+    if initial_carries is not None and self.bidirectional:
+      raise ValueError('initial_carries are for unidirectional stacks (carried state).')
+    options = dict(self.layer_options)
+    carries = []
+    x = inputs
+    for index in range(self.num_layers):
+      x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
+      if self.bidirectional:
+        layer = Bidirectional(make_layer(self.variant, self.hidden_size, **options),
+                              make_layer(self.variant, self.hidden_size, **options),
+                              name=f'layer_{index}')
+        carry, x = layer(x, mask, train=train)
+      else:
+        layer = make_layer(self.variant, self.hidden_size, **options, name=f'layer_{index}')
+        start = None if initial_carries is None else initial_carries[index]
+        carry, x = layer(x, mask, train=train, initial_carry=start)
+      carries.append(carry)
+    x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
+    return carries, x

@@ -1,0 +1,21 @@
+"""bn_rnn_jax: batch-normalised recurrent networks (Cooijmans et al. 2016, Laurent et al. 2016)."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name='bn_rnn_jax',
+    version='0.1.0',
+    description='Recurrent batch normalization (BN-LSTM) in JAX/Flax',
+    packages=find_packages(include=['bn_rnn_jax', 'bn_rnn_jax.*']),
+    python_requires='>=3.10',
+    install_requires=[
+        'jax>=0.10.2', 'jaxlib>=0.10.2', 'flax>=0.12.8', 'optax>=0.2.8',
+        'orbax-checkpoint>=0.12.8', 'numpy', 'absl-py', 'ml_collections',
+        'tensorboardX',
+    ],
+    extras_require={
+        'data': ['tensorflow-datasets>=4.9.10', 'array_record', 'scikit-learn'],
+        'plot': ['matplotlib'],
+        'test': ['pytest', 'nbclient', 'nbformat', 'ipykernel'],
+    },
+)
