@@ -1,0 +1,664 @@
+"""Task-generic training loop: TrainState, train/eval steps, population statistics.
+
+Interface for tasks (read this before adding one)
+-------------------------------------------------
+The loop knows nothing about MNIST or text. It gets everything task-specific from:
+
+1. The dataset, `input_pipeline.get_dataset(config, workdir, process_index,
+   process_count)` (interface in `input_pipeline/__init__.py`): `task`, `model_kwargs`,
+   `train_length`, `steps_per_epoch`, `carries_state`, `train_batch(step)` (a pure
+   function of (seed, step)), `eval_batches(split)`.
+2. `TASKS[dataset.task]`, a `Task` of three small functions:
+     build_model(config, model_kwargs, layer_options) -> flax module
+     apply(model, variables, batch, train, carry, **apply_kwargs)
+         -> ((final_carries | None, logits), mutated collections)
+     loss_sums(logits, batch) -> (sums {'loss': ..., <metric>: ...}, count)
+         sums of per-example (or per-token) values over the valid entries
+         (`batch['weights']`, and `batch['mask']` for tokens); count = their number
+     finalize(means) -> metrics with derived values (e.g. bpc = loss / ln 2, perplexity)
+   'classification': `SequenceClassifier`, logits `[B, C]`, labels `[B]`.
+   'language_model': `LanguageModel`, logits `[B, T, V]`, targets/mask `[B, T]`.
+3. Carried state (Zaremba et al. 2014): when `dataset.carries_state`, `TrainState.carry`
+   holds the model's final recurrent state of the previous step, per device
+   (`[devices, batch / devices, H]` leaves). `train_step` passes it as `initial_carries`
+   (zeroing the rows where `batch['reset']` is 1) and stores the new one (no gradient
+   flows across segments). It is checkpointed, so a resumed run stays exact.
+
+Steps are written for one device's batch; `parallel.pmap` maps them over devices with
+axis 'batch'. The loss of a device is its sum divided by the *global* count and
+gradients are psum-ed, so N devices compute exactly the single-device gradient of the
+global batch, and the layers' batch moments are global (psums of sums and counts).
+
+Evaluation always uses population statistics (train=False): either the running average
+kept in `batch_stats` ('running') or the papers' estimate ('estimate', the default):
+minibatch moments averaged over `config.eval.population_batches` training batches with
+the current parameters (`normalization.average_moment_records`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import time
+from typing import Any, Callable, Optional
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from jax import lax
+
+from bn_rnn_jax import checkpoint as checkpoint_lib
+from bn_rnn_jax import input_pipeline
+from bn_rnn_jax import models
+from bn_rnn_jax import normalization
+from bn_rnn_jax import parallel
+
+AXIS = parallel.AXIS
+
+
+# ====================================================================== state
+@flax.struct.dataclass
+class TrainState:
+  """Everything a step reads and writes; checkpointed whole.
+
+  step: int32 scalar; params, batch_stats (running population statistics), opt_state;
+  rng: the run's base PRNG key (per-step keys are `fold_in(rng, step)`, so resuming does
+  not depend on history); carry: the carried recurrent state or None.
+  """
+  step: Any
+  params: Any
+  batch_stats: Any
+  opt_state: Any
+  rng: Any
+  carry: Any = None
+
+
+# ====================================================================== tasks
+@dataclasses.dataclass(frozen=True)
+class Task:
+  build_model: Callable[..., Any]
+  apply: Callable[..., Any]
+  loss_sums: Callable[..., Any]
+  finalize: Callable[[dict], dict]
+
+
+def _model_fields(config) -> dict:
+  m = config.model
+  return dict(variant=m.variant, hidden_size=m.hidden_size, num_layers=m.num_layers,
+              dropout_rate=m.dropout_rate)
+
+
+def _build_classifier(config, model_kwargs, layer_options):
+  return models.SequenceClassifier(**model_kwargs, **_model_fields(config),
+                                   layer_options=layer_options)
+
+
+def _apply_classifier(model, variables, batch, train, carry, **kwargs):
+  del carry  # a classifier starts every sequence afresh
+  out = model.apply(variables, batch['inputs'], batch.get('mask'), train=train, **kwargs)
+  logits, mutated = out if 'mutable' in kwargs else (out, {})
+  return (None, logits), mutated
+
+
+def _classification_sums(logits, batch):
+  """Sums of cross-entropy and of correct predictions over weighted examples."""
+  weights = batch['weights']
+  labels = batch['labels']
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+  return {'loss': jnp.sum(ce * weights), 'accuracy': jnp.sum(correct * weights)}, \
+      jnp.sum(weights)
+
+
+def _build_language_model(config, model_kwargs, layer_options):
+  return models.LanguageModel(**model_kwargs, embed_size=config.model.get('embed_size'),
+                              **_model_fields(config), layer_options=layer_options)
+
+
+def _apply_language_model(model, variables, batch, train, carry, **kwargs):
+  out = model.apply(variables, batch['inputs'], batch.get('mask'), train=train,
+                    initial_carries=carry, **kwargs)
+  (carries, logits), mutated = out if 'mutable' in kwargs else (out, {})
+  return (carries, logits), mutated
+
+
+def _language_model_sums(logits, batch):
+  """Sums of per-token cross-entropy (nats) and accuracy over valid tokens."""
+  weights = batch['mask'].astype(jnp.float32) * batch['weights'][:, None]
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
+  correct = (jnp.argmax(logits, -1) == batch['targets']).astype(jnp.float32)
+  return {'loss': jnp.sum(ce * weights), 'accuracy': jnp.sum(correct * weights)}, \
+      jnp.sum(weights)
+
+
+def _language_model_finalize(means):
+  loss = means['loss']
+  return {**means, 'bpc': loss / math.log(2.0), 'perplexity': math.exp(min(loss, 700.0))}
+
+
+TASKS = {
+    'classification': Task(_build_classifier, _apply_classifier, _classification_sums,
+                           dict),
+    'language_model': Task(_build_language_model, _apply_language_model,
+                           _language_model_sums, _language_model_finalize),
+}
+
+
+# ====================================================================== construction
+def layer_options(config, train_length: int) -> dict:
+  """`RecurrentLayer` fields from `config.model`, with the pmap axis name."""
+  m = config.model
+  max_length = m.get('max_length', 0) or train_length
+  if train_length > max_length:
+    raise ValueError(f'Training sequences have T={train_length} steps but '
+                     f'config.model.max_length={max_length} (T_max) is smaller.')
+  options = dict(max_length=max_length, axis_name=AXIS)
+  for name in ('recurrent_init', 'initial_state', 'initial_state_noise', 'gamma_init',
+               'momentum', 'forget_bias', 'unroll', 'remat', 'epsilon', 'hoist_input'):
+    if m.get(name) is not None:
+      options[name] = m[name]
+  options.update(dict(m.get('layer_options', {})))
+  return options
+
+
+def create_model(config, dataset):
+  if dataset.task not in TASKS:
+    raise ValueError(f'Unknown task {dataset.task!r}; have {sorted(TASKS)}.')
+  options = layer_options(config, dataset.train_length)
+  return TASKS[dataset.task].build_model(config, dict(dataset.model_kwargs), options)
+
+
+def learning_rate_schedule(config, steps_per_epoch: int):
+  """Constant, or Zaremba's step decay: the initial rate for `decay_after_epochs` epochs,
+  then multiplied by `decay_rate` at the start of every further epoch."""
+  o = config.optimizer
+  if o.get('schedule', 'constant') == 'constant':
+    return o.learning_rate
+  if o.schedule == 'step_decay':
+    start = o.decay_after_epochs
+    rate = o.decay_rate
+    lr = o.learning_rate
+    def schedule(count):
+      epoch = count // steps_per_epoch
+      return lr * rate ** jnp.maximum(0, epoch - start + 1).astype(jnp.float32)
+    return schedule
+  raise ValueError(f"config.optimizer.schedule must be 'constant' or 'step_decay'; got "
+                   f'{o.schedule!r}.')
+
+
+def create_optimizer(config, steps_per_epoch: int) -> optax.GradientTransformation:
+  """RMSProp+momentum (seq-MNIST), Adam (char LM), SGD (word PTB), after global-norm
+  gradient clipping (`clip_norm` <= 0 turns it off)."""
+  o = config.optimizer
+  lr = learning_rate_schedule(config, steps_per_epoch)
+  if o.name == 'rmsprop':
+    opt = optax.rmsprop(lr, decay=o.get('decay', 0.9), eps=o.get('eps', 1e-8),
+                        momentum=o.get('momentum') or None,
+                        centered=o.get('centered', False))
+  elif o.name == 'adam':
+    opt = optax.adam(lr, b1=o.get('b1', 0.9), b2=o.get('b2', 0.999), eps=o.get('eps', 1e-8))
+  elif o.name == 'sgd':
+    opt = optax.sgd(lr, momentum=o.get('momentum') or None)
+  else:
+    raise ValueError(f"config.optimizer.name must be 'rmsprop', 'adam' or 'sgd'; got "
+                     f'{o.name!r}.')
+  clip = o.get('clip_norm', 0.0)
+  return optax.chain(optax.clip_by_global_norm(clip), opt) if clip > 0 else opt
+
+
+def initial_variables(model, task: Task, batch, seed: int):
+  """Model variables from one (per-device) example batch."""
+  rng = jax.random.PRNGKey(seed)
+  params_rng, noise_rng, dropout_rng = jax.random.split(rng, 3)
+  rngs = {'params': params_rng, 'noise': noise_rng, 'dropout': dropout_rng}
+  init = lambda: model.init(rngs, batch['inputs'], batch.get('mask'), train=False)
+  return jax.jit(init)()
+
+
+def zero_carry(model, task: Task, variables, batch) -> Any:
+  """Zeros shaped like the model's final carries for `batch` (one device's share)."""
+  shapes = jax.eval_shape(
+      lambda v, b: task.apply(model, v, b, False, None)[0][0], variables, batch)
+  return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+
+
+def create_train_state(config, model, task: Task, tx, dataset, num_devices: int):
+  """A host (unreplicated) TrainState; `carry` has a leading device axis."""
+  batch = parallel.shard(dataset.train_batch(0), num_devices)
+  device_batch = jax.tree.map(lambda x: x[0], batch)
+  variables = initial_variables(model, task, device_batch, config.seed)
+  params = variables['params']
+  carry = None
+  if dataset.carries_state:
+    zeros = zero_carry(model, task, variables, device_batch)
+    carry = jax.tree.map(lambda z: np.broadcast_to(z, (num_devices,) + z.shape).copy(),
+                         zeros)
+  state = TrainState(step=np.int32(0), params=params,
+                     batch_stats=variables.get('batch_stats', {}),
+                     opt_state=tx.init(params),
+                     rng=jax.random.PRNGKey(config.seed + 1), carry=carry)
+  return jax.tree.map(np.asarray, state)
+
+
+# ====================================================================== steps
+def _step_rngs(rng, step):
+  """Per-step, per-device keys for h0 noise and dropout: a function of (seed, step)."""
+  key = jax.random.fold_in(jax.random.fold_in(rng, step), lax.axis_index(AXIS))
+  noise, dropout = jax.random.split(key)
+  return {'noise': noise, 'dropout': dropout}
+
+
+def _reset_carry(carry, reset):
+  """Zero the carried state of the rows where `reset` [B] is 1."""
+  keep = 1.0 - reset.astype(jnp.float32)
+  return jax.tree.map(lambda c: c * keep.reshape((-1,) + (1,) * (c.ndim - 1)), carry)
+
+
+def _global_means(sums, count):
+  """Psum sums and counts over devices: the global batch's means."""
+  sums, count = lax.psum((sums, count), AXIS)
+  return jax.tree.map(lambda s: s / jnp.maximum(count, 1.0), sums), count
+
+
+def train_step(state: TrainState, batch, *, model, task: Task, tx, carries_state: bool):
+  """One optimisation step on one device's share of the global batch (inside pmap)."""
+  rngs = _step_rngs(state.rng, state.step)
+  carry = state.carry if carries_state else None
+  if carries_state and 'reset' in batch:
+    carry = _reset_carry(carry, batch['reset'])
+  def loss_fn(params):
+    variables = {'params': params, 'batch_stats': state.batch_stats}
+    (new_carry, logits), mutated = task.apply(
+        model, variables, batch, True, carry, rngs=rngs, mutable=['batch_stats'])
+    sums, count = task.loss_sums(logits, batch)
+    return sums['loss'], (sums, count, mutated, new_carry)
+
+  # The gradient of the local loss *sum*; psum-ed and divided by the global count below,
+  # it is the gradient of the global batch's mean loss, however the batch is split.
+  grads, (sums, count, mutated, new_carry) = jax.grad(loss_fn, has_aux=True)(state.params)
+  metrics, total = _global_means(sums, count)
+  grads = jax.tree.map(lambda g: g / jnp.maximum(total, 1.0), lax.psum(grads, AXIS))
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics['grad_norm'] = optax.global_norm(grads)
+  new_state = state.replace(
+      step=state.step + 1, params=params, opt_state=opt_state,
+      batch_stats=mutated.get('batch_stats', state.batch_stats),
+      carry=lax.stop_gradient(new_carry) if carries_state else state.carry)
+  return new_state, metrics
+
+
+def eval_step(params, batch_stats, batch, carry, *, model, task: Task):
+  """Metric sums of one eval batch with population statistics (train=False).
+
+  Returns `(sums, count, final_carry)`, sums and count psum-ed over devices.
+  """
+  variables = {'params': params, 'batch_stats': batch_stats}
+  (new_carry, logits), _ = task.apply(model, variables, batch, False, carry)
+  sums, count = task.loss_sums(logits, batch)
+  sums, count = lax.psum((sums, count), AXIS)
+  return sums, count, new_carry
+
+
+def moments_step(params, batch_stats, batch, rng, step, *, model, task: Task):
+  """This training batch's per-step batch moments (the `batch_moments` collection).
+
+  Run in training mode with the current parameters; the moments are global (psum-ed by
+  the layers), so every device returns the same record.
+  """
+  variables = {'params': params, 'batch_stats': batch_stats}
+  _, mutated = task.apply(model, variables, batch, True, None, rngs=_step_rngs(rng, step),
+                          mutable=['batch_stats', 'batch_moments'])
+  return mutated.get('batch_moments', {})
+
+
+# ====================================================================== config
+def default_config() -> ml_collections.ConfigDict:
+  """Fields every run has; `experiments/configs/*.py` start from this and set the
+  task's values (and add `config.data` fields of their dataset)."""
+  placeholder = ml_collections.config_dict.placeholder
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+  config.data = ml_collections.ConfigDict({'name': 'mnist'})
+
+  config.model = m = ml_collections.ConfigDict()
+  m.variant = 'bn_lstm'          # a name in recurrent.VARIANTS
+  m.hidden_size = 100
+  m.num_layers = 1
+  m.dropout_rate = 0.0
+  m.max_length = 0               # T_max of the per-step statistics; 0 = training length
+  m.recurrent_init = 'orthogonal'
+  m.initial_state = 'zeros'      # 'zeros' | 'learned' | 'noise'
+  m.initial_state_noise = 0.1
+  m.gamma_init = placeholder(float)   # None = the variant's default (0.1 BN, 1.0 LN)
+  m.momentum = 0.99              # running-average momentum of the population statistics
+  m.forget_bias = 0.0
+  m.unroll = 1
+  m.remat = False
+  m.hoist_input = placeholder(bool)
+  m.embed_size = placeholder(int)     # language models: None = one-hot inputs
+
+  config.optimizer = o = ml_collections.ConfigDict()
+  o.name = 'rmsprop'             # 'rmsprop' | 'adam' | 'sgd'
+  o.learning_rate = 1e-3
+  o.momentum = 0.9               # rmsprop / sgd (0 = none)
+  o.decay = 0.9                  # rmsprop's squared-gradient average
+  o.eps = 1e-8
+  o.centered = False
+  o.b1 = 0.9
+  o.b2 = 0.999
+  o.clip_norm = 1.0              # global-norm clipping; <= 0 turns it off
+  o.schedule = 'constant'        # 'constant' | 'step_decay' (Zaremba et al.)
+  o.decay_rate = 0.5
+  o.decay_after_epochs = 4       # epochs at the initial rate before the decay starts
+
+  config.train = t = ml_collections.ConfigDict()
+  t.batch_size = 100             # global batch (all devices of all processes)
+  t.num_steps = 1000
+  t.log_every = 50
+  t.num_devices = 0              # local devices to use; 0 = all
+
+  config.eval = e = ml_collections.ConfigDict()
+  e.every = 500
+  e.batch_size = 500
+  e.splits = ('valid',)
+  e.max_batches = 0              # 0 = the whole split
+  e.test_at_end = True
+  e.population_stats = 'estimate'   # 'estimate' (the papers') | 'running' (EMA)
+  e.population_batches = 10
+
+  config.checkpoint = c = ml_collections.ConfigDict()
+  c.every = 500
+  c.keep = 2
+  c.best_metric = 'valid/accuracy'
+  c.best_mode = 'max'
+
+  config.distributed = d = ml_collections.ConfigDict()
+  d.enabled = False              # call jax.distributed.initialize() (multi-host)
+  d.coordinator_address = ''
+  d.num_processes = 0
+  d.process_id = -1
+  return config
+
+
+# ====================================================================== config checks
+def validate_config(config) -> None:
+  """One clear line per bad value, before anything is built."""
+  positive = {
+      'config.model.hidden_size': config.model.hidden_size,
+      'config.model.num_layers': config.model.num_layers,
+      'config.train.batch_size': config.train.batch_size,
+      'config.train.num_steps': config.train.num_steps,
+      'config.train.log_every': config.train.log_every,
+      'config.eval.batch_size': config.eval.batch_size,
+      'config.eval.every': config.eval.every,
+      'config.checkpoint.every': config.checkpoint.every,
+      'config.checkpoint.keep': config.checkpoint.keep,
+  }
+  for name, value in positive.items():
+    if not isinstance(value, int) or value <= 0:
+      raise ValueError(f'{name} must be a positive integer; got {value!r}.')
+  if config.model.get('max_length', 0) < 0:
+    raise ValueError(f'config.model.max_length must be >= 0 (0 = the training length); '
+                     f'got {config.model.max_length}.')
+  if config.eval.population_stats not in ('estimate', 'running'):
+    raise ValueError("config.eval.population_stats must be 'estimate' or 'running'; got "
+                     f'{config.eval.population_stats!r}.')
+  if config.eval.population_stats == 'estimate' and config.eval.population_batches <= 0:
+    raise ValueError('config.eval.population_batches must be positive with the '
+                     f"'estimate' statistics; got {config.eval.population_batches}.")
+  if config.optimizer.learning_rate <= 0:
+    raise ValueError(f'config.optimizer.learning_rate must be positive; got '
+                     f'{config.optimizer.learning_rate}.')
+
+
+# ====================================================================== the run
+def _average_records(records):
+  """`[N, ...]`-stacked moment records -> the papers' population estimate."""
+  return normalization.average_moment_records(records)
+
+
+class Trainer:
+  """The pmapped steps of one run, and the state's placement on devices."""
+
+  def __init__(self, config, workdir: Optional[str] = None, dataset=None):
+    validate_config(config)
+    parallel.maybe_initialize_distributed(config)
+    self.config = config
+    self.devices = parallel.local_devices(config.train.get('num_devices', 0))
+    self.num_devices = len(self.devices)
+    global_devices = self.num_devices * jax.process_count()
+    parallel.check_divisible(config.train.batch_size, global_devices,
+                             'config.train.batch_size')
+    parallel.check_divisible(config.eval.batch_size, global_devices,
+                             'config.eval.batch_size')
+    self.dataset = dataset or input_pipeline.get_dataset(
+        config, workdir=workdir, process_index=jax.process_index(),
+        process_count=jax.process_count())
+    self.task = TASKS[self.dataset.task]
+    self.model = create_model(config, self.dataset)
+    self.tx = create_optimizer(config, self.dataset.steps_per_epoch)
+    common = dict(model=self.model, task=self.task)
+    self.p_train_step = parallel.pmap(functools.partial(
+        train_step, tx=self.tx, carries_state=self.dataset.carries_state, **common),
+        self.devices)
+    self.p_eval_step = parallel.pmap(functools.partial(eval_step, **common), self.devices)
+    self.p_moments_step = parallel.pmap(functools.partial(moments_step, **common),
+                                        self.devices, in_axes=(0, 0, 0, 0, None))
+    self.p_average = parallel.pmap(_average_records, self.devices)
+
+  # ---------------------------------------------------------------- placement
+  def initial_state(self) -> TrainState:
+    """A fresh host state (see `create_train_state`)."""
+    return create_train_state(self.config, self.model, self.task, self.tx, self.dataset,
+                              self.num_devices)
+
+  def to_devices(self, host_state: TrainState) -> TrainState:
+    """Replicate a host state; its carry is already split per device."""
+    state = parallel.replicate(host_state.replace(carry=None), self.devices)
+    carry = host_state.carry
+    if carry is not None:
+      carry = parallel.put_sharded(carry, self.devices)
+    return state.replace(carry=carry)
+
+  def to_host(self, state: TrainState) -> TrainState:
+    carry = None if state.carry is None else jax.tree.map(np.asarray, state.carry)
+    return parallel.unreplicate(state.replace(carry=None)).replace(carry=carry)
+
+  def train_batch(self, step: int):
+    return parallel.shard(self.dataset.train_batch(step), self.num_devices)
+
+  # ---------------------------------------------------------------- evaluation
+  def population_stats(self, state: TrainState, kind: Optional[str] = None):
+    """Replicated statistics for evaluation: the running average or the estimate.
+
+    'estimate' averages the batch moments of the `population_batches` training batches
+    that follow the current step (a deterministic function of (seed, step)), computed
+    with the current parameters.
+    """
+    kind = kind or self.config.eval.population_stats
+    if kind == 'running' or not jax.tree.leaves(state.batch_stats):
+      return state.batch_stats
+    step = int(state.step[0])
+    records = [self.p_moments_step(state.params, state.batch_stats,
+                                   self.train_batch(step + i), state.rng, step + i)
+               for i in range(self.config.eval.population_batches)]
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *records)
+    return self.p_average(stacked)
+
+  def evaluate(self, state: TrainState, split: str, kind: Optional[str] = None) -> dict:
+    """Metrics of `split` with population statistics (never batch statistics)."""
+    stats = self.population_stats(state, kind)
+    totals, count, carry = None, 0.0, None
+    max_batches = self.config.eval.get('max_batches', 0)
+    for i, batch in enumerate(self.dataset.eval_batches(split)):
+      if max_batches and i >= max_batches:
+        break
+      sums, n, new_carry = self.p_eval_step(state.params, stats,
+                                            parallel.shard(batch, self.num_devices), carry)
+      carry = new_carry if self.dataset.carries_state else None
+      sums = {k: float(v[0]) for k, v in sums.items()}
+      totals = sums if totals is None else {k: totals[k] + v for k, v in sums.items()}
+      count += float(n[0])
+    if totals is None:
+      raise ValueError(f'Split {split!r} has no evaluation batches.')
+    return self.task.finalize({k: v / max(count, 1.0) for k, v in totals.items()})
+
+
+class MetricWriter:
+  """`metrics.jsonl` (one JSON object per line), TensorBoard events, absl logging."""
+
+  def __init__(self, workdir: str, enabled: bool = True):
+    self.path = os.path.join(workdir, 'metrics.jsonl')
+    self.enabled = enabled
+    self._tb = None
+    if enabled:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+
+  def truncate(self, step: int) -> None:
+    """Drop records past `step` (written after the checkpoint a run resumes from)."""
+    if not (self.enabled and os.path.exists(self.path)):
+      return
+    with open(self.path) as f:
+      records = [json.loads(line) for line in f if line.strip()]
+    with open(self.path, 'w') as f:
+      for record in records:
+        if record['step'] <= step:
+          f.write(json.dumps(record) + '\n')
+
+  def write(self, step: int, split: str, metrics: dict, **extra) -> None:
+    record = {'step': int(step), 'split': split,
+              **{k: float(v) for k, v in metrics.items()}, **extra}
+    logging.info('step %d %s: %s', step, split,
+                 ', '.join(f'{k}={v:.4f}' for k, v in metrics.items()))
+    if not self.enabled:
+      return
+    with open(self.path, 'a') as f:
+      f.write(json.dumps(record) + '\n')
+    for name, value in metrics.items():
+      self._tb.add_scalar(f'{split}/{name}', float(value), step)
+    self._tb.flush()
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  """The records of a run's `metrics.jsonl`."""
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _write_config(config, workdir: str) -> None:
+  with open(os.path.join(workdir, 'config.json'), 'w') as f:
+    f.write(config.to_json_best_effort(indent=2, sort_keys=True) + '\n')
+
+
+def _better(value: float, best: Optional[float], mode: str) -> bool:
+  if best is None:
+    return True
+  return value > best if mode == 'max' else value < best
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       dataset=None) -> dict:
+  """Train, evaluate, checkpoint; resume from the latest checkpoint in `workdir`.
+
+  Returns the last metrics of every split logged, e.g. `{'valid': {...}, 'test': {...}}`.
+  Raises FloatingPointError on a non-finite loss, after saving the last good state.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  trainer = Trainer(config, workdir, dataset)
+  primary = jax.process_index() == 0
+  if primary:
+    _write_config(config, workdir)
+  writer = MetricWriter(workdir, enabled=primary)
+  ckpt = checkpoint_lib.Checkpointer(workdir, keep=config.checkpoint.keep)
+  try:
+    return _run(config, trainer, writer, ckpt)
+  finally:
+    ckpt.close()
+    writer.close()
+
+
+def _run(config, trainer: Trainer, writer: MetricWriter, ckpt) -> dict:
+  host_state = trainer.initial_state()
+  meta = {'best': None, 'window': {}, 'window_steps': 0, 'time_s': 0.0}
+  if ckpt.latest_step() is not None:
+    host_state, meta = ckpt.restore(host_state)
+    logging.info('Resumed from the checkpoint of step %d.', int(host_state.step))
+  start = int(host_state.step)
+  writer.truncate(start)
+  state = trainer.to_devices(host_state)
+  num_steps = config.train.num_steps
+  last = {}
+  eval_metric = config.checkpoint.best_metric  # e.g. 'valid/accuracy'
+  timer = _Progress(start, num_steps, meta['time_s'])
+
+  def save(state_to_save, step, best=False):
+    host = trainer.to_host(state_to_save)
+    meta['time_s'] = timer.elapsed()
+    (ckpt.save_best if best else ckpt.save)(step, host, dict(meta))
+
+  for step in range(start, num_steps):
+    new_state, metrics = trainer.p_train_step(state, trainer.train_batch(step))
+    metrics = {k: float(v[0]) for k, v in metrics.items()}
+    if not all(math.isfinite(v) for v in metrics.values()):
+      save(state, step)
+      ckpt.wait()
+      raise FloatingPointError(
+          f'Non-finite training metrics at step {step + 1} ({metrics}); stopped. The last '
+          f'good state (step {step}) is saved in {ckpt.latest.directory}.')
+    state = new_state
+    done = step + 1
+    for k, v in metrics.items():
+      meta['window'][k] = meta['window'].get(k, 0.0) + v
+    meta['window_steps'] += 1
+    if done % config.train.log_every == 0 or done == num_steps:
+      means = {k: v / meta['window_steps'] for k, v in meta['window'].items()}
+      writer.write(done, 'train', means, time_s=round(timer.elapsed(), 3))
+      last['train'] = means
+      meta['window'], meta['window_steps'] = {}, 0
+      timer.log(done)
+    if done % config.eval.every == 0 or done == num_steps:
+      for split in config.eval.splits:
+        last[split] = trainer.evaluate(state, split)
+        writer.write(done, split, last[split], time_s=round(timer.elapsed(), 3))
+      split, name = eval_metric.split('/')
+      if split in last and _better(last[split][name], meta['best'],
+                                   config.checkpoint.best_mode):
+        meta['best'] = last[split][name]
+        save(state, done, best=True)
+    if done % config.checkpoint.every == 0 or done == num_steps:
+      save(state, done)
+  if config.eval.get('test_at_end', False) and 'test' not in last:
+    last['test'] = trainer.evaluate(state, 'test')
+    writer.write(int(state.step[0]), 'test', last['test'], time_s=round(timer.elapsed(), 3))
+  return last
+
+
+class _Progress:
+  """Steps/s and ETA lines (absl logging); wall time accumulated across restarts."""
+
+  def __init__(self, start: int, num_steps: int, previous_s: float):
+    self.start, self.num_steps = start, num_steps
+    self.t0 = time.time()
+    self.previous_s = previous_s
+
+  def elapsed(self) -> float:
+    return self.previous_s + time.time() - self.t0
+
+  def log(self, step: int) -> None:
+    rate = (step - self.start) / max(time.time() - self.t0, 1e-9)
+    eta = (self.num_steps - step) / max(rate, 1e-9)
+    logging.info('step %d/%d: %.2f steps/s, ETA %s', step, self.num_steps, rate,
+                 time.strftime('%H:%M:%S', time.gmtime(eta)))

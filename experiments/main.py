@@ -1,0 +1,43 @@
+r"""Train and evaluate one configuration.
+
+  python experiments/main.py --config experiments/configs/seq_mnist.py \
+      --workdir /tmp/seq_mnist --config.model.variant=lstm \
+      --config.data.mnist_dir=/path/to/mnist
+
+`--config` is an ml_collections config file (any field can be overridden with
+`--config.a.b=value`); `--workdir` receives config.json, checkpoints, metrics.jsonl and
+TensorBoard events, and a run started again in the same workdir resumes from its latest
+checkpoint. All the work happens in `bn_rnn_jax.train.train_and_evaluate`.
+"""
+
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from bn_rnn_jax import checkpoint
+from bn_rnn_jax import train
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file('config', None, 'Path to an experiment config file.',
+                                lock_config=True)
+flags.DEFINE_string('workdir', None, 'Directory of the run (created if missing).')
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  checkpoint.quiet_orbax_logs()
+  try:
+    train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except (ValueError, FileNotFoundError, FloatingPointError) as e:
+    # Configuration and data problems are one line, not a traceback.
+    logging.error('%s', e)
+    sys.exit(f'error: {e}')
+
+
+if __name__ == '__main__':
+  app.run(main)
