@@ -88,7 +88,9 @@ def apply_norm(kind: Optional[str], z: Array, scale: Optional[Array], bias: Opti
     y, mean, var, count = normalization.batch_norm(
         z, scale, bias, mask=mask, reduce_axes=reduce_axes, axis_name=axis_name,
         epsilon=epsilon)
-    return y, (mean, var, count)
+    # The moments only feed the population statistics; stopping their gradient here lets
+    # the backward pass skip their (zero) cotangents.
+    return y, jax.lax.stop_gradient((mean, var, count))
   mean, var = stats
   return normalization.normalize(z, mean, var, scale, bias, epsilon), None
 

@@ -50,9 +50,9 @@ def _valid_count(x: Array, mask: Optional[Array], reduce_axes: Axes,
     n = 1
     for a in reduce_axes:
       n *= x.shape[a]
-    count = jnp.asarray(n, jnp.float32)
+    count = jnp.asarray(n, x.dtype)
   else:
-    mask = jnp.broadcast_to(mask, x.shape[:-1] + (1,)).astype(jnp.float32)
+    mask = jnp.broadcast_to(mask, x.shape[:-1] + (1,)).astype(x.dtype)
     count = jnp.sum(mask[..., 0], axis=reduce_axes)
   return _psum(count, axis_name)
 
@@ -79,9 +79,10 @@ def batch_moments(x: Array,
     clamped at 1 so that an all-padding statistic is 0/1 instead of NaN.
   """
   reduce_axes = tuple(a % x.ndim for a in reduce_axes)
-  x = x.astype(jnp.float32)
+  # Statistics in at least float32, also under a bfloat16 compute dtype.
+  x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
   if mask is not None:
-    mask = jnp.broadcast_to(mask, x.shape[:-1] + (1,)).astype(jnp.float32)
+    mask = jnp.broadcast_to(mask, x.shape[:-1] + (1,)).astype(x.dtype)
   count = _valid_count(x, mask, reduce_axes, axis_name)
   safe_count = jnp.maximum(count, 1.0)
   count_f = safe_count[..., None] if jnp.ndim(safe_count) else safe_count
@@ -105,11 +106,11 @@ def normalize(x: Array, mean: Array, var: Array, scale: Optional[Array] = None,
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def _batch_norm(x, scale, bias, mask, reduce_axes, axis_name, epsilon):
-  out, _ = _batch_norm_fwd(x, scale, bias, mask, reduce_axes, axis_name, epsilon)
+  out, _ = _batch_norm_forward(x, scale, bias, mask, reduce_axes, axis_name, epsilon)
   return out
 
 
-def _batch_norm_fwd(x, scale, bias, mask, reduce_axes, axis_name, epsilon):
+def _batch_norm_forward(x, scale, bias, mask, reduce_axes, axis_name, epsilon):
   mean, var, count = batch_moments(x, mask, reduce_axes, axis_name)
   inv_std = lax.rsqrt(var + epsilon)
   x_hat = (x - jnp.expand_dims(mean, reduce_axes)) * jnp.expand_dims(inv_std, reduce_axes)
@@ -122,6 +123,17 @@ def _batch_norm_fwd(x, scale, bias, mask, reduce_axes, axis_name, epsilon):
   return (y, mean, var, count), residuals
 
 
+def _batch_norm_fwd(x, scale, bias, mask, reduce_axes, axis_name, epsilon):
+  # symbolic_zeros=True wraps the differentiable arguments in CustomVJPPrimal.
+  unwrap = lambda a: a.value if isinstance(a, jax.custom_derivatives.CustomVJPPrimal) else a
+  return _batch_norm_forward(unwrap(x), unwrap(scale), unwrap(bias), unwrap(mask),
+                             reduce_axes, axis_name, epsilon)
+
+
+def _is_zero(cotangent) -> bool:
+  return cotangent is None or isinstance(cotangent, jax.custom_derivatives.SymbolicZero)
+
+
 def _batch_norm_bwd(reduce_axes, axis_name, epsilon, residuals, cotangents):
   """Closed-form backward pass of batch norm (Ioffe & Szegedy 2015, sec. 3).
 
@@ -129,31 +141,35 @@ def _batch_norm_bwd(reduce_axes, axis_name, epsilon, residuals, cotangents):
   of the global batch (padding included: padded outputs also depend on the statistics),
     dx = inv_std * (g - m * sum(g)/N - m * x_hat * sum(g * x_hat)/N)
          + m * d_mean / N + m * 2 (x - mean) * d_var / N.
-  One psum carries the four per-feature sums. Writing this out instead of letting
-  autodiff trace the moments halves the number of ops in the scanned backward pass.
+  One psum carries the per-feature sums. Writing this out instead of letting autodiff
+  trace the moments halves the ops of the scanned backward pass; the moment terms are
+  skipped when their cotangents are symbolic zeros (the layers stop their gradient).
   Parameter gradients are the local (per-device) sums, like every other parameter
   gradient inside pmap: the trainer averages them across devices.
   """
   del epsilon
   x_hat, inv_std, scale, bias, mask, count = residuals
   dy, d_mean, d_var, _ = cotangents
+  if _is_zero(dy):
+    dy = jnp.zeros_like(x_hat)
   param_axes = tuple(range(x_hat.ndim - 1))
   d_scale = None if scale is None else jnp.sum(dy * x_hat, axis=param_axes).astype(scale.dtype)
   d_bias = None if bias is None else jnp.sum(dy, axis=param_axes).astype(bias.dtype)
   g = dy if scale is None else dy * scale
-  sums = jnp.stack([
-      jnp.sum(g, axis=reduce_axes),
-      jnp.sum(g * x_hat, axis=reduce_axes),
-      d_mean,
-      d_var * 2.0 / inv_std,  # d_var * 2 (x - mean) = d_var * 2 x_hat / inv_std
-  ])
-  sums = _psum(sums, axis_name)
+  terms = [jnp.sum(g, axis=reduce_axes), jnp.sum(g * x_hat, axis=reduce_axes)]
+  with_moments = not (_is_zero(d_mean) and _is_zero(d_var))
+  if with_moments:
+    d_mean = jnp.zeros_like(terms[0]) if _is_zero(d_mean) else d_mean
+    d_var = jnp.zeros_like(terms[0]) if _is_zero(d_var) else d_var
+    terms += [d_mean, d_var * 2.0 / inv_std]  # d_var * 2 (x - mean) = d_var * 2 x_hat / inv_std
+  sums = _psum(jnp.stack(terms), axis_name)
   count_f = count[..., None] if jnp.ndim(count) else count
   sums = sums / count_f
   expand = lambda s: jnp.expand_dims(s, reduce_axes)
   inv = expand(inv_std)
-  correction = expand(sums[0]) * inv + x_hat * expand(sums[1]) * inv
-  correction = correction - expand(sums[2]) - x_hat * expand(sums[3])
+  correction = (expand(sums[0]) + x_hat * expand(sums[1])) * inv
+  if with_moments:
+    correction = correction - expand(sums[2]) - x_hat * expand(sums[3])
   if mask is not None:
     correction = correction * mask
   dx = g * inv - correction
@@ -161,7 +177,7 @@ def _batch_norm_bwd(reduce_axes, axis_name, epsilon, residuals, cotangents):
   return dx.astype(x_hat.dtype), d_scale, d_bias, d_mask
 
 
-_batch_norm.defvjp(_batch_norm_fwd, _batch_norm_bwd)
+_batch_norm.defvjp(_batch_norm_fwd, _batch_norm_bwd, symbolic_zeros=True)
 
 
 def batch_norm(x: Array,
@@ -240,9 +256,11 @@ def minibatch_moments_record(mean: Array, var: Array, count: Array,
     `{'mean', 'var': [num_rows, F], 'count': [num_rows]}` with `count` 1 on rows that this
     minibatch informed and 0 elsewhere.
   """
-  mean = jnp.atleast_2d(mean)
-  var = jnp.atleast_2d(var)
   seen = (jnp.atleast_1d(count) > 0).astype(jnp.float32)
+  # Rows that saw only padding get the fresh (0, 1) values, like the rows past T: the
+  # record must not depend on how much padding a batch carries.
+  mean = jnp.where(seen[:, None] > 0, jnp.atleast_2d(mean), 0.0)
+  var = jnp.where(seen[:, None] > 0, jnp.atleast_2d(var), 1.0)
   pad = num_rows - mean.shape[0]
   if pad < 0:
     check_length(mean.shape[0], num_rows)
