@@ -1,0 +1,346 @@
+"""Float64 NumPy reference of the BN-RNN equations, for the tests only.
+
+Written from DESIGN.md ("The equations") and the papers, not from the JAX code: nothing
+here imports `bn_rnn_jax`. Everything is a plain Python loop over time and over the batch
+wherever that makes the equation easier to read; speed does not matter (tiny shapes).
+
+Conventions shared with the library's public API (the names are the API, the maths is
+re-derived here):
+  * inputs `x [B, T, I]`, mask `[B, T]` (1 = valid; the valid steps are a prefix),
+    outputs `[B, T, H]` (0 at padded steps), LSTM carry `(c, h)`, RNN carry `h`.
+  * gate order (f, i, o, g); parameter names `input_kernel [I, G*H]`,
+    `recurrent_kernel [H, G*H]`, `bias [G*H]`, `input_scale`, `recurrent_scale` (LSTM) or
+    `scale` (RNN), `cell_scale`, `cell_bias`.
+  * a padded step keeps the previous state and never counts in a statistic.
+
+Equations (DESIGN.md):
+  BN(z; g, b) = b + g * (z - mean(z)) / sqrt(var(z) + eps), biased variance over the
+    valid rows of the batch (frame-wise / per step) or over valid rows and steps
+    (sequence-wise, Laurent eq. 20-21).
+  LSTM:     gates = N_h(W_h h) + N_x(W_x x) + b;  c = s(f) c' + s(i) tanh(g);
+            h = s(o) tanh(N_c(c)).
+  tanh RNN: h = tanh(W_h h' + N_x(W_x x) + b)          (Laurent eq. 18)
+            h = tanh(BN(W_h h' + W_x x; gamma, b))      (Laurent appendix A)
+  Population statistics: one row per step, step t reads row min(t, last row seen in
+  training) (Cooijmans sec. 3); a running average (first update takes the batch value) or
+  the average of minibatch moments over the minibatches that reached the row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# The variants, spelled out from the papers (site -> normalisation kind).
+VARIANT_SPECS = {
+    'lstm': dict(cell='lstm'),
+    'bn_lstm': dict(cell='lstm', recurrent='batch', input='batch', cell_site='batch'),
+    # Statistics shared over time for the population estimate of the recurrent and cell
+    # terms (Cooijmans' ablation), sequence-wise statistics of the input term.
+    'bn_lstm_shared': dict(cell='lstm', recurrent='batch', input='batch',
+                           cell_site='batch', shared=True, input_stats='sequence'),
+    'bn_input_only': dict(cell='lstm', input='batch'),
+    'bn_input_only_seq': dict(cell='lstm', input='batch', input_stats='sequence'),
+    'ln_lstm': dict(cell='lstm', recurrent='layer', input='layer', cell_site='layer'),
+    'rnn': dict(cell='rnn'),
+    'rnn_bn_input': dict(cell='rnn', input='batch'),
+    'rnn_bn_recurrence': dict(cell='rnn', recurrent='batch'),
+}
+
+
+def spec(variant: str) -> dict:
+  """Normalised spec: cell, recurrent, input, cell_site, shared, input_stats."""
+  out = dict(cell='lstm', recurrent=None, input=None, cell_site=None, shared=False,
+             input_stats='frame')
+  out.update(VARIANT_SPECS[variant])
+  return out
+
+
+def sigmoid(z):
+  return 0.5 * (1.0 + np.tanh(0.5 * z))  # no overflow on the junk of padded rows
+
+
+# ----------------------------------------------------------------------------- moments
+
+
+def masked_moments(z, valid):
+  """Mean and biased variance of the valid rows.
+
+  Args:
+    z: `[N, F]` values (rows = batch entries, or batch-and-time entries flattened).
+    valid: `[N]` booleans.
+
+  Returns:
+    `(mean [F], var [F], count)`. With no valid row the statistic is 0 / 0 (the
+    library clamps the count at 1 to avoid NaN; the values of such a step are never used
+    by a valid row).
+  """
+  z = np.asarray(z, np.float64)
+  rows = z[np.asarray(valid, bool)]
+  count = rows.shape[0]
+  if count == 0:
+    return np.zeros(z.shape[1]), np.zeros(z.shape[1]), 0
+  mean = rows.sum(0) / count
+  var = ((rows - mean) ** 2).sum(0) / count
+  return mean, var, count
+
+
+def normalize(z, mean, var, scale=None, shift=None, eps=1e-5):
+  y = (z - mean) / np.sqrt(var + eps)
+  if scale is not None:
+    y = y * scale
+  if shift is not None:
+    y = y + shift
+  return y
+
+
+def layer_norm(z, scale=None, shift=None, eps=1e-5):
+  mean = z.mean(-1, keepdims=True)
+  var = ((z - mean) ** 2).mean(-1, keepdims=True)
+  return normalize(z, mean, var, scale, shift, eps)
+
+
+# ----------------------------------------------------------------------------- layer
+
+
+def _norm_site(kind, z, valid, scale, shift, *, train, pop, eps):
+  """Normalise `z [B, F]` by kind. Returns `(y, (mean, var, count) or None)`."""
+  if kind is None:
+    y = z if scale is None else z * scale
+    return (y if shift is None else y + shift), None
+  if kind == 'layer':
+    return layer_norm(z, scale, shift, eps), None
+  if train:
+    mean, var, count = masked_moments(z, valid)
+    return normalize(z, mean, var, scale, shift, eps), (mean, var, count)
+  mean, var = pop
+  return normalize(z, mean, var, scale, shift, eps), None
+
+
+def run_layer(params, x, mask, variant, *, train=True, population=None, eps=1e-5,
+              initial_carry=None):
+  """Naive step-by-step run of one recurrent layer.
+
+  Args:
+    params: dict of float arrays (names as in the module docstring).
+    x: `[B, T, I]`.
+    mask: `[B, T]` (or None = all valid).
+    variant: a key of `VARIANT_SPECS`.
+    train: batch statistics (True) or population statistics (False).
+    population: in inference, `{site: (mean [T, F], var [T, F])}` per-step rows already
+      looked up (see `population_lookup`).
+    eps: variance epsilon.
+    initial_carry: `(c, h)` or `h`, `[B, H]`; zeros when None.
+
+  Returns:
+    `(final_carry, outputs [B, T, H], moments)` with `moments[site]` a list over steps of
+    `(mean, var, count)` (training only; for sequence-wise input statistics,
+    `moments['input']` is one such tuple).
+  """
+  s = spec(variant)
+  p = {k: np.asarray(v, np.float64) for k, v in params.items()}
+  x = np.asarray(x, np.float64)
+  batch, length, _ = x.shape
+  mask = np.ones((batch, length)) if mask is None else np.asarray(mask, np.float64)
+  hidden = p['recurrent_kernel'].shape[0]
+  if initial_carry is None:
+    h = np.zeros((batch, hidden))
+    c = np.zeros((batch, hidden))
+  elif s['cell'] == 'lstm':
+    c, h = (np.asarray(a, np.float64) for a in initial_carry)
+  else:
+    h = np.asarray(initial_carry, np.float64)
+    c = None
+  moments = {'input': [], 'recurrent': [], 'cell': []}
+  population = population or {}
+
+  # Sequence-wise input statistics: one mean/var over all valid (row, step) frames.
+  input_terms = None
+  if s['input'] == 'batch' and s['input_stats'] == 'sequence':
+    z = x @ p['input_kernel']                                              # [B, T, G*H]
+    flat = z.reshape(batch * length, -1)
+    valid = mask.reshape(-1) > 0
+    if train:
+      mean, var, count = masked_moments(flat, valid)
+      moments['input'] = (mean, var, count)
+    else:
+      mean, var = (a[0] for a in population['input'])  # one row, shared over time
+    input_terms = normalize(z, mean, var, p['input_scale'], None, eps)
+
+  outputs = np.zeros((batch, length, hidden))
+  for t in range(length):
+    valid = mask[:, t] > 0
+    pop_t = {site: (m[t], v[t]) for site, (m, v) in population.items()}
+    if input_terms is not None:
+      input_term = input_terms[:, t]
+    else:
+      input_term, mom = _norm_site(s['input'], x[:, t] @ p['input_kernel'], valid,
+                                   p.get('input_scale'), None, train=train,
+                                   pop=pop_t.get('input'), eps=eps)
+      if mom is not None:
+        moments['input'].append(mom)
+    if s['cell'] == 'lstm':
+      rec, mom = _norm_site(s['recurrent'], h @ p['recurrent_kernel'], valid,
+                            p.get('recurrent_scale'), None, train=train,
+                            pop=pop_t.get('recurrent'), eps=eps)
+      if mom is not None:
+        moments['recurrent'].append(mom)
+      gates = rec + input_term + p['bias']
+      f, i, o, g = np.split(gates, 4, axis=-1)
+      c_new = sigmoid(f) * c + sigmoid(i) * np.tanh(g)
+      c_out, mom = _norm_site(s['cell_site'], c_new, valid, p.get('cell_scale'),
+                              p.get('cell_bias'), train=train, pop=pop_t.get('cell'),
+                              eps=eps)
+      if mom is not None:
+        moments['cell'].append(mom)
+      h_new = sigmoid(o) * np.tanh(c_out)
+      c = np.where(valid[:, None], c_new, c)
+    else:
+      pre = h @ p['recurrent_kernel'] + input_term
+      if s['recurrent'] is None:
+        pre = pre + p['bias']
+      else:
+        pre, mom = _norm_site(s['recurrent'], pre, valid, p['scale'], p['bias'],
+                              train=train, pop=pop_t.get('recurrent'), eps=eps)
+        if mom is not None:
+          moments['recurrent'].append(mom)
+      h_new = np.tanh(pre)
+    h = np.where(valid[:, None], h_new, h)
+    outputs[:, t] = np.where(valid[:, None], h_new, 0.0)
+  moments = {k: v for k, v in moments.items() if (isinstance(v, tuple) or v)}
+  carry = (c, h) if s['cell'] == 'lstm' else h
+  return carry, outputs, moments
+
+
+def batch_sites(variant):
+  """The sites normalised with batch statistics, each with whether it has one row."""
+  s = spec(variant)
+  sites = {}
+  if s['recurrent'] == 'batch':
+    sites['recurrent'] = s['shared']
+  if s['input'] == 'batch':
+    sites['input'] = s['input_stats'] == 'sequence'
+  if s['cell_site'] == 'batch':
+    sites['cell'] = s['shared']
+  return sites
+
+
+# ----------------------------------------------------------------------------- population
+
+
+def minibatch_record(site_moments, shared, num_rows):
+  """One minibatch's moments as `{'mean', 'var': [R, F], 'count': [R]}`, count 1 on the
+  rows the minibatch reached (some valid entry) and 0 elsewhere.
+
+  `site_moments` is a list over steps of `(mean, var, count)` (per-step statistics) or a
+  single tuple (sequence-wise). A site whose population statistics are shared over time
+  but whose training statistics are per step stores the average of the step moments,
+  weighted by their valid counts ("averaging statistics over time", Cooijmans sec. 3).
+  """
+  if isinstance(site_moments, tuple):
+    site_moments = [site_moments]
+  if shared and len(site_moments) > 1:
+    counts = np.array([m[2] for m in site_moments], np.float64)
+    total = counts.sum()
+    w = counts / max(total, 1.0)
+    mean = sum(wi * m[0] for wi, m in zip(w, site_moments))
+    var = sum(wi * m[1] for wi, m in zip(w, site_moments))
+    site_moments = [(mean, var, total)]
+  features = site_moments[0][0].shape[0]
+  rec = {'mean': np.zeros((num_rows, features)), 'var': np.ones((num_rows, features)),
+         'count': np.zeros(num_rows)}
+  for t, (mean, var, count) in enumerate(site_moments):
+    if count > 0:  # rows that saw only padding stay (0, 1), unseen
+      rec['mean'][t], rec['var'][t], rec['count'][t] = mean, var, 1.0
+  return rec
+
+
+def init_population(num_rows, features):
+  return {'mean': np.zeros((num_rows, features)), 'var': np.ones((num_rows, features)),
+          'count': np.zeros(num_rows)}
+
+
+def ema_update(stats, record, momentum):
+  """Running average on the rows the minibatch reached; a row's first update takes the
+  batch value; rows the minibatch did not reach are left alone."""
+  out = {k: np.array(v, np.float64, copy=True) for k, v in stats.items()}
+  for r in range(record['count'].shape[0]):
+    if record['count'][r] <= 0:
+      continue
+    for key in ('mean', 'var'):
+      if stats['count'][r] == 0:
+        out[key][r] = record[key][r]
+      else:
+        out[key][r] = momentum * stats[key][r] + (1 - momentum) * record[key][r]
+    out['count'][r] = stats['count'][r] + record['count'][r]
+  return out
+
+
+def average_records(records):
+  """The papers' estimate: per row, the plain average of the minibatch means and of the
+  minibatch variances over the minibatches that reached that row; unseen rows (0, 1)."""
+  num_rows, features = records[0]['mean'].shape
+  out = init_population(num_rows, features)
+  for r in range(num_rows):
+    seen = [rec for rec in records if rec['count'][r] > 0]
+    out['count'][r] = len(seen)
+    if seen:
+      out['mean'][r] = np.mean([rec['mean'][r] for rec in seen], axis=0)
+      out['var'][r] = np.mean([rec['var'][r] for rec in seen], axis=0)
+  return out
+
+
+def population_lookup(stats, length):
+  """`(mean [length, F], var [length, F])`: step t reads row min(t, last row seen)."""
+  seen = np.nonzero(np.asarray(stats['count']) > 0)[0]
+  last = int(seen[-1]) if seen.size else 0
+  rows = np.minimum(np.arange(length), last)
+  return np.asarray(stats['mean'])[rows], np.asarray(stats['var'])[rows]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def reverse_each(x, mask):
+  """Reverse each sequence's valid prefix in time; padding stays in place. x `[B, T, ...]`."""
+  x = np.array(x, copy=True)
+  lengths = np.asarray(mask).sum(1).astype(int)
+  for b, n in enumerate(lengths):
+    x[b, :n] = x[b, :n][::-1]
+  return x
+
+
+def numerical_grad(fn, arrays, step=1e-6):
+  """Central finite differences of a scalar `fn(arrays)` w.r.t. every entry of every array.
+
+  `arrays` is a dict of float64 arrays; returns a dict of gradients of the same shapes.
+  """
+  base = {k: np.array(v, np.float64, copy=True) for k, v in arrays.items()}
+  grads = {}
+  for key, value in base.items():
+    g = np.zeros_like(value)
+    flat = value.reshape(-1)
+    for j in range(flat.size):
+      old = flat[j]
+      flat[j] = old + step
+      up = fn(base)
+      flat[j] = old - step
+      down = fn(base)
+      flat[j] = old
+      g.reshape(-1)[j] = (up - down) / (2 * step)
+    grads[key] = g
+  return grads
+
+
+def random_params(shapes, rng):
+  """Random float64 parameters for the given `{name: shape}` (away from the init values,
+  so that gamma, beta, biases and the forget bias all matter): kernels N(0, 1/fan_in),
+  scales U(0.5, 1.5), biases N(0, 0.5^2)."""
+  params = {}
+  for name, shape in shapes.items():
+    if name.endswith('kernel'):
+      params[name] = rng.normal(0.0, 1.0 / np.sqrt(shape[0]), shape)
+    elif name.endswith('scale') or name == 'scale':
+      params[name] = rng.uniform(0.5, 1.5, shape)
+    else:
+      params[name] = rng.normal(0.0, 0.5, shape)
+  return params

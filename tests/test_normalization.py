@@ -1,0 +1,215 @@
+"""`normalization.py` against the float64 reference: masked moments, batch norm and its
+closed-form backward pass, layer norm, and the population-statistics helpers."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bn_rnn_jax import normalization
+import reference as ref
+
+B, T, F = 6, 4, 5
+LENGTHS = np.array([4, 1, 3, 4, 2, 1])         # the last two steps have 3 and 2 valid rows
+MASK = (np.arange(T)[None, :] < LENGTHS[:, None]).astype(np.float64)
+
+
+def _close(a, b, rtol=1e-5, what=''):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  scale = max(float(np.max(np.abs(b))) if b.size else 0.0, 1e-3)
+  np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * scale, err_msg=what)
+
+
+def _data(seed=0, loc=0.0, std=1.0):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(loc, std, size=(B, T, F))
+  return np.where(MASK[..., None] > 0, x, 1e3 * rng.normal(size=x.shape))  # junk padding
+
+
+# ----------------------------------------------------------------------------- moments
+
+
+def test_batch_moments_unmasked():
+  x = _data()[:, 0]
+  mean, var, count = normalization.batch_moments(jnp.float32(x))
+  want_mean, want_var, want_count = ref.masked_moments(x, np.ones(B, bool))
+  _close(mean, want_mean)
+  _close(var, want_var)
+  assert float(count) == want_count == B
+
+
+def test_batch_moments_masked_per_step_and_sequence():
+  x = _data(1)
+  mean, var, count = normalization.batch_moments(jnp.float32(x), jnp.float32(MASK[..., None]),
+                                                 reduce_axes=(0,))
+  assert mean.shape == var.shape == (T, F) and count.shape == (T,)
+  for t in range(T):
+    want = ref.masked_moments(x[:, t], MASK[:, t] > 0)
+    _close(mean[t], want[0], what=f'mean {t}')
+    _close(var[t], want[1], what=f'var {t}')
+    assert float(count[t]) == want[2]
+  mean, var, count = normalization.batch_moments(jnp.float32(x), jnp.float32(MASK[..., None]),
+                                                 reduce_axes=(0, 1))
+  want = ref.masked_moments(x.reshape(B * T, F), MASK.reshape(-1) > 0)
+  _close(mean, want[0])
+  _close(var, want[1])
+  assert float(count) == want[2] == MASK.sum()
+
+
+def test_batch_moments_all_padding_is_finite():
+  """A step no sequence reaches: count 0 and finite (0, 0) moments, never NaN."""
+  x = jnp.float32(_data(2)[:, 0])
+  mean, var, count = normalization.batch_moments(x, jnp.zeros((B, 1)))
+  assert float(count) == 0.0
+  np.testing.assert_array_equal(mean, np.zeros(F))
+  np.testing.assert_array_equal(var, np.zeros(F))
+
+
+def test_batch_moments_large_mean_keeps_variance():
+  """|mean| >> std: a one-pass E[x^2] - E[x]^2 in float32 would lose the variance."""
+  x = _data(3, loc=1e4, std=1.0)[:, 0]
+  _, var, _ = normalization.batch_moments(jnp.float32(x))
+  _, want_var, _ = ref.masked_moments(np.float32(x).astype(np.float64), np.ones(B, bool))
+  _close(var, want_var, rtol=1e-3)
+
+
+# ----------------------------------------------------------------------------- batch norm
+
+
+@pytest.mark.parametrize('reduce_axes', [(0,), (0, 1)])
+def test_batch_norm_forward_and_gradient(reduce_axes):
+  """y and the moments, and d/d(x, scale, bias) of a loss that uses y, mean and var (so
+  every cotangent of the custom VJP is exercised), against finite differences in float64."""
+  rng = np.random.default_rng(4)
+  x = _data(5)
+  scale = rng.uniform(0.5, 1.5, F)
+  bias = rng.normal(size=F)
+  w = rng.normal(size=(B, T, F)) * MASK[..., None]   # padded outputs are not used
+  stat_shape = (T, F) if reduce_axes == (0,) else (F,)
+  w_mean, w_var = rng.normal(size=stat_shape), rng.normal(size=stat_shape)
+
+  def ref_forward(x, scale, bias):
+    if reduce_axes == (0,):
+      stats = [ref.masked_moments(x[:, t], MASK[:, t] > 0) for t in range(T)]
+      mean = np.stack([s[0] for s in stats])
+      var = np.stack([s[1] for s in stats])
+      y = ref.normalize(x, mean[None], var[None], scale, bias)
+    else:
+      mean, var, _ = ref.masked_moments(x.reshape(B * T, F), MASK.reshape(-1) > 0)
+      y = ref.normalize(x, mean, var, scale, bias)
+    return y, mean, var
+
+  def ref_loss(a):
+    y, mean, var = ref_forward(a['x'], a['scale'], a['bias'])
+    return np.sum(y * w) + np.sum(mean * w_mean) + np.sum(var * w_var)
+
+  def loss(x, scale, bias):
+    y, mean, var, _ = normalization.batch_norm(x, scale, bias, mask=jnp.float32(MASK[..., None]),
+                                               reduce_axes=reduce_axes)
+    return jnp.sum(y * w) + jnp.sum(mean * w_mean) + jnp.sum(var * w_var), (y, mean, var)
+
+  (value, (y, mean, var)), grads = jax.jit(jax.value_and_grad(
+      loss, argnums=(0, 1, 2), has_aux=True))(jnp.float32(x), jnp.float32(scale),
+                                              jnp.float32(bias))
+  want_y, want_mean, want_var = ref_forward(x, scale, bias)
+  _close(np.asarray(y) * MASK[..., None], want_y * MASK[..., None], rtol=1e-4)
+  _close(mean, want_mean)
+  _close(var, want_var, rtol=1e-4)
+  want = ref.numerical_grad(ref_loss, {'x': x, 'scale': scale, 'bias': bias}, step=1e-5)
+  for got, name in zip(grads, ('x', 'scale', 'bias')):
+    _close(np.asarray(got) * (MASK[..., None] if name == 'x' else 1.0),
+           want[name] * (MASK[..., None] if name == 'x' else 1.0), rtol=1e-4, what=name)
+  assert np.all(np.asarray(grads[0])[MASK == 0] == 0.0), 'padding must get no gradient'
+
+
+def test_batch_norm_rejects_the_feature_axis():
+  with pytest.raises(ValueError, match='feature axis'):
+    normalization.batch_norm(jnp.zeros((B, F)), reduce_axes=(1,))
+
+
+def test_layer_norm_and_normalize():
+  x = _data(6)[:, 0]
+  rng = np.random.default_rng(7)
+  scale, bias = rng.uniform(0.5, 1.5, F), rng.normal(size=F)
+  _close(normalization.layer_norm(jnp.float32(x), jnp.float32(scale), jnp.float32(bias)),
+         ref.layer_norm(x, scale, bias), rtol=1e-4)
+  mean, var = rng.normal(size=F), rng.uniform(0.5, 2.0, F)
+  _close(normalization.normalize(jnp.float32(x), mean, var, scale, bias, epsilon=1e-3),
+         ref.normalize(x, mean, var, scale, bias, eps=1e-3), rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- population
+
+
+def _record(rng, rows, seen):
+  return {'mean': rng.normal(size=(rows, F)), 'var': rng.uniform(0.1, 2.0, (rows, F)),
+          'count': np.asarray(seen, np.float64)}
+
+
+def test_update_running_stats():
+  """EMA on reached rows; a row's first update takes the batch value; others unchanged."""
+  rng = np.random.default_rng(8)
+  stats = ref.init_population(4, F)
+  momentum = 0.8
+  for seen in ([1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 0]):
+    record = _record(rng, 4, seen)
+    got = jax.tree.map(np.asarray, normalization.update_running_stats(
+        jax.tree.map(jnp.float32, stats), jax.tree.map(jnp.float32, record), momentum))
+    want = ref.ema_update(stats, record, momentum)
+    for key in ('mean', 'var', 'count'):
+      _close(got[key], want[key], what=key)
+    stats = want
+  np.testing.assert_array_equal(stats['count'], [3, 2, 1, 0])
+  np.testing.assert_array_equal(stats['mean'][3], np.zeros(F))   # never reached
+  np.testing.assert_array_equal(stats['var'][3], np.ones(F))
+
+
+def test_minibatch_moments_record():
+  rng = np.random.default_rng(9)
+  mean, var = rng.normal(size=(3, F)), rng.uniform(0.1, 2.0, (3, F))
+  count = np.array([4.0, 2.0, 0.0])                # the last step only saw padding
+  got = jax.tree.map(np.asarray, normalization.minibatch_moments_record(
+      jnp.float32(mean), jnp.float32(var), jnp.float32(count), 5))
+  want = ref.minibatch_record([(mean[t], var[t], count[t]) for t in range(3)], False, 5)
+  for key in ('mean', 'var', 'count'):
+    _close(got[key], want[key], what=key)
+  np.testing.assert_array_equal(got['count'], [1, 1, 0, 0, 0])
+  shared = normalization.minibatch_moments_record(jnp.float32(mean[0]), jnp.float32(var[0]),
+                                                  jnp.float32(7.0), 1)
+  np.testing.assert_array_equal(shared['count'], [1.0])
+  with pytest.raises(ValueError, match='3 time steps.*max_length=2'):
+    normalization.minibatch_moments_record(mean, var, count, 2)
+
+
+def test_average_moment_records():
+  """The papers' estimate over a nested tree of sites, rows reached by some batches only."""
+  rng = np.random.default_rng(10)
+  seen = ([1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0])
+  records = [{'layer_0': {'cell': _record(rng, 5, s)}, 'layer_1': {'input': _record(rng, 5, s)}}
+             for s in seen]
+  stacked = jax.tree.map(lambda *a: jnp.float32(np.stack(a)), *records)
+  got = jax.tree.map(np.asarray, normalization.average_moment_records(stacked))
+  for layer, site in (('layer_0', 'cell'), ('layer_1', 'input')):
+    want = ref.average_records([r[layer][site] for r in records])
+    for key in ('mean', 'var', 'count'):
+      _close(got[layer][site][key], want[key], what=f'{layer} {site} {key}')
+  np.testing.assert_array_equal(got['layer_0']['cell']['count'], [3, 3, 2, 1, 0])
+  np.testing.assert_array_equal(got['layer_0']['cell']['var'][4], np.ones(F))
+
+
+@pytest.mark.parametrize('seen_rows,length', [(3, 8), (5, 5), (5, 9), (0, 4), (2, 1)])
+def test_population_rows(seen_rows, length):
+  """Step t reads row min(t, last seen row), also past the number of rows."""
+  rng = np.random.default_rng(11)
+  stats = {'mean': rng.normal(size=(5, F)), 'var': rng.uniform(0.1, 2.0, (5, F)),
+           'count': np.array([3.0] * seen_rows + [0.0] * (5 - seen_rows))}
+  mean, var = normalization.population_rows(jax.tree.map(jnp.float32, stats), length)
+  want_mean, want_var = ref.population_lookup(stats, length)
+  _close(mean, want_mean)
+  _close(var, want_var)
+
+
+def test_check_length():
+  normalization.check_length(5, 5)
+  with pytest.raises(ValueError, match='6 time steps.*max_length=5'):
+    normalization.check_length(6, 5)

@@ -1,0 +1,476 @@
+"""The recurrent layer family against the float64 NumPy reference (`tests/reference.py`).
+
+Every variant in `recurrent.VARIANTS` is run in float32 JAX and compared with a naive
+float64 step-by-step loop: outputs, final state, gradients (reference gradients by central
+finite differences), the statistics written to `batch_stats` / `batch_moments`, and
+inference with population statistics (running average and the papers' average of
+minibatch moments), including sequences longer than `max_length`.
+
+Shapes are tiny (B=4, T=5, I=3, H=4) and every jitted function is built once per
+(variant, form, length) and shared between tests through `functools.cache`.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bn_rnn_jax import normalization
+from bn_rnn_jax import recurrent
+import reference as ref
+
+B, T, I, H = 4, 5, 3, 4
+MAX_LEN = 7           # T_max: rows of per-step statistics
+MOMENTUM = 0.9        # far from 1, so that one EMA step visibly moves the statistics
+LENGTHS = (5, 2, 4, 5)   # uneven; the last step has only two valid rows
+GARBAGE = 30.0        # scale of the junk put into padded positions
+
+VARIANTS = tuple(recurrent.VARIANTS)
+BATCH_VARIANTS = tuple(v for v in VARIANTS if ref.batch_sites(v))
+# Sequence-wise input statistics always hoist the input projection: one form only.
+ALWAYS_HOISTED = tuple(v for v in VARIANTS if ref.spec(v)['input_stats'] == 'sequence')
+FORMS = tuple((v, hoist) for v in VARIANTS for hoist in (False, True)
+              if not (hoist is False and v in ALWAYS_HOISTED))
+
+
+def _mask(lengths, length):
+  return (np.arange(length)[None, :] < np.asarray(lengths)[:, None]).astype(np.float64)
+
+
+def _inputs(seed, lengths, length):
+  """`x [B, T, I]` with large junk in the padded positions, and its mask."""
+  rng = np.random.default_rng(seed)
+  mask = _mask(lengths, length)
+  x = rng.normal(size=(len(lengths), length, I))
+  junk = GARBAGE * rng.normal(size=x.shape)
+  return np.where(mask[..., None] > 0, x, junk), mask
+
+
+X, MASK = _inputs(0, LENGTHS, T)
+_rng = np.random.default_rng(1)
+W_OUT = _rng.normal(size=(B, T, H))        # loss weights on the outputs
+W_CARRY = _rng.normal(size=(2, B, H))      # loss weights on the final (c, h) / h
+
+
+def _layer(variant, hoist=False, **overrides):
+  return recurrent.make_layer(variant, H, max_length=MAX_LEN, momentum=MOMENTUM,
+                              hoist_input=hoist, **overrides)
+
+
+def _carry_leaves(carry):
+  return list(carry) if isinstance(carry, tuple) else [carry]
+
+
+def _f32(tree):
+  return jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), tree)
+
+
+def _np(tree):
+  return jax.tree.map(lambda a: np.asarray(a, np.float64), tree)
+
+
+@functools.cache
+def variant_params(variant):
+  """Random float64 parameters in the layer's layout, and fresh batch_stats shapes."""
+  shapes = jax.eval_shape(
+      lambda: _layer(variant).init(jax.random.key(0), jnp.zeros((B, T, I)), train=False))
+  params = ref.random_params({k: s.shape for k, s in shapes['params'].items()},
+                             np.random.default_rng(VARIANTS.index(variant) + 10))
+  sites = {site: ref.init_population(s['mean'].shape[0], s['mean'].shape[1])
+           for site, s in shapes.get('batch_stats', {}).items()}
+  return params, sites
+
+
+@functools.cache
+def train_fn(variant, hoist):
+  """jit(value_and_grad) of the weighted loss; aux = (carry, outputs, new collections)."""
+  layer = _layer(variant, hoist)
+
+  def loss(params, x, mask, batch_stats, w_out, w_carry):
+    (carry, out), new = layer.apply(
+        {'params': params, 'batch_stats': batch_stats}, x, mask, train=True,
+        mutable=['batch_stats', 'batch_moments'])
+    value = jnp.sum(out * w_out)
+    for leaf, w in zip(_carry_leaves(carry), w_carry):
+      value = value + jnp.sum(leaf * w)
+    return value, (carry, out, new)
+
+  return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+
+
+@functools.cache
+def eval_fn(variant, hoist):
+  layer = _layer(variant, hoist)
+  return jax.jit(lambda v, x, mask: layer.apply(v, x, mask, train=False))
+
+
+def run_train(variant, hoist, x=X, mask=MASK, stats=None, w_out=W_OUT):
+  params, fresh = variant_params(variant)
+  stats = fresh if stats is None else stats
+  (value, (carry, out, new)), (g_params, g_x) = train_fn(variant, hoist)(
+      _f32(params), _f32(x), _f32(mask), _f32(stats), _f32(w_out), _f32(W_CARRY))
+  return dict(value=float(value), carry=_np(carry), out=np.asarray(out, np.float64),
+              stats=_np(new.get('batch_stats', {})), moments=_np(new.get('batch_moments', {})),
+              g_params=_np(g_params), g_x=np.asarray(g_x, np.float64))
+
+
+@functools.cache
+def cached_train(variant, hoist):
+  return run_train(variant, hoist)
+
+
+def ref_loss(variant, params, x, mask, w_out=W_OUT, **kw):
+  carry, out, _ = ref.run_layer(params, x, mask, variant, **kw)
+  value = np.sum(out * w_out)
+  for leaf, w in zip(_carry_leaves(carry), W_CARRY):
+    value += np.sum(leaf * w)
+  return value
+
+
+@functools.cache
+def reference_train(variant):
+  """Reference forward, moments and finite-difference gradients on (X, MASK)."""
+  params, _ = variant_params(variant)
+  carry, out, moments = ref.run_layer(params, X, MASK, variant)
+  arrays = {**params, '__x': X}
+  grads = ref.numerical_grad(
+      lambda a: ref_loss(variant, {k: v for k, v in a.items() if k != '__x'}, a['__x'],
+                         MASK), arrays)
+  g_x = grads.pop('__x')
+  return dict(carry=carry, out=out, moments=moments, g_params=grads, g_x=g_x)
+
+
+def assert_close(actual, expected, rtol=1e-4, what=''):
+  """float32 vs float64: elementwise, with an absolute floor scaled to the array's size."""
+  actual = np.asarray(actual, np.float64)
+  expected = np.asarray(expected, np.float64)
+  assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+  scale = max(float(np.max(np.abs(expected))) if expected.size else 0.0, 1e-3)
+  np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * scale, err_msg=what)
+
+
+def ref_records(variant, moments):
+  return {site: ref.minibatch_record(moments[site], shared, 1 if shared else MAX_LEN)
+          for site, shared in ref.batch_sites(variant).items()}
+
+
+# ----------------------------------------------------------------------------- training
+
+
+@pytest.mark.parametrize('variant,hoist', FORMS)
+def test_training_matches_reference(variant, hoist):
+  """Outputs, final state, gradients and statistics in training mode, uneven mask."""
+  got = cached_train(variant, hoist)
+  want = reference_train(variant)
+  assert_close(got['out'], want['out'], what='outputs')
+  assert np.all(got['out'][MASK == 0] == 0.0), 'padded outputs must be exactly 0'
+  for g, w in zip(_carry_leaves(got['carry']), _carry_leaves(want['carry'])):
+    assert_close(g, w, what='final carry')
+  assert set(got['g_params']) == set(want['g_params'])
+  for name, g in got['g_params'].items():
+    assert_close(g, want['g_params'][name], rtol=2e-4, what=f'd loss / d {name}')
+  assert_close(got['g_x'], want['g_x'], rtol=2e-4, what='d loss / d x')
+  assert np.all(got['g_x'][MASK == 0] == 0.0), 'padded inputs must get no gradient'
+
+  # One update from fresh statistics: every row this batch reached takes the batch value.
+  records = ref_records(variant, want['moments'])
+  assert set(got['stats']) == set(records)
+  assert set(got['moments']) == set(records)
+  for site, record in records.items():
+    fresh = ref.init_population(*record['mean'].shape)
+    expected = ref.ema_update(fresh, record, MOMENTUM)
+    for key in ('mean', 'var', 'count'):
+      assert_close(got['stats'][site][key], expected[key], what=f'batch_stats {site} {key}')
+      assert_close(got['moments'][site][key], record[key], what=f'batch_moments {site} {key}')
+
+
+@pytest.mark.parametrize('variant', [v for v in VARIANTS if v not in ALWAYS_HOISTED])
+def test_hoisted_equals_in_step(variant):
+  """The hoisted input projection computes the same function as the in-step one.
+
+  Both also match the naive loop of the reference (test above); here they are compared
+  with each other directly. They differ only by float32 rounding, which the two-row batch
+  statistics of the last step amplify (up to ~4e-4 relative, measured, on d loss / d x).
+  """
+  a, b = cached_train(variant, False), cached_train(variant, True)
+  assert_close(a['out'], b['out'], rtol=1e-5, what='outputs')
+  assert_close(a['g_x'], b['g_x'], rtol=5e-4, what='d loss / d x')
+  for name in a['g_params']:
+    assert_close(a['g_params'][name], b['g_params'][name], rtol=5e-4, what=name)
+  for site in a['stats']:
+    for key in ('mean', 'var', 'count'):
+      assert_close(a['stats'][site][key], b['stats'][site][key], rtol=1e-5, what=site)
+
+
+def test_initial_carry_and_its_gradient():
+  """A given initial state (e.g. carried over truncated-BPTT segments) is used as h_0, c_0."""
+  variant = 'bn_lstm'
+  layer = _layer(variant)
+  params, fresh = variant_params(variant)
+  rng = np.random.default_rng(5)
+  c0, h0 = rng.normal(size=(B, H)), rng.normal(size=(B, H))
+
+  def loss(carry0):
+    (carry, out), _ = layer.apply({'params': _f32(params), 'batch_stats': _f32(fresh)},
+                                  _f32(X), _f32(MASK), train=True, initial_carry=carry0,
+                                  mutable=['batch_stats'])
+    return jnp.sum(out * W_OUT) + jnp.sum(carry[0] * W_CARRY[0]) + jnp.sum(
+        carry[1] * W_CARRY[1])
+
+  value, (g_c, g_h) = jax.jit(jax.value_and_grad(loss))(_f32((c0, h0)))
+  want = ref.numerical_grad(
+      lambda a: ref_loss(variant, params, X, MASK, initial_carry=(a['c'], a['h'])),
+      {'c': c0, 'h': h0})
+  assert_close(value, ref_loss(variant, params, X, MASK, initial_carry=(c0, h0)))
+  assert_close(g_c, want['c'], rtol=2e-4, what='d loss / d c0')
+  assert_close(g_h, want['h'], rtol=2e-4, what='d loss / d h0')
+
+
+# ----------------------------------------------------------------------------- inference
+
+# Two training batches of length T: in batch A the last step is all padding (its row must
+# not be updated and does not count as seen); batch B reaches it, so there the row's first
+# update takes the batch value while rows 0..3 get an EMA step.
+LENGTHS_A = (4, 2, 3, 4)
+X_A, MASK_A = _inputs(2, LENGTHS_A, T)
+X_B, MASK_B = _inputs(3, LENGTHS, T)
+# Inference on T_EVAL > MAX_LEN steps: past the last trained row (4), and past T_max.
+T_EVAL = 9
+LENGTHS_EVAL = (9, 3, 7, 6)
+X_EVAL, MASK_EVAL = _inputs(4, LENGTHS_EVAL, T_EVAL)
+
+
+def _population_inputs(variant, stats):
+  """`{site: (mean [T_EVAL, F], var [T_EVAL, F])}` for the reference, rows looked up."""
+  return {site: ref.population_lookup(stats[site], T_EVAL)
+          for site in ref.batch_sites(variant)}
+
+
+@functools.cache
+def population_runs(variant, hoist):
+  """Two training batches through the layer: running average and the moment records."""
+  _, fresh = variant_params(variant)
+  run_a = run_train(variant, hoist, X_A, MASK_A, fresh)
+  run_b = run_train(variant, hoist, X_B, MASK_B, run_a['stats'])
+  return run_a, run_b
+
+
+def _check_inference(variant, hoist, stats):
+  params, _ = variant_params(variant)
+  variables = {'params': _f32(params), 'batch_stats': _f32(stats)}
+  carry, out = eval_fn(variant, hoist)(variables, _f32(X_EVAL), _f32(MASK_EVAL))
+  want_carry, want_out, _ = ref.run_layer(params, X_EVAL, MASK_EVAL, variant, train=False,
+                                          population=_population_inputs(variant, stats))
+  assert_close(out, want_out, what='inference outputs')
+  for g, w in zip(_carry_leaves(_np(carry)), _carry_leaves(want_carry)):
+    assert_close(g, w, what='inference final carry')
+
+
+@pytest.mark.parametrize('variant,hoist', [f for f in FORMS if f[0] in BATCH_VARIANTS])
+def test_running_average_population_inference(variant, hoist):
+  params, fresh = variant_params(variant)
+  _, run_b = population_runs(variant, hoist)
+  _, _, moments_a = ref.run_layer(params, X_A, MASK_A, variant)
+  _, _, moments_b = ref.run_layer(params, X_B, MASK_B, variant)
+  rec_a, rec_b = ref_records(variant, moments_a), ref_records(variant, moments_b)
+  want = {site: ref.ema_update(ref.ema_update(fresh[site], rec_a[site], MOMENTUM),
+                               rec_b[site], MOMENTUM) for site in rec_a}
+  for site, stats in want.items():
+    if not ref.batch_sites(variant)[site]:
+      # The per-step rows: row 4 was padding-only in batch A (not updated there) and
+      # was first reached by batch B; rows 5, 6 were never reached.
+      np.testing.assert_array_equal(stats['count'], [2, 2, 2, 2, 1, 0, 0])
+    for key in ('mean', 'var', 'count'):
+      assert_close(run_b['stats'][site][key], want[site][key], what=f'{site} {key}')
+  _check_inference(variant, hoist, run_b['stats'])
+
+
+@pytest.mark.parametrize('variant,hoist', [f for f in FORMS if f[0] in BATCH_VARIANTS])
+def test_average_of_minibatch_moments_population_inference(variant, hoist):
+  """The papers' estimate: `batch_moments` records averaged by `average_moment_records`."""
+  params, _ = variant_params(variant)
+  run_a, run_b = population_runs(variant, hoist)
+  records = [run_a['moments'], run_b['moments']]
+  stacked = jax.tree.map(lambda *a: jnp.stack(a), *_f32(records))
+  estimate = _np(normalization.average_moment_records(stacked))
+  want_records = [ref_records(variant, ref.run_layer(params, x, m, variant)[2])
+                  for x, m in ((X_A, MASK_A), (X_B, MASK_B))]
+  for site in want_records[0]:
+    want = ref.average_records([r[site] for r in want_records])
+    for key in ('mean', 'var', 'count'):
+      assert_close(estimate[site][key], want[key], what=f'{site} {key}')
+  _check_inference(variant, hoist, estimate)
+
+
+@pytest.mark.parametrize('variant', [v for v in VARIANTS if v not in BATCH_VARIANTS])
+def test_inference_without_batch_statistics(variant):
+  """Variants with no batch norm compute the same function in inference, at any length."""
+  params, _ = variant_params(variant)
+  carry, out = eval_fn(variant, False)({'params': _f32(params)}, _f32(X_EVAL),
+                                       _f32(MASK_EVAL))
+  want_carry, want_out, _ = ref.run_layer(params, X_EVAL, MASK_EVAL, variant, train=False)
+  assert_close(out, want_out)
+  for g, w in zip(_carry_leaves(_np(carry)), _carry_leaves(want_carry)):
+    assert_close(g, w)
+
+
+def test_fresh_statistics_are_mean0_var1_unseen():
+  layer = _layer('bn_lstm')
+  variables = jax.jit(functools.partial(layer.init, train=False))(
+      jax.random.key(0), jnp.zeros((B, T, I)))
+  for site in ('recurrent', 'input', 'cell'):
+    stats = _np(variables['batch_stats'][site])
+    features = H if site == 'cell' else 4 * H
+    np.testing.assert_array_equal(stats['mean'], np.zeros((MAX_LEN, features)))
+    np.testing.assert_array_equal(stats['var'], np.ones((MAX_LEN, features)))
+    np.testing.assert_array_equal(stats['count'], np.zeros(MAX_LEN))
+
+
+# ----------------------------------------------------------------------------- padding
+
+
+@pytest.mark.parametrize('variant', BATCH_VARIANTS)
+def test_padding_invariance(variant):
+  """Extra all-padding steps and different junk in padded positions change nothing.
+
+  Only the variants with batch statistics: there padding could leak through the moments;
+  the per-row state handling of the others is the same code, and the reference test above
+  already feeds them junk in padded positions.
+  """
+  hoist = variant in ALWAYS_HOISTED
+  base = cached_train(variant, hoist)
+  extra = 2                                        # T + extra <= MAX_LEN: still trainable
+  rng = np.random.default_rng(7)
+  mask = np.concatenate([MASK, np.zeros((B, extra))], axis=1)
+  x = GARBAGE * rng.normal(size=(B, T + extra, I))
+  x[mask > 0] = X[MASK > 0]
+  w_out = rng.normal(size=(B, T + extra, H))
+  w_out[:, :T] = W_OUT
+  got = run_train(variant, hoist, x, mask, w_out=w_out)
+  np.testing.assert_allclose(got['out'][:, :T], base['out'], rtol=1e-6, atol=1e-6)
+  assert np.all(got['out'][:, T:] == 0.0)
+  for a, b in zip(_carry_leaves(got['carry']), _carry_leaves(base['carry'])):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+  for name, g in got['g_params'].items():
+    np.testing.assert_allclose(g, base['g_params'][name], rtol=1e-5, atol=1e-6, err_msg=name)
+  np.testing.assert_allclose(got['g_x'][:, :T], base['g_x'], rtol=1e-5, atol=1e-6)
+  assert np.all(got['g_x'][mask == 0] == 0.0)
+  for collection in ('stats', 'moments'):
+    for site, stats in got[collection].items():
+      for key, value in stats.items():
+        np.testing.assert_allclose(value, base[collection][site][key], rtol=1e-6,
+                                   atol=1e-7, err_msg=f'{collection} {site} {key}')
+
+
+# ----------------------------------------------------------------------------- bidirectional
+
+
+def test_reverse_valid_reverses_only_the_valid_prefix():
+  x = np.arange(B * T * 2, dtype=np.float32).reshape(B, T, 2)
+  once = np.asarray(recurrent.reverse_valid(jnp.asarray(x), jnp.asarray(MASK)))
+  np.testing.assert_array_equal(once, ref.reverse_each(x, MASK))
+  # Row 1 has length 2: its two valid steps swap, its padding stays in place.
+  np.testing.assert_array_equal(once[1, :, 0], x[1, [1, 0, 2, 3, 4], 0])
+  twice = np.asarray(recurrent.reverse_valid(jnp.asarray(once), jnp.asarray(MASK)))
+  np.testing.assert_array_equal(twice, x)
+  no_mask = np.asarray(recurrent.reverse_valid(jnp.asarray(x), None))
+  np.testing.assert_array_equal(no_mask, x[:, ::-1])
+
+
+def test_bidirectional_backward_half_reverses_each_sequence():
+  """BN-e** (Cooijmans sec. 5.4): the backward layer sees each sequence's valid part
+  reversed with the padding left at the end, so its per-step statistics are those of the
+  reference run on the individually reversed batch."""
+  variant = 'bn_lstm'
+  layer = recurrent.Bidirectional(_layer(variant), _layer(variant))
+  shapes = jax.eval_shape(lambda: layer.init(jax.random.key(0), jnp.zeros((B, T, I)),
+                                             train=False))
+  rng = np.random.default_rng(11)
+  params = {half: ref.random_params({k: v.shape for k, v in shapes['params'][half].items()},
+                                    rng) for half in ('forward_layer', 'backward_layer')}
+  stats = jax.tree.map(lambda s: np.zeros(s.shape), shapes['batch_stats'])
+  ((fwd_carry, bwd_carry), out), new = jax.jit(functools.partial(
+      layer.apply, train=True, mutable=['batch_stats']))(
+          {'params': _f32(params), 'batch_stats': _f32(stats)}, _f32(X), _f32(MASK))
+
+  want_fwd_carry, want_fwd, _ = ref.run_layer(params['forward_layer'], X, MASK, variant)
+  want_bwd_carry, bwd_rev, bwd_moments = ref.run_layer(
+      params['backward_layer'], ref.reverse_each(X, MASK), MASK, variant)
+  want_bwd = ref.reverse_each(bwd_rev, MASK)
+  assert_close(out[..., :H], want_fwd, what='forward half')
+  assert_close(out[..., H:], want_bwd, what='backward half')
+  for got, want in ((fwd_carry, want_fwd_carry), (bwd_carry, want_bwd_carry)):
+    for g, w in zip(_carry_leaves(_np(got)), _carry_leaves(want)):
+      assert_close(g, w, what='final carry')
+  # The backward layer's statistics are those of the individually reversed sequences.
+  for site, record in ref_records(variant, bwd_moments).items():
+    assert_close(new['batch_stats']['backward_layer'][site]['mean'], record['mean'])
+
+  # Reversing the padded tensor as a whole (padding moved to the front) is a different
+  # function: guard against the test passing for the wrong reason.
+  _, naive, _ = ref.run_layer(params['backward_layer'], X[:, ::-1], MASK[:, ::-1], variant)
+  assert np.max(np.abs(naive[:, ::-1] - np.asarray(out[..., H:]))) > 1e-2
+
+
+# ----------------------------------------------------------------------------- zero variance
+
+
+@pytest.mark.parametrize('initial_state', ['noise', 'zeros'])
+def test_constant_input_gradients_with_and_without_noise(initial_state):
+  """Cooijmans sec. 5.1: inputs identical across the batch (black MNIST rows) give the
+  hidden state zero batch variance; normalising it divides 0 by sqrt(epsilon), which leaves
+  the forward pass alone but blows up the backward pass. Noise on h_0 prevents it.
+
+  Measured here (bn_lstm, B=4, H=4, gamma 0.1, epsilon 1e-5, loss = weighted sum of the
+  outputs): with zero h_0 the largest gradient is ~1e3 after 4 steps, ~1e10-1e19 after 8,
+  inf/NaN from 16 steps on, so after 128 steps the gradients are not finite. With noise
+  (std 0.1) they are finite and moderate (largest ~60 on the parameters, ~400 on x).
+  """
+  length = 128
+  layer = recurrent.make_layer('bn_lstm', H, max_length=length, initial_state=initial_state)
+  x = jnp.ones((B, length, 1))
+  w = jax.random.normal(jax.random.key(1), (B, length, H))
+  variables = jax.jit(functools.partial(layer.init, train=False))(jax.random.key(0), x)
+
+  @jax.jit
+  def grads(params, x):
+    def loss(params, x):
+      (_, out), _ = layer.apply({'params': params, 'batch_stats': variables['batch_stats']},
+                                x, train=True, mutable=['batch_stats'],
+                                rngs={'noise': jax.random.key(3)})
+      return jnp.sum(out * w)
+    return jax.grad(loss, argnums=(0, 1))(params, x)
+
+  g_params, g_x = grads(variables['params'], x)
+  leaves = [np.asarray(a) for a in jax.tree.leaves((g_params, g_x))]
+  all_finite = all(np.all(np.isfinite(a)) for a in leaves)
+  if initial_state == 'noise':
+    assert all_finite
+    assert max(float(np.max(np.abs(a))) for a in jax.tree.leaves(g_params)) < 1e3
+  else:
+    assert not all_finite, 'expected the zero-variance gradient explosion of the paper'
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_training_longer_than_max_length_is_an_error():
+  layer = _layer('bn_lstm')
+  x = jnp.zeros((B, MAX_LEN + 2, I))
+  with pytest.raises(ValueError, match=rf'{MAX_LEN + 2} time steps.*max_length={MAX_LEN}'):
+    layer.init(jax.random.key(0), x, train=True)
+
+
+def test_bad_inputs_are_clear_errors():
+  layer = _layer('bn_lstm')
+  x = jnp.zeros((B, T, I))
+  with pytest.raises(ValueError, match=r'mask must be \[batch, time\].*\(4, 6\)'):
+    layer.init(jax.random.key(0), x, jnp.ones((B, T + 1)), train=False)
+  with pytest.raises(ValueError, match=r'\[batch, time, features\].*\(4, 5\)'):
+    layer.init(jax.random.key(0), jnp.zeros((B, T)), train=False)
+  with pytest.raises(ValueError, match=r"Unknown RNN variant 'bn_gru'"):
+    recurrent.make_layer('bn_gru', H)
+  with pytest.raises(ValueError, match='Unknown RecurrentLayer fields'):
+    recurrent.make_layer('bn_lstm', H, hidden=3)
