@@ -287,7 +287,7 @@ def train_step(state: TrainState, batch, *, model, task: Task, tx, carries_state
   grads = jax.tree.map(lambda g: g / jnp.maximum(total, 1.0), lax.psum(grads, AXIS))
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics['grad_norm'] = optax.global_norm(grads)
+  metrics['grad_norm'] = optax.tree.norm(grads)
   new_state = state.replace(
       step=state.step + 1, params=params, opt_state=opt_state,
       batch_stats=mutated.get('batch_stats', state.batch_stats),

@@ -1,0 +1,23 @@
+"""Permuted sequential MNIST (Cooijmans et al. 2016, sec. 5.1): the 784 pixels in one
+fixed random order. Same hyperparameters as `seq_mnist.py`.
+
+The permutation is a true permutation drawn from `config.data.permutation_seed` (the
+original code sampled indices with replacement) and is saved as `permutation.npy` in
+the workdir, which is read back when a run resumes.
+
+  python experiments/main.py --config experiments/configs/pmnist.py \
+      --workdir /tmp/pmnist --config.data.mnist_dir=/path/to/mnist
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seq_mnist  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def get_config():
+  config = seq_mnist.get_config()
+  config.data.permute = True
+  config.data.permutation_seed = 0
+  return config

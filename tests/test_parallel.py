@@ -1,0 +1,84 @@
+"""pmap over 8 fake CPU devices equals one device on the same global batch."""
+
+import jax
+import numpy as np
+import pytest
+
+from bn_rnn_jax import parallel
+from bn_rnn_jax import train
+import training_fixtures as fx
+from training_fixtures import compilation_cache  # pylint: disable=unused-import
+
+
+def _one_step(config, dataset, num_devices):
+  config = config.copy_and_resolve_references()
+  config.train.num_devices = num_devices
+  trainer = train.Trainer(config, None, dataset)
+  init = trainer.initial_state()
+  state, metrics = trainer.p_train_step(trainer.to_devices(init), trainer.train_batch(0))
+  valid = trainer.evaluate(state, 'valid')
+  return init, trainer.to_host(state), {k: float(v[0]) for k, v in metrics.items()}, valid
+
+
+def _assert_trees_close(a, b, rtol=2e-5, atol=1e-6):
+  for (path, x), y in zip(jax.tree.leaves_with_path(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path))
+
+
+def test_eight_devices_see_eight():
+  assert jax.local_device_count() == 8, 'tests/conftest.py should set 8 CPU devices'
+
+
+@pytest.mark.parametrize('variant', ['bn_lstm'])
+def test_pmapped_step_equals_single_device(variant):
+  # h0 noise is drawn per device, so it cannot match one device's draw: zeros here.
+  config = fx.tiny_config(variant, **{'model.initial_state': 'zeros'})
+  dataset = fx.synthetic_dataset(config)
+  _, state8, metrics8, valid8 = _one_step(config, dataset, 8)
+  init, state1, metrics1, valid1 = _one_step(config, dataset, 1)
+  # The step moved the parameters and filled the statistics (the comparison is not vacuous).
+  moved = max(float(np.max(np.abs(a - b))) for a, b in
+              zip(jax.tree.leaves(state1.params), jax.tree.leaves(init.params)))
+  assert moved > 1e-4
+  assert float(state1.batch_stats['rnn']['layer_0']['recurrent']['count'][0]) == 1.0
+  _assert_trees_close(state8.params, state1.params)
+  _assert_trees_close(state8.batch_stats, state1.batch_stats)
+  _assert_trees_close(state8.opt_state, state1.opt_state)
+  for name in ('loss', 'accuracy', 'grad_norm'):
+    np.testing.assert_allclose(metrics8[name], metrics1[name], rtol=2e-6, err_msg=name)
+  for name in ('loss', 'accuracy'):
+    np.testing.assert_allclose(valid8[name], valid1[name], rtol=2e-5, err_msg=name)
+
+
+def test_language_model_step_with_carry_equals_single_device():
+  config = fx.tiny_config('bn_lstm', **{'model.initial_state': 'zeros',
+                                        'optimizer.name': 'adam'})
+  dataset = fx.LanguageModelDataset()
+  results = {}
+  for n in (8, 1):
+    cfg = config.copy_and_resolve_references()
+    cfg.train.num_devices = n
+    trainer = train.Trainer(cfg, None, dataset)
+    state = trainer.to_devices(trainer.initial_state())
+    for step in range(2):  # the second step starts from the first's carried state
+      state, metrics = trainer.p_train_step(state, trainer.train_batch(step))
+    host = trainer.to_host(state)
+    results[n] = host, float(metrics['loss'][0]), parallel.unshard(host.carry)
+  (s8, loss8, carry8), (s1, loss1, carry1) = results[8], results[1]
+  assert carry1[0][1].shape == (16, 8)  # layer 0's h for the whole batch
+  assert np.abs(carry1[0][1]).max() > 0  # the state was carried, not reset
+  np.testing.assert_allclose(loss8, loss1, rtol=2e-6)
+  _assert_trees_close(s8.params, s1.params)
+  _assert_trees_close(carry8, carry1)
+
+
+def test_batch_not_divisible_by_devices_is_one_clear_error():
+  config = fx.tiny_config(**{'train.batch_size': 12})
+  with pytest.raises(ValueError, match='batch_size 12 does not divide evenly over 8 devices'):
+    train.Trainer(config, None, fx.synthetic_dataset(config))
+
+
+def test_shard_rejects_uneven_split():
+  with pytest.raises(ValueError, match='does not split over 8 devices'):
+    parallel.shard({'x': np.zeros((12, 3))}, 8)
+  assert parallel.shard({'x': np.zeros((16, 3))}, 8)['x'].shape == (8, 2, 3)
