@@ -1,0 +1,274 @@
+"""The figure scripts of experiments/analysis/, each run once in a tiny mode.
+
+Each test calls a script's `run(...)` with tiny sizes and checks the JSON it writes: shapes,
+finite values, and the orderings the papers predict where a tiny run can show them.
+Numbers are checked against float64 references written here (scipy quadrature, NumPy
+moments), never against the scripts' own code. Scripts that need PTB skip without it.
+"""
+
+import json
+import os
+import sys
+
+from absl import flags
+from absl.testing import flagsaver
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import integrate
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+  sys.path.insert(0, REPO)
+
+from bn_rnn_jax import models  # pylint: disable=g-import-not-at-top
+from experiments.analysis import common  # pylint: disable=g-import-not-at-top
+from experiments.analysis import gamma_sensitivity
+from experiments.analysis import gradient_flow
+from experiments.analysis import laurent_appendix
+from experiments.analysis import population_stats
+from experiments.analysis import tanh_derivative
+
+PTB_DIR = os.path.join(common.DEFAULT_DATA_ROOT, 'ptb')
+MNIST_DIR = os.path.join(common.DEFAULT_DATA_ROOT, 'mnist')
+needs_ptb = pytest.mark.skipif(
+    not os.path.isfile(os.path.join(PTB_DIR, 'ptb.train.txt')),
+    reason=f'character-level PTB not found at {PTB_DIR}')
+
+
+def _read_json(directory, name):
+  assert os.path.getsize(os.path.join(directory, f'{name}.png')) > 1000
+  with open(os.path.join(directory, f'{name}.json')) as f:
+    return json.load(f)
+
+
+def _finite(values):
+  values = np.asarray(values, np.float64)
+  return values.size > 0 and np.all(np.isfinite(values))
+
+
+# ---------------------------------------------------------------- tanh derivative (1b)
+
+def _reference_expected_tanh_prime(std):
+  if std == 0:
+    return 1.0
+  density = lambda x: np.exp(-0.5 * (x / std) ** 2) / (std * np.sqrt(2 * np.pi))
+  value, _ = integrate.quad(lambda x: (1 - np.tanh(x) ** 2) * density(x), -np.inf, np.inf)
+  return value
+
+
+def test_tanh_derivative(tmp_path):
+  result = tanh_derivative.run(str(tmp_path), num_stds=6, max_std=1.0, samples=40_000)
+  saved = _read_json(tmp_path, 'tanh_derivative')
+  stds = np.asarray(saved['stds'])
+  np.testing.assert_allclose(stds, np.linspace(0, 1, 6))
+  reference = np.array([_reference_expected_tanh_prime(s) for s in stds])
+  np.testing.assert_allclose(saved['quadrature'], reference, rtol=1e-4, atol=1e-5)
+  assert reference[-1] == pytest.approx(0.6057, abs=1e-3)  # E tanh'(N(0, 1)).
+  # Monte Carlo agrees within its own error bars (5 standard errors, or rounding).
+  mc, err = np.asarray(saved['mc_mean']), np.asarray(saved['mc_stderr'])
+  assert np.all(np.abs(mc - reference) <= 5 * err + 1e-4)
+  assert np.all(np.diff(saved['quadrature']) < 0)  # Decreasing in the std.
+  assert np.all(np.asarray(saved['mc_q25']) <= np.asarray(saved['mc_q75']))
+  assert result['samples'] == 40_000
+
+
+def test_tanh_derivative_main_reads_flags(tmp_path):
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  with flagsaver.flagsaver(output_dir=str(tmp_path), td_num_stds=3, td_samples=100,
+                           td_max_std=2.0):
+    tanh_derivative.main(['tanh_derivative'])
+  saved = _read_json(tmp_path, 'tanh_derivative')
+  assert saved['stds'] == [0.0, 1.0, 2.0] and saved['samples'] == 100
+
+
+def test_tanh_derivative_rejects_bad_sizes(tmp_path):
+  with pytest.raises(ValueError, match='num_stds'):
+    tanh_derivative.run(str(tmp_path), num_stds=1)
+
+
+# ---------------------------------------------------------------- gradient flow (1a)
+
+def test_gradient_flow_vanishes_for_large_gamma(tmp_path):
+  # 8x8 digits (64 steps): the offline fallback; real MNIST is the script's default.
+  result = gradient_flow.run(str(tmp_path), None, [0.1, 1.0], hidden_size=32,
+                             batch_size=32, num_batches=1, recurrent_inits=('identity',))
+  saved = _read_json(tmp_path, 'gradient_flow')
+  assert 'digits' in saved['data'] and result['gammas'] == [0.1, 1.0]
+  small, large = (np.asarray(saved['grad_norm']['identity'][g]) for g in ('0.1', '1'))
+  assert small.shape == large.shape == (64,)
+  assert _finite(small) and _finite(large) and np.all(small > 0) and np.all(large > 0)
+  # The loss reads h_T only, so the last step's gradient is the classifier's and is
+  # of the same size for both; going back in time, gamma = 1 loses orders of magnitude
+  # more than gamma = 0.1 (Cooijmans et al. Fig. 1a).
+  ratio = saved['ratio_first_to_last']['identity']
+  assert ratio['1'] < 1e-2 * ratio['0.1']
+  assert 0.1 < ratio['0.1'] < 10  # Nearly constant for small gamma.
+
+
+def test_gradient_flow_rejects_too_few_examples(tmp_path):
+  with pytest.raises(ValueError, match='fewer than'):
+    gradient_flow.run(str(tmp_path), None, [0.1], batch_size=2000, num_batches=1)
+
+
+# ---------------------------------------------------------------- common pieces
+
+def test_population_estimate_matches_numpy_moments():
+  """The papers' estimate of the input-term statistics equals the float64 average of
+  the per-step batch moments of x_t W_x computed here."""
+  batch, length, features, hidden = 8, 5, 3, 4
+  rng = np.random.RandomState(0)
+  inputs = [rng.randn(batch, length, features).astype(np.float32) for _ in range(3)]
+  model = models.SequenceClassifier(num_classes=2, variant='bn_lstm', hidden_size=hidden,
+                                    layer_options=dict(max_length=length))
+  trainer = common.Trainer(model, common.adam(1e-3), common.classification_loss)
+  state = trainer.init(jax.random.PRNGKey(0), inputs[0])
+  stats = jax.device_get(trainer.estimate_population(state, inputs))
+  site = stats['rnn']['layer_0']['input']
+  kernel = np.asarray(state['params']['rnn']['layer_0']['input_kernel'], np.float64)
+  terms = [x.astype(np.float64) @ kernel for x in inputs]  # [B, T, 4H] each.
+  np.testing.assert_allclose(site['mean'], np.mean([t.mean(0) for t in terms], 0),
+                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(site['var'], np.mean([t.var(0) for t in terms], 0),
+                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(site['count'], np.full(length, 3.0))
+
+
+def test_trainer_reduces_loss_on_learnable_task():
+  """A tiny BN-LSTM learns to tell sequences by the sign of their mean."""
+  rng = np.random.RandomState(0)
+  y = rng.randint(0, 2, 64).astype(np.int32)
+  x = (rng.randn(64, 6, 1) + (2 * y - 1)[:, None, None]).astype(np.float32)
+  model = models.SequenceClassifier(num_classes=2, variant='bn_lstm', hidden_size=8,
+                                    layer_options=dict(max_length=6))
+  trainer = common.Trainer(model, common.adam(1e-2), common.classification_loss)
+  state = trainer.init(jax.random.PRNGKey(0), x)
+  first = None
+  for _ in range(60):
+    state, metrics = trainer.train_step(state, x, y)
+    first = float(metrics['loss']) if first is None else first
+  stats = trainer.estimate_population(state, [x])
+  loss, accuracy = trainer.evaluate(state, stats, [(x, y)])
+  assert loss < 0.5 * first and accuracy > 0.9
+
+
+def test_smooth_is_a_trailing_mean():
+  values = np.array([1.0, 3.0, 5.0, 7.0])
+  np.testing.assert_allclose(common.smooth(values, 2), [1.0, 2.0, 4.0, 6.0])
+
+
+def test_pixel_sequences_fallback_and_permutation():
+  plain = common.load_pixel_sequences(None, 'valid')
+  permuted = common.load_pixel_sequences(None, 'valid', permutation_seed=1)
+  assert 'digits' in plain.source and plain.x.shape[1:] == (64, 1)
+  assert plain.x.dtype == np.float32 and 0 <= plain.x.min() and plain.x.max() <= 1
+  np.testing.assert_array_equal(np.sort(plain.x, 1), np.sort(permuted.x, 1))
+  assert not np.array_equal(plain.x, permuted.x)
+  with pytest.raises(ValueError, match='split'):
+    common.load_pixel_sequences(None, 'dev')
+
+
+@pytest.mark.skipif(not os.path.isdir(MNIST_DIR), reason=f'MNIST not found at {MNIST_DIR}')
+def test_pixel_sequences_real_mnist_pooled():
+  data = common.load_pixel_sequences(MNIST_DIR, 'valid', image_size=14, limit=100)
+  assert data.x.shape == (100, 196, 1) and 'MNIST 14x14' in data.source
+  with pytest.raises(ValueError, match='divide 28'):
+    common.load_pixel_sequences(MNIST_DIR, 'valid', image_size=10, limit=1)
+
+
+def test_char_windows_are_shifted_targets():
+  ids = np.arange(50, dtype=np.int32)
+  inputs, targets = next(common.char_batches(ids, 4, 7, np.random.RandomState(0)))
+  assert inputs.shape == targets.shape == (4, 7)
+  np.testing.assert_array_equal(targets, inputs + 1)
+  (inputs, targets), = common.contiguous_windows(ids, 2, 10, max_batches=1)
+  np.testing.assert_array_equal(inputs.ravel(), np.arange(20))
+  np.testing.assert_array_equal(targets.ravel(), np.arange(1, 21))
+  with pytest.raises(ValueError, match='too short'):
+    next(common.char_batches(ids, 1, 60, np.random.RandomState(0)))
+
+
+# ---------------------------------------------------------------- population stats (5)
+
+def test_convergence_measure():
+  mean = np.array([[2.0], [0.0], [0.0], [0.0]])
+  var = np.array([[1.0], [4.0], [4.0], [4.0]])
+  conv = population_stats.convergence(mean, var)
+  # Stationary: mean 0, var 4 (second half); step 0 is 2/sqrt(4) = 1 std away, var -75%.
+  np.testing.assert_allclose(conv['mean_shift'], [1.0, 0.0, 0.0, 0.0])
+  np.testing.assert_allclose(conv['var_change'], [0.75, 0.0, 0.0, 0.0])
+
+
+@needs_ptb
+def test_population_stats(tmp_path):
+  population_stats.run(str(tmp_path), PTB_DIR, hidden_size=8, num_steps=3, batch_size=8,
+                       length=12, units_shown=5, population_batches=2)
+  saved = _read_json(tmp_path, 'population_stats')
+  for site in population_stats.SITES:
+    for key in ('population', 'running_average'):
+      mean = np.asarray(saved[key][site]['mean'])
+      var = np.asarray(saved[key][site]['var'])
+      assert mean.shape == var.shape == (12, 5) and _finite(mean) and _finite(var)
+      assert np.all(var >= 0)
+    assert len(saved['units'][site]) == 5
+    assert _finite(saved['convergence'][site]['mean_shift'])
+  # h_0 = 0, so the recurrent term of step 0 is exactly 0 in every example.
+  np.testing.assert_allclose(saved['population']['recurrent']['var'][0], 0.0, atol=1e-12)
+  np.testing.assert_allclose(saved['population']['recurrent']['mean'][0], 0.0, atol=1e-12)
+  assert saved['valid_bits_per_char'] > 0
+
+
+# ---------------------------------------------------------------- gamma sensitivity (6)
+
+def test_gamma_sensitivity_mnist_digits(tmp_path):
+  result = gamma_sensitivity.run(
+      str(tmp_path), None, PTB_DIR, [0.1, 1.0], tasks=('mnist',),
+      mnist_kwargs=dict(image_size=8, permute=True, hidden_size=8, batch_size=16,
+                        num_steps=4, num_evals=2, eval_examples=32))
+  saved = _read_json(tmp_path, 'gamma_sensitivity')
+  assert set(saved['tasks']) == {'mnist'} and result['gammas'] == [0.1, 1.0]
+  for gamma in ('0.1', '1'):
+    history = saved['tasks']['mnist']['curves'][gamma]
+    assert history['step'] == [1, 2, 3, 4] and history['eval_step'] == [2, 4]
+    assert _finite(history['train_loss'])
+    assert all(0 <= e['metric'] <= 1 and np.isfinite(e['loss']) for e in history['eval'])
+  with pytest.raises(ValueError, match='tasks'):
+    gamma_sensitivity.run(str(tmp_path), None, PTB_DIR, [0.1], tasks=('cifar',))
+
+
+@needs_ptb
+def test_gamma_sensitivity_ptb(tmp_path):
+  gamma_sensitivity.run(
+      str(tmp_path), None, PTB_DIR, [0.1, 1.0], tasks=('ptb',),
+      ptb_kwargs=dict(hidden_size=8, batch_size=8, length=10, num_steps=3, num_evals=1,
+                      eval_batches=2))
+  saved = _read_json(tmp_path, 'gamma_sensitivity')
+  for history in saved['tasks']['ptb']['curves'].values():
+    bpc = [e['metric'] for e in history['eval']]
+    # Near-uniform predictions over 50 symbols after 3 steps: about log2(50) = 5.6 bits.
+    assert len(bpc) == 1 and 4.0 < bpc[0] < 7.0
+
+
+# ---------------------------------------------------------------- Laurent appendix A
+
+def test_laurent_variant_parsing():
+  assert laurent_appendix.parse_variants(['rnn', 'rnn_bn_recurrence:0.1']) == [
+      ('rnn', 1.0), ('rnn_bn_recurrence', 0.1)]
+  with pytest.raises(ValueError, match='tanh-RNN variant'):
+    laurent_appendix.parse_variants(['bn_lstm'])
+
+
+@needs_ptb
+def test_laurent_appendix(tmp_path):
+  variants = [('rnn_bn_input', 1.0), ('rnn_bn_recurrence', 0.1)]
+  laurent_appendix.run(str(tmp_path), PTB_DIR, variants, num_steps=3, hidden_size=8,
+                       num_layers=1, embed_size=4, batch_size=8, length=10, num_evals=1,
+                       eval_batches=2)
+  saved = _read_json(tmp_path, 'laurent_appendix')
+  assert set(saved['final_valid_bpc']) == {'rnn_bn_input gamma=1',
+                                           'rnn_bn_recurrence gamma=0.1'}
+  for history in saved['curves'].values():
+    assert _finite(history['train_loss']) and len(history['train_loss']) == 3
+  assert all(3.0 < v < 8.0 for v in saved['final_valid_bpc'].values())
