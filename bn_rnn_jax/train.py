@@ -531,7 +531,8 @@ class MetricWriter:
       records = [json.loads(line) for line in f if line.strip()]
     with open(self.path, 'w') as f:
       for record in records:
-        if record['step'] <= step:
+        # The end-of-run test record follows the last checkpoint: it is redone too.
+        if record['step'] < step or record['step'] == step and record['split'] != 'test':
           f.write(json.dumps(record) + '\n')
 
   def write(self, step: int, split: str, metrics: dict, **extra) -> None:
@@ -641,9 +642,20 @@ def _run(config, trainer: Trainer, writer: MetricWriter, ckpt) -> dict:
     if done % config.checkpoint.every == 0 or done == num_steps:
       save(state, done)
   if config.eval.get('test_at_end', False) and 'test' not in last:
-    last['test'] = trainer.evaluate(state, 'test')
-    writer.write(int(state.step[0]), 'test', last['test'], time_s=round(timer.elapsed(), 3))
+    last['test'], tested_step = _test_best(trainer, state, ckpt, host_state)
+    writer.write(num_steps, 'test', last['test'], checkpoint_step=tested_step,
+                 time_s=round(timer.elapsed(), 3))
   return last
+
+
+def _test_best(trainer: Trainer, state: TrainState, ckpt, template: TrainState):
+  """Test metrics of the best-validation checkpoint (the papers' early-stopped model),
+  or of the final state when there is none. Returns `(metrics, step tested)`."""
+  ckpt.wait()
+  if ckpt.best.latest_step() is None:
+    return trainer.evaluate(state, 'test'), int(state.step[0])
+  best, _ = ckpt.restore(template, best=True)
+  return trainer.evaluate(trainer.to_devices(best), 'test'), int(best.step)
 
 
 class _Progress:

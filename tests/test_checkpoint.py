@@ -46,7 +46,7 @@ def _config():
       'model.initial_state': 'noise', 'model.dropout_rate': 0.1,
       'train.num_steps': 7, 'train.log_every': 3, 'eval.every': 3,
       'checkpoint.every': 2, 'checkpoint.keep': 2, 'train.num_devices': 2,
-      'eval.population_batches': 2})
+      'eval.population_batches': 2, 'eval.test_at_end': True})
 
 
 def _final_state(config, workdir, dataset):
@@ -100,7 +100,8 @@ def test_run_leaves_artifacts(runs):
     assert json.load(f)['model']['variant'] == config.model.variant
   records = train.read_metrics(straight)
   assert {(r['step'], r['split']) for r in records} == {
-      (3, 'train'), (3, 'valid'), (6, 'train'), (6, 'valid'), (7, 'train'), (7, 'valid')}
+      (3, 'train'), (3, 'valid'), (6, 'train'), (6, 'valid'), (7, 'train'), (7, 'valid'),
+      (7, 'test')}
   for r in records:
     assert {'step', 'split', 'loss', 'accuracy', 'time_s'} <= set(r)
   events = os.listdir(os.path.join(straight, 'tensorboard'))
@@ -113,6 +114,15 @@ def test_best_checkpoint_holds_the_best_validation_accuracy(runs):
   best = max(valid, key=lambda r: r['accuracy'])  # first of equal values wins: strict >
   first_best = next(r for r in valid if r['accuracy'] == best['accuracy'])
   assert os.listdir(os.path.join(straight, 'best')) == [str(first_best['step'])]
+  test = [r for r in train.read_metrics(straight) if r['split'] == 'test']
+  assert len(test) == 1 and test[0]['checkpoint_step'] == first_best['step']
+
+
+def test_rerunning_a_finished_run_changes_nothing(runs):
+  config, dataset, straight, _, _ = runs
+  before = _metrics_without_time(straight)
+  train.train_and_evaluate(config, straight, dataset)
+  assert _metrics_without_time(straight) == before
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_state(tmp_path):

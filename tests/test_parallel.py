@@ -1,4 +1,9 @@
-"""pmap over 8 fake CPU devices equals one device on the same global batch."""
+"""pmap over 8 fake CPU devices (and 2 processes) equals one device on the same global batch."""
+
+import os
+import socket
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -82,3 +87,38 @@ def test_shard_rejects_uneven_split():
   with pytest.raises(ValueError, match='does not split over 8 devices'):
     parallel.shard({'x': np.zeros((12, 3))}, 8)
   assert parallel.shard({'x': np.zeros((16, 3))}, 8)['x'].shape == (8, 2, 3)
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_over_jax_distributed_equal_one_device(tmp_path):
+  """2 processes x 2 CPU devices on 127.0.0.1 (gloo collectives), each feeding its half
+  of the global batch, take the same step as one device on the whole batch."""
+  out = str(tmp_path / 'two_processes.npz')
+  port = str(_free_port())
+  worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'distributed_worker.py')
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  procs = [subprocess.Popen([sys.executable, worker, str(i), port, out], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  logs = [p.communicate(timeout=300)[0] for p in procs]
+  for p, log in zip(procs, logs):
+    assert p.returncode == 0, log[-3000:]
+  result = np.load(out)
+  assert int(result['global_devices']) == 4
+  config = fx.tiny_config('bn_lstm', **{'model.initial_state': 'zeros',
+                                        'train.num_devices': 1})
+  trainer = train.Trainer(config, None, fx.synthetic_dataset(config))
+  state = trainer.to_devices(trainer.initial_state())
+  state, metrics = trainer.p_train_step(state, trainer.train_batch(0))
+  host = trainer.to_host(state)
+  expected = jax.tree_util.tree_leaves_with_path({'params': host.params,
+                                                  'batch_stats': host.batch_stats})
+  for path, value in expected:
+    np.testing.assert_allclose(result[jax.tree_util.keystr(path)], value, rtol=2e-5,
+                               atol=1e-6, err_msg=jax.tree_util.keystr(path))
+  np.testing.assert_allclose(float(result['loss']), float(metrics['loss'][0]), rtol=2e-6)
