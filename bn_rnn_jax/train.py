@@ -373,6 +373,7 @@ def default_config() -> ml_collections.ConfigDict:
   e.test_at_end = True
   e.population_stats = 'estimate'   # 'estimate' (the papers') | 'running' (EMA)
   e.population_batches = 10
+  e.compare_running = False      # also log `<metric>_running` (EMA statistics) in evals
 
   config.checkpoint = c = ml_collections.ConfigDict()
   c.every = 500
@@ -633,7 +634,11 @@ def _run(config, trainer: Trainer, writer: MetricWriter, ckpt) -> dict:
     if done % config.eval.every == 0 or done == num_steps:
       for split in config.eval.splits:
         last[split] = trainer.evaluate(state, split)
-        writer.write(done, split, last[split], time_s=round(timer.elapsed(), 3))
+        extra = {}
+        if config.eval.get('compare_running', False):
+          running = trainer.evaluate(state, split, 'running')
+          extra = {f'{k}_running': v for k, v in running.items()}
+        writer.write(done, split, {**last[split], **extra}, time_s=round(timer.elapsed(), 3))
       split, name = eval_metric.split('/')
       if split in last and _better(last[split][name], meta['best'],
                                    config.checkpoint.best_mode):
