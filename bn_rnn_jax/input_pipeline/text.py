@@ -436,3 +436,20 @@ def get_dataset(config, workdir: Optional[str] = None, process_index: int = 0,
       mode='contiguous' if name == 'ptb_word' else 'segments', seed=config.seed,
       eval_batch_size=config.eval.get('batch_size', None),
       process_index=process_index, process_count=process_count)
+
+
+def default_data_config(name: str = 'ptb_char'):
+  """`config.data` fields of this module's datasets (paths relative to the working
+  directory; the project machines keep PTB in `../shared/data/ptb`)."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  defaults = {'ptb_char': ('../shared/data/ptb', 100), 'ptb_word': ('../shared/data/ptb', 20),
+              'text8': ('data/text8', 180)}
+  if name not in defaults:
+    raise ValueError(f'Unknown language-model dataset {name!r}; choose one of '
+                     f'{sorted(defaults)}.')
+  data = ml_collections.ConfigDict()
+  data.name = name
+  data.path, data.seq_length = defaults[name]   # PTB folder or the text8 file; T
+  if name == 'text8':
+    data.text8_split_sizes = TEXT8_SPLIT_SIZES  # first 90M / next 5M / last 5M
+  return data
