@@ -101,7 +101,8 @@ def test_config_errors_are_one_clear_line():
 def trained():
   """A tiny BN-LSTM trained a few steps on 2 devices, and its Trainer."""
   config = fx.tiny_config('bn_lstm', **{'train.num_devices': 2,
-                                        'eval.population_batches': 3})
+                                        'model.initial_state': 'noise',
+                                        'eval.population_batches': 2})
   trainer = train.Trainer(config, None, fx.synthetic_dataset(config))
   state = trainer.to_devices(trainer.initial_state())
   for step in range(3):
