@@ -24,10 +24,12 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-# `python experiments/quickstart.py` puts experiments/ first on sys.path: plot.py is there.
-import plot  # pylint: disable=g-import-not-at-top
 from bn_rnn_jax import checkpoint
 from bn_rnn_jax import train
+
+# plot.py sits beside this file (importable however this script is started).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plot  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs',
                                'quickstart.py')
