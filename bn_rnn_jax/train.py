@@ -229,12 +229,33 @@ def zero_carry(model, task: Task, variables, batch) -> Any:
   return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
 
 
+# Normalisation scales and shifts of the recurrent layers: `uniform_init` leaves them at
+# their initial values (gamma = 0.1 or 1, beta = 0 are part of the method).
+_NORM_PARAMS = ('input_scale', 'recurrent_scale', 'scale', 'cell_scale', 'cell_bias')
+
+
+def uniform_init(params, key, scale: float):
+  """Zaremba et al.'s initialisation: every parameter (embedding, kernels, biases,
+  softmax) drawn from U(-scale, scale), except the normalisation scales and shifts."""
+  flat = jax.tree_util.tree_flatten_with_path(params)[0]
+  keys = iter(jax.random.split(key, len(flat)))
+  def draw(path, value):
+    k = next(keys)
+    if getattr(path[-1], 'key', None) in _NORM_PARAMS:
+      return value
+    return np.asarray(jax.random.uniform(k, value.shape, value.dtype, -scale, scale))
+  return jax.tree_util.tree_map_with_path(draw, params)
+
+
 def create_train_state(config, model, task: Task, tx, dataset, num_devices: int):
   """A host (unreplicated) TrainState; `carry` has a leading device axis."""
   batch = parallel.shard(dataset.train_batch(0), num_devices)
   device_batch = jax.tree.map(lambda x: x[0], batch)
   variables = initial_variables(model, task, device_batch, config.seed)
   params = variables['params']
+  if config.model.get('uniform_init_scale'):
+    params = uniform_init(params, jax.random.PRNGKey(config.seed + 2),
+                          config.model.uniform_init_scale)
   carry = None
   if dataset.carries_state:
     zeros = zero_carry(model, task, variables, device_batch)
@@ -344,6 +365,7 @@ def default_config() -> ml_collections.ConfigDict:
   m.remat = False
   m.hoist_input = placeholder(bool)
   m.embed_size = placeholder(int)     # language models: None = one-hot inputs
+  m.uniform_init_scale = placeholder(float)  # every param but BN's ~ U(-s, s) (Zaremba)
 
   config.optimizer = o = ml_collections.ConfigDict()
   o.name = 'rmsprop'             # 'rmsprop' | 'adam' | 'sgd'
@@ -415,17 +437,18 @@ def validate_config(config) -> None:
   if config.eval.population_stats == 'estimate' and config.eval.population_batches <= 0:
     raise ValueError('config.eval.population_batches must be positive with the '
                      f"'estimate' statistics; got {config.eval.population_batches}.")
+  if config.checkpoint.best_mode not in ('max', 'min'):
+    raise ValueError("config.checkpoint.best_mode must be 'max' or 'min'; got "
+                     f'{config.checkpoint.best_mode!r}.')
+  if config.checkpoint.best_metric.count('/') != 1:
+    raise ValueError("config.checkpoint.best_metric must read 'split/metric' (e.g. "
+                     f"'valid/accuracy'); got {config.checkpoint.best_metric!r}.")
   if config.optimizer.learning_rate <= 0:
     raise ValueError(f'config.optimizer.learning_rate must be positive; got '
                      f'{config.optimizer.learning_rate}.')
 
 
 # ====================================================================== the run
-def _average_records(records):
-  """`[N, ...]`-stacked moment records -> the papers' population estimate."""
-  return normalization.average_moment_records(records)
-
-
 class Trainer:
   """The pmapped steps of one run, and the state's placement on devices."""
 
@@ -453,7 +476,7 @@ class Trainer:
     self.p_eval_step = parallel.pmap(functools.partial(eval_step, **common), self.devices)
     self.p_moments_step = parallel.pmap(functools.partial(moments_step, **common),
                                         self.devices, in_axes=(0, 0, 0, 0, None))
-    self.p_average = parallel.pmap(_average_records, self.devices)
+    self.p_average = parallel.pmap(normalization.average_moment_records, self.devices)
 
   # ---------------------------------------------------------------- placement
   def initial_state(self) -> TrainState:
@@ -640,6 +663,9 @@ def _run(config, trainer: Trainer, writer: MetricWriter, ckpt) -> dict:
           extra = {f'{k}_running': v for k, v in running.items()}
         writer.write(done, split, {**last[split], **extra}, time_s=round(timer.elapsed(), 3))
       split, name = eval_metric.split('/')
+      if split in last and name not in last[split]:
+        raise ValueError(f'config.checkpoint.best_metric={eval_metric!r} names no metric of '
+                         f'{split!r}; it has {sorted(last[split])}.')
       if split in last and _better(last[split][name], meta['best'],
                                    config.checkpoint.best_mode):
         meta['best'] = last[split][name]
