@@ -8,10 +8,10 @@ Summarise finished (or running) workdirs next to the paper's Table 2:
       --workdirs=/tmp/runs/ptb_word_small/lstm,/tmp/runs/ptb_word_small/bn_input_only \
       --output=experiments/results/ptb_word_small
 
-Training is `train.train_and_evaluate` with `experiments/configs/ptb_word.py`, plus the
-one thing the generic trainer does not do: Zaremba et al.'s initialisation of *every*
-parameter (embedding, LSTM kernels and biases, softmax) from U(-s, s),
-`config.model.uniform_init_scale`; batch-norm scales keep their initial gamma.
+Training is `train.train_and_evaluate` with `experiments/configs/ptb_word.py` (the same as
+`experiments/main.py --config=experiments/configs/ptb_word.py:small`), including Zaremba
+et al.'s initialisation of every parameter from U(-s, s) (`config.model.uniform_init_scale`,
+`train.uniform_init`; batch-norm scales keep their initial gamma).
 
 The report gives, per run, the best training perplexity (exp of an epoch's mean training
 loss) and the best validation perplexity (population statistics), with their epochs, in
@@ -26,8 +26,6 @@ import sys
 from absl import app
 from absl import flags
 from absl import logging
-import jax
-import numpy as np
 
 from bn_rnn_jax import train
 
@@ -50,38 +48,6 @@ PAPER = {
     ('medium', 'lstm'): (49.1, 89.0), ('medium', 'bn_input_only'): (41.0, 90.6),
     ('large', 'lstm'): (49.3, 81.8), ('large', 'bn_input_only'): (35.0, 97.4),
 }
-# Parameters that are batch-norm scales/shifts of the core layers (not re-initialised).
-NORM_PARAMS = ('input_scale', 'recurrent_scale', 'cell_scale', 'cell_bias', 'scale')
-
-
-def uniform_init(params, key, scale: float):
-  """Every parameter except batch-norm scales drawn from U(-scale, scale) (Zaremba)."""
-  flat = jax.tree_util.tree_flatten_with_path(params)[0]
-  keys = iter(jax.random.split(key, len(flat)))
-  def draw(path, value):
-    k = next(keys)
-    if getattr(path[-1], 'key', None) in NORM_PARAMS:
-      return value
-    return np.asarray(jax.random.uniform(k, value.shape, value.dtype, -scale, scale))
-  return jax.tree_util.tree_map_with_path(draw, params)
-
-
-def install_uniform_init():
-  """Wrap `train.create_train_state` so that fresh states use `uniform_init` when
-  `config.model.uniform_init_scale` is set (a resumed run restores its checkpoint)."""
-  original = train.create_train_state
-
-  def create_train_state(config, model, task, tx, dataset, num_devices):
-    state = original(config, model, task, tx, dataset, num_devices)
-    scale = config.model.get('uniform_init_scale')
-    if not scale:
-      return state
-    params = uniform_init(state.params, jax.random.PRNGKey(config.seed + 2), scale)
-    return state.replace(params=params, opt_state=jax.tree.map(np.asarray, tx.init(params)))
-
-  train.create_train_state = create_train_state
-
-
 def make_config(size: str, variant: str, data_path=None, num_epochs: int = 0):
   config = ptb_word.get_config(size)
   config.model.variant = variant
@@ -168,7 +134,6 @@ def main(argv):
     return
   if not FLAGS.workdir:
     raise app.UsageError('--workdir is required for training.')
-  install_uniform_init()
   config = make_config(FLAGS.size, FLAGS.variant, FLAGS.data_path, FLAGS.num_epochs)
   logging.info('Config:\n%s', config)
   train.train_and_evaluate(config, FLAGS.workdir)

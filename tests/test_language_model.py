@@ -213,7 +213,11 @@ def test_trainer_carries_word_state_across_steps_and_resets_each_epoch(tmp_path)
   data = trainer.dataset
   steps = data.steps_per_epoch
   assert data.carries_state and 3 <= steps <= 12, steps
-  state = trainer.to_devices(trainer.initial_state())
+  host = trainer.initial_state()
+  # Zaremba's initialisation: every parameter ~ U(-0.1, 0.1) but the BN scales (none here).
+  for value in jax.tree.leaves(host.params):
+    assert 0.09 < np.abs(value).max() <= 0.1 and abs(float(value.mean())) < 0.03
+  state = trainer.to_devices(host)
   forward = jax.jit(lambda params, batch, carries: trainer.model.apply(
       {'params': params}, batch['inputs'], batch['mask'], train=True,
       initial_carries=carries)[0])
@@ -229,3 +233,17 @@ def test_trainer_carries_word_state_across_steps_and_resets_each_epoch(tmp_path)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
       np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
     assert np.abs(jax.tree.leaves(got)[0]).max() > 0
+
+
+def test_uniform_init_keeps_normalisation_parameters():
+  params = {'embed': {'embedding': np.zeros((50, 8), np.float32)},
+            'rnn': {'layer_0': {'input_kernel': np.zeros((8, 32), np.float32),
+                                'input_scale': np.full((32,), 0.1, np.float32),
+                                'cell_bias': np.zeros((8,), np.float32),
+                                'bias': np.zeros((32,), np.float32)}}}
+  out = train.uniform_init(params, jax.random.PRNGKey(0), 0.05)
+  np.testing.assert_array_equal(out['rnn']['layer_0']['input_scale'], np.float32(0.1))
+  np.testing.assert_array_equal(out['rnn']['layer_0']['cell_bias'], 0.0)
+  for value in (out['embed']['embedding'], out['rnn']['layer_0']['input_kernel'],
+                out['rnn']['layer_0']['bias']):
+    assert 0.04 < np.abs(value).max() <= 0.05
