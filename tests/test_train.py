@@ -85,7 +85,7 @@ def test_optimizer_clips_global_norm_then_rmsprop():
 
 def test_config_errors_are_one_clear_line():
   bad = {'model.hidden_size': -3, 'train.batch_size': 0,
-         'eval.population_stats': 'batch'}
+         'eval.population_stats': 'batch', 'checkpoint.best_mode': 'maximum'}
   for key, value in bad.items():
     config = fx.tiny_config(**{key: value})
     with pytest.raises(ValueError) as info:
