@@ -148,3 +148,11 @@ def test_eval_batches_cover_the_split_once_with_padding():
   labels = np.concatenate([b['labels'] for b in batches])
   assert weights.sum() == 13 and weights[13:].sum() == 0
   np.testing.assert_array_equal(labels[:13], np.arange(13) % 10)
+
+
+def test_tfds_path_without_prepared_data_says_how_to_prepare(tmp_path):
+  pytest.importorskip('tensorflow_datasets')
+  config = _config(source='tfds', tfds_data_dir=str(tmp_path / 'empty'))
+  with pytest.raises(FileNotFoundError, match="download_and_prepare.*array_record"):
+    mnist.get_dataset(config)
+  assert not os.path.exists(tmp_path / 'empty' / 'downloads')  # no download was tried

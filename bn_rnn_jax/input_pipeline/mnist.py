@@ -68,7 +68,8 @@ def load_idx(mnist_dir: str) -> dict[str, np.ndarray]:
 def _tfds_split(split: str, data_dir: Optional[str]) -> tuple[np.ndarray, np.ndarray]:
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   try:
-    source = tfds.data_source('mnist', split=split, data_dir=data_dir)
+    # download=False: offline machines get the message below, not a hanging download.
+    source = tfds.data_source('mnist', split=split, data_dir=data_dir, download=False)
   except Exception as e:  # tfds raises several types for "not prepared".
     raise FileNotFoundError(
         f'tfds mnist ({split}) is not available in array_record format under data_dir='
