@@ -76,10 +76,11 @@ def _build(impl: str, shape: dict) -> Callable:
   return step, variables['params']
 
 
-def _time_once(step, params) -> float:
-  start = time.perf_counter()
+def _time_once(step, params) -> tuple[float, float]:
+  """(wall ms, process CPU ms). CPU time is the steadier number on a shared machine."""
+  start, start_cpu = time.perf_counter(), time.process_time()
   jax.block_until_ready(step(params))
-  return (time.perf_counter() - start) * 1e3
+  return (time.perf_counter() - start) * 1e3, (time.process_time() - start_cpu) * 1e3
 
 
 def run(shapes, impls, repeats) -> list[dict]:
@@ -95,21 +96,25 @@ def run(shapes, impls, repeats) -> list[dict]:
       for impl, (step, params) in built.items():
         times[impl].append(_time_once(step, params))
     for impl in impls:
-      results.append({'shape': shape_name, 'impl': impl,
-                      'ms': statistics.median(times[impl]), 'repeats': repeats})
+      wall, cpu = zip(*times[impl])
+      results.append({'shape': shape_name, 'impl': impl, 'ms': statistics.median(wall),
+                      'cpu_ms': statistics.median(cpu), 'repeats': repeats})
   return results
 
 
 def format_table(results: list[dict]) -> str:
-  lines = ['| shape | impl | median fwd+bwd (ms) | ratio to flax_optimized_lstm |',
-           '|---|---|---|---|']
-  reference = {r['shape']: r['ms'] for r in results if r['impl'] == 'flax_optimized_lstm'}
+  lines = ['| shape | impl | median fwd+bwd (ms) | ratio to flax_optimized_lstm '
+           '| CPU ms | CPU ratio |', '|---|---|---|---|---|---|']
+  reference = {r['shape']: r for r in results if r['impl'] == 'flax_optimized_lstm'}
   for r in results:
     shape = SHAPES[r['shape']]
     label = (f"({r['shape']}) B{shape['batch']} T{shape['time']} I{shape['features']} "
              f"H{shape['hidden']}")
-    ratio = r['ms'] / reference[r['shape']] if r['shape'] in reference else float('nan')
-    lines.append(f"| {label} | {r['impl']} | {r['ms']:.1f} | {ratio:.2f} |")
+    ref = reference.get(r['shape'])
+    ratio = r['ms'] / ref['ms'] if ref else float('nan')
+    cpu_ratio = r['cpu_ms'] / ref['cpu_ms'] if ref else float('nan')
+    lines.append(f"| {label} | {r['impl']} | {r['ms']:.1f} | {ratio:.2f} | "
+                 f"{r['cpu_ms']:.0f} | {cpu_ratio:.2f} |")
   return '\n'.join(lines)
 
 

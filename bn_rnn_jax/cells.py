@@ -114,6 +114,29 @@ def _step_input_term(params: Params, cfg: StepConfig, inputs: dict[str, Any]):
                     epsilon=cfg.epsilon, axis_name=cfg.axis_name)
 
 
+def _fuse_batch_norms(cfg: StepConfig, inputs) -> bool:
+  return (cfg.train and 'x' in inputs and cfg.input_norm == 'batch'
+          and cfg.recurrent_norm == 'batch')
+
+
+def _fused_batch_norm_terms(params: Params, cfg: StepConfig, h_prev, x, mask):
+  """BN(W_x x) + BN(W_h h) as one batch norm over a stacked `[B, 2, 4H]` array.
+
+  The two terms keep separate statistics and gammas (the stacked axis is not reduced);
+  one call instead of two halves the kernels the scanned step launches, which is what
+  the time goes to at small sizes (benchmarks/rnn_speed.py).
+  """
+  z = jnp.stack([matmul(x, params['input_kernel'], cfg.compute_dtype),
+                 matmul(h_prev, params['recurrent_kernel'], cfg.compute_dtype)], axis=1)
+  scale = jnp.stack([params['input_scale'], params['recurrent_scale']])
+  y, (mean, var, count) = apply_norm(
+      'batch', z, scale, None, train=True, mask=None if mask is None else mask[:, None],
+      epsilon=cfg.epsilon, axis_name=cfg.axis_name)
+  count = count if jnp.ndim(count) == 0 else count[0]
+  moments = {'input': (mean[0], var[0], count), 'recurrent': (mean[1], var[1], count)}
+  return y[:, 0] + y[:, 1], moments
+
+
 def lstm_step(params: Params, cfg: StepConfig, carry: tuple[Array, Array],
               inputs: dict[str, Any]):
   """One LSTM / BN-LSTM / LN-LSTM step (Cooijmans et al. eq. 6-8 and 14-16).
@@ -141,16 +164,19 @@ def lstm_step(params: Params, cfg: StepConfig, carry: tuple[Array, Array],
   moments = {}
   kw = dict(train=cfg.train, mask=mask, epsilon=cfg.epsilon, axis_name=cfg.axis_name)
 
-  input_term, input_moments = _step_input_term(params, cfg, inputs)
-  if input_moments is not None:
-    moments['input'] = input_moments
-  recurrent_term, recurrent_moments = apply_norm(
-      cfg.recurrent_norm, matmul(h_prev, params['recurrent_kernel'], cfg.compute_dtype),
-      params.get('recurrent_scale'), None, stats=stats.get('recurrent'), **kw)
-  if recurrent_moments is not None:
-    moments['recurrent'] = recurrent_moments
-
-  gates = recurrent_term + input_term + params['bias']
+  if _fuse_batch_norms(cfg, inputs):
+    gates, moments = _fused_batch_norm_terms(params, cfg, h_prev, inputs['x'], mask)
+    gates = gates + params['bias']
+  else:
+    input_term, input_moments = _step_input_term(params, cfg, inputs)
+    if input_moments is not None:
+      moments['input'] = input_moments
+    recurrent_term, recurrent_moments = apply_norm(
+        cfg.recurrent_norm, matmul(h_prev, params['recurrent_kernel'], cfg.compute_dtype),
+        params.get('recurrent_scale'), None, stats=stats.get('recurrent'), **kw)
+    if recurrent_moments is not None:
+      moments['recurrent'] = recurrent_moments
+    gates = recurrent_term + input_term + params['bias']
   f, i, o, g = jnp.split(gates, 4, axis=-1)
   c = jax.nn.sigmoid(f) * c_prev + jax.nn.sigmoid(i) * jnp.tanh(g)
   c_out, cell_moments = apply_norm(cfg.cell_norm, c, params.get('cell_scale'),

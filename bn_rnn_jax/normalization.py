@@ -130,6 +130,14 @@ def _batch_norm_fwd(x, scale, bias, mask, reduce_axes, axis_name, epsilon):
                              reduce_axes, axis_name, epsilon)
 
 
+def _sum_to_shape(value: Array, like: Array) -> Array:
+  """Sum `value` over the axes along which `like` was broadcast against it."""
+  lead = value.ndim - like.ndim
+  value = jnp.sum(value, axis=tuple(range(lead)))
+  ones = tuple(a for a, n in enumerate(like.shape) if n == 1 and value.shape[a] != 1)
+  return jnp.sum(value, axis=ones, keepdims=True).astype(like.dtype)
+
+
 def _is_zero(cotangent) -> bool:
   return cotangent is None or isinstance(cotangent, jax.custom_derivatives.SymbolicZero)
 
@@ -152,9 +160,8 @@ def _batch_norm_bwd(reduce_axes, axis_name, epsilon, residuals, cotangents):
   dy, d_mean, d_var, _ = cotangents
   if _is_zero(dy):
     dy = jnp.zeros_like(x_hat)
-  param_axes = tuple(range(x_hat.ndim - 1))
-  d_scale = None if scale is None else jnp.sum(dy * x_hat, axis=param_axes).astype(scale.dtype)
-  d_bias = None if bias is None else jnp.sum(dy, axis=param_axes).astype(bias.dtype)
+  d_scale = None if scale is None else _sum_to_shape(dy * x_hat, scale)
+  d_bias = None if bias is None else _sum_to_shape(dy, bias)
   g = dy if scale is None else dy * scale
   terms = [jnp.sum(g, axis=reduce_axes), jnp.sum(g * x_hat, axis=reduce_axes)]
   with_moments = not (_is_zero(d_mean) and _is_zero(d_var))

@@ -106,7 +106,13 @@ class RecurrentLayer(nn.Module):
       (one large matmul) instead of inside the step. None = auto: hoisted when required
       ('sequence' statistics) or when the input is wide enough for the big matmul to pay
       (see `benchmarks/rnn_speed.py`).
-    remat: `jax.checkpoint` the step: recompute activations in the backward pass.
+    remat: what the backward pass recomputes instead of storing per step
+      (`jax.checkpoint` of the step): 'none'; 'dots' (store only matmul outputs,
+      recompute the pointwise math and normalisations); 'full' (store only the carry:
+      least memory, for long sequences); 'auto' = 'dots' on CPU for layers with batch
+      norm (fewer stored residuals made BN-LSTM fwd+bwd 1.15x faster at B64 T784 H100,
+      and no slower at B64 T100 H1000; benchmarks/rnn_speed.py), else 'none'. True and
+      False mean 'full' and 'none'.
     unroll: steps per scan iteration (`lax.scan(unroll=)`).
     dtype: compute dtype of the matmuls (e.g. jnp.bfloat16); statistics stay float32.
     axis_name: pmap axis name for cross-device batch moments.
@@ -127,7 +133,7 @@ class RecurrentLayer(nn.Module):
   initial_state: str = 'zeros'
   initial_state_noise: float = 0.1
   hoist_input: Optional[bool] = None
-  remat: bool = False
+  remat: Any = 'auto'
   unroll: int = 1
   dtype: Any = jnp.float32
   axis_name: Optional[str] = None
@@ -167,6 +173,20 @@ class RecurrentLayer(nn.Module):
     # On CPU a wide hoisted projection costs memory traffic that an in-step matmul
     # avoids; see DESIGN.md decision 2 and benchmarks/rnn_speed.py.
     return jax.default_backend() != 'cpu'
+
+  def _rematerialized(self, step):
+    mode = {True: 'full', False: 'none'}.get(self.remat, self.remat)
+    if mode == 'auto':
+      cpu_with_batch_norm = jax.default_backend() == 'cpu' and self._batch_sites()
+      mode = 'dots' if cpu_with_batch_norm else 'none'
+    if mode == 'none':
+      return step
+    if mode not in ('dots', 'full'):
+      raise ValueError("remat must be 'auto', 'none', 'dots', 'full' or a bool; got "
+                       f'{self.remat!r}.')
+    policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+              if mode == 'dots' else None)
+    return jax.checkpoint(step, prevent_cse=False, policy=policy)
 
   def _rows(self, site: str) -> int:
     if site == 'input':
@@ -271,14 +291,24 @@ class RecurrentLayer(nn.Module):
 
     step = functools.partial(cells.lstm_step if self.cell == 'lstm' else cells.rnn_step,
                              params, cfg)
-    if self.remat:
-      step = jax.checkpoint(step, prevent_cse=False)
+    loop_sites = tuple(site for site in sites if site not in moments) if train else ()
+    step = _pack_moments(step, loop_sites)
+    step = self._rematerialized(step)
     final_carry, ys = jax.lax.scan(step, carry, xs, unroll=self.unroll)
-    moments.update(ys['moments'])
 
     if train and sites and not self.is_initializing():
+      counts = self._step_counts(batch, length, mask_tm)
+      moments.update(_unpack_moments(ys['moments'], loop_sites, self._site_features, counts))
       self._record_moments(stats, moments)
     return final_carry, jnp.swapaxes(ys['h'], 0, 1)
+
+  def _step_counts(self, batch: int, length: int, mask_tm: Optional[Array]) -> Array:
+    """`[T]` global number of valid sequences at each step."""
+    if mask_tm is None:
+      count = jnp.full((length,), batch, jnp.float32)
+    else:
+      count = jnp.sum(mask_tm[..., 0], axis=1)
+    return count if self.axis_name is None else jax.lax.psum(count, self.axis_name)
 
   def _hoisted_input_term(self, params, time_major, mask_tm, train, input_stats):
     """W_x x for all steps `[T, B, G*H]` and its normalisation, outside the scan."""
@@ -322,6 +352,31 @@ class RecurrentLayer(nn.Module):
             stats[site].value, record, self.momentum)
       if self.is_mutable_collection('batch_moments'):
         self.put_variable('batch_moments', site, record)
+
+
+def _pack_moments(step, sites: tuple[str, ...]):
+  """Wrap a step so that it emits its sites' moments as one flat `[sum 2F]` vector.
+
+  One scan output instead of six stacked arrays (and no per-step counts, which the layer
+  derives from the mask) trims the kernels each scanned step runs.
+  """
+  def packed(carry, inputs):
+    carry, outputs = step(carry, inputs)
+    flat = [v for site in sites for v in outputs['moments'][site][:2]]
+    return carry, {'h': outputs['h'], 'moments': jnp.concatenate(flat) if flat else None}
+  return packed
+
+
+def _unpack_moments(packed: Optional[Array], sites: tuple[str, ...], features, counts):
+  """Inverse of `_pack_moments` over all steps: `{site: (mean [T, F], var [T, F], count [T])}`."""
+  moments, offset = {}, 0
+  for site in sites:
+    width = features(site)
+    mean = packed[:, offset:offset + width]
+    var = packed[:, offset + width:offset + 2 * width]
+    moments[site] = (mean, var, counts)
+    offset += 2 * width
+  return moments
 
 
 def make_layer(variant: str, hidden_size: int, **overrides) -> RecurrentLayer:
