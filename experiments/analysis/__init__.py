@@ -1,0 +1,13 @@
+"""Scripts that redraw the papers' figures; run from the repository root as modules.
+
+  python -m experiments.analysis.gradient_flow      # Cooijmans Fig. 1(a)
+  python -m experiments.analysis.tanh_derivative    # Cooijmans Fig. 1(b)
+  python -m experiments.analysis.population_stats   # Cooijmans Fig. 5
+  python -m experiments.analysis.gamma_sensitivity  # Cooijmans Fig. 6
+  python -m experiments.analysis.laurent_appendix   # Laurent et al. appendix A
+
+Shared flags (`common.py`): --output_dir (default experiments/results/figures),
+--mnist_dir, --ptb_dir (default ../shared/data/...), --gammas, --seed, --paper_scale.
+Each writes `<name>.png` and `<name>.json` (the plotted numbers) and runs in minutes on a
+2-core CPU by default.
+"""
