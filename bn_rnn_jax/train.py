@@ -391,7 +391,7 @@ def default_config() -> ml_collections.ConfigDict:
   e.every = 500
   e.batch_size = 500
   e.splits = ('valid',)
-  e.max_batches = 0              # 0 = the whole split
+  e.max_batches = 0              # periodic evals read at most this many batches; 0 = all
   e.test_at_end = True
   e.population_stats = 'estimate'   # 'estimate' (the papers') | 'running' (EMA)
   e.population_batches = 10
@@ -517,11 +517,16 @@ class Trainer:
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *records)
     return self.p_average(stacked)
 
-  def evaluate(self, state: TrainState, split: str, kind: Optional[str] = None) -> dict:
-    """Metrics of `split` with population statistics (never batch statistics)."""
+  def evaluate(self, state: TrainState, split: str, kind: Optional[str] = None,
+               max_batches: Optional[int] = None) -> dict:
+    """Metrics of `split` with population statistics (never batch statistics).
+
+    `max_batches` (default `config.eval.max_batches`; 0 = all) caps the batches read.
+    """
     stats = self.population_stats(state, kind)
     totals, count, carry = None, 0.0, None
-    max_batches = self.config.eval.get('max_batches', 0)
+    if max_batches is None:
+      max_batches = self.config.eval.get('max_batches', 0)
     for i, batch in enumerate(self.dataset.eval_batches(split)):
       if max_batches and i >= max_batches:
         break
@@ -683,10 +688,11 @@ def _test_best(trainer: Trainer, state: TrainState, ckpt, template: TrainState):
   """Test metrics of the best-validation checkpoint (the papers' early-stopped model),
   or of the final state when there is none. Returns `(metrics, step tested)`."""
   ckpt.wait()
+  # The whole test split, whatever `eval.max_batches` says for periodic evaluations.
   if ckpt.best.latest_step() is None:
-    return trainer.evaluate(state, 'test'), int(state.step[0])
+    return trainer.evaluate(state, 'test', max_batches=0), int(state.step[0])
   best, _ = ckpt.restore(template, best=True)
-  return trainer.evaluate(trainer.to_devices(best), 'test'), int(best.step)
+  return trainer.evaluate(trainer.to_devices(best), 'test', max_batches=0), int(best.step)
 
 
 class _Progress:
