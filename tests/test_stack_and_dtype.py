@@ -1,0 +1,137 @@
+"""StackedRNN (depth, dropout, bidirectional), learned initial state, bfloat16 compute
+and the remat modes, against the float64 reference in tests/reference.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bn_rnn_jax as br
+import reference
+
+B, T, I, H = 4, 6, 3, 5
+LENGTHS = np.array([6, 4, 2, 5])
+
+
+@pytest.fixture(scope='module')
+def data():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(B, T, I)).astype(np.float32)
+  mask = (np.arange(T)[None] < LENGTHS[:, None]).astype(np.float32)
+  return x, mask
+
+
+def _np(tree):
+  return jax.tree.map(lambda a: np.asarray(a, np.float64), tree)
+
+
+def test_stack_equals_reference_layers_in_sequence(data):
+  """Two stacked bn_lstm layers (no dropout) = the reference run twice, output to input."""
+  x, mask = data
+  stack = br.StackedRNN('bn_lstm', H, num_layers=2, layer_options={'max_length': T})
+  variables = stack.init(jax.random.key(0), x, mask, train=True)
+  (carries, out), _ = stack.apply(variables, x, mask, train=True, mutable=['batch_stats'])
+  params = _np(variables['params'])
+  hidden = np.asarray(x, np.float64)
+  for index in range(2):
+    carry, hidden, _ = reference.run_layer(params[f'layer_{index}'], hidden, mask, 'bn_lstm')
+    np.testing.assert_allclose(np.asarray(carries[index][1]), carry[1], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(out), hidden, rtol=1e-4, atol=1e-5)
+
+
+def test_stack_dropout_is_active_only_in_training(data):
+  x, mask = data
+  stack = br.StackedRNN('lstm', H, num_layers=2, dropout_rate=0.5)
+  variables = stack.init(jax.random.key(0), x, mask, train=False)
+  _, eval_a = stack.apply(variables, x, mask, train=False)
+  _, eval_b = stack.apply(variables, x, mask, train=False)
+  np.testing.assert_array_equal(np.asarray(eval_a), np.asarray(eval_b))
+  _, train_a = stack.apply(variables, x, mask, train=True, rngs={'dropout': jax.random.key(1)})
+  _, train_b = stack.apply(variables, x, mask, train=True, rngs={'dropout': jax.random.key(2)})
+  assert not np.allclose(np.asarray(train_a), np.asarray(train_b))
+  # The output dropout zeroes about half of the valid entries.
+  valid = np.broadcast_to(mask[..., None] > 0, train_a.shape)
+  zero_fraction = np.mean(np.asarray(train_a)[valid] == 0.0)
+  assert 0.3 < zero_fraction < 0.7
+
+
+def test_bidirectional_stack_shapes_and_halves(data):
+  x, mask = data
+  stack = br.StackedRNN('bn_input_only_seq', H, num_layers=2, bidirectional=True)
+  variables = stack.init(jax.random.key(0), x, mask, train=True)
+  (carries, out), _ = stack.apply(variables, x, mask, train=True, mutable=['batch_stats'])
+  assert out.shape == (B, T, 2 * H)
+  assert len(carries) == 2 and len(carries[0]) == 2  # (forward, backward) per layer
+  # Padded steps output zeros in both halves.
+  np.testing.assert_array_equal(np.asarray(out)[mask == 0], 0.0)
+
+
+def test_stack_rejects_carries_when_bidirectional(data):
+  x, mask = data
+  stack = br.StackedRNN('lstm', H, bidirectional=True)
+  with pytest.raises(ValueError, match='initial_carries'):
+    stack.init(jax.random.key(0), x, mask, train=False, initial_carries=[None])
+
+
+def test_learned_initial_state_is_a_trained_parameter(data):
+  x, mask = data
+  layer = br.make_layer('bn_lstm', H, max_length=T, initial_state='learned')
+  variables = layer.init(jax.random.key(0), x, mask, train=True)
+  assert variables['params']['initial_hidden'].shape == (H,)
+  assert variables['params']['initial_cell'].shape == (H,)
+  params = _np(variables['params'])
+  params['initial_hidden'] = np.linspace(-0.5, 0.5, H)
+  params['initial_cell'] = np.linspace(0.3, -0.3, H)
+  start = (np.tile(params['initial_cell'], (B, 1)), np.tile(params['initial_hidden'], (B, 1)))
+  _, expected, _ = reference.run_layer(params, x, mask, 'bn_lstm', initial_carry=start)
+  (_, out), _ = layer.apply({**variables, 'params': jax.tree.map(jnp.asarray, params)}, x,
+                            mask, train=True, mutable=['batch_stats'])
+  np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-4, atol=1e-5)
+
+  def loss(p):
+    (_, y), _ = layer.apply({**variables, 'params': p}, x, mask, train=True,
+                            mutable=['batch_stats'])
+    return jnp.sum(y ** 2)
+  grads = jax.grad(loss)(variables['params'])
+  assert float(jnp.linalg.norm(grads['initial_hidden'])) > 0.0
+
+
+def test_bfloat16_compute_keeps_float32_statistics(data):
+  x, mask = data
+  layer32 = br.make_layer('bn_lstm', H, max_length=T)
+  layer16 = br.make_layer('bn_lstm', H, max_length=T, dtype=jnp.bfloat16)
+  variables = layer32.init(jax.random.key(0), x, mask, train=True)
+  (_, y32), stats32 = layer32.apply(variables, x, mask, train=True, mutable=['batch_stats'])
+  (_, y16), stats16 = layer16.apply(variables, x, mask, train=True, mutable=['batch_stats'])
+  assert y16.dtype == jnp.float32
+  for leaf in jax.tree.leaves(stats16):
+    assert leaf.dtype == jnp.float32
+  # bf16 matmuls carry ~3 significant digits.
+  np.testing.assert_allclose(np.asarray(y16), np.asarray(y32), atol=3e-2)
+  assert not np.array_equal(np.asarray(y16), np.asarray(y32))
+  np.testing.assert_allclose(np.asarray(stats16['batch_stats']['cell']['mean']),
+                             np.asarray(stats32['batch_stats']['cell']['mean']), atol=3e-2)
+
+
+@pytest.mark.parametrize('remat', ['none', 'dots', 'full'])
+def test_remat_modes_give_the_same_gradients(data, remat):
+  x, mask = data
+  base = br.make_layer('bn_lstm', H, max_length=T, remat='none')
+  layer = br.make_layer('bn_lstm', H, max_length=T, remat=remat)
+  variables = base.init(jax.random.key(0), x, mask, train=True)
+
+  def loss(module, p):
+    (_, y), _ = module.apply({**variables, 'params': p}, x, mask, train=True,
+                             mutable=['batch_stats'])
+    return jnp.sum(y ** 2)
+  expected = jax.grad(lambda p: loss(base, p))(variables['params'])
+  got = jax.grad(lambda p: loss(layer, p))(variables['params'])
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_bad_remat_mode_is_a_clear_error(data):
+  x, mask = data
+  with pytest.raises(ValueError, match='remat'):
+    br.make_layer('bn_lstm', H, max_length=T, remat='sometimes').init(
+        jax.random.key(0), x, mask, train=True)
