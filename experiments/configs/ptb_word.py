@@ -1,6 +1,7 @@
 """Word-level Penn Treebank (Laurent et al. 2016, sec. 5.2, after Zaremba et al. 2014).
 
-`--config=experiments/configs/ptb_word.py:small` (or `medium`, `large`). Laurent et al.:
+`experiments/main.py --config=experiments/configs/ptb_word.py:small` (or `medium`, `large`;
+`experiments/ptb_word_reproduce.py` trains the same and compares with Table 2). Laurent et al.:
 "All models consist of two stacked LSTM layers and are trained with stochastic gradient
 descent (SGD) with a learning rate of 1 and a mini-batch size of 32."
 
@@ -36,7 +37,9 @@ identical, `lr * clip(T g, c) = (lr T) * clip(g, c / T)`. The decay multiplies t
 Choices Laurent et al. leave open, made here: the BN gamma starts at 1.0 (their paper
 predates Cooijmans' gamma = 0.1 advice; 1.0 is the standard BN initialisation, and the
 uniform initialisation leaves BN scales alone); population statistics for validation are
-the papers' estimate (average of 20 training-batch moments); the perplexities are of the
+the papers' estimate (average of 20 training-batch moments, each batch run from the zero
+state rather than the carried one, so the first steps' second-layer statistics see a
+slightly different input than in training); the perplexities are of the
 `eval.batch_size = 32` rows layout (the last `N mod 32` valid tokens are not scored), and
 training perplexity is exp of the mean training loss of each epoch (`train.log_every`
 = one epoch, dropout on, as in Zaremba's code).
