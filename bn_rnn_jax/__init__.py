@@ -12,6 +12,6 @@ from bn_rnn_jax.models import LanguageModel, SequenceClassifier
 from bn_rnn_jax.normalization import (average_moment_records, batch_moments, batch_norm,
                                       layer_norm, normalize, population_rows)
 from bn_rnn_jax.recurrent import (VARIANTS, Bidirectional, RecurrentLayer, StackedRNN,
-                                  make_layer, reverse_valid)
+                                  estimate_population_stats, make_layer, reverse_valid)
 
 __version__ = '0.1.0'

@@ -379,6 +379,36 @@ def _unpack_moments(packed: Optional[Array], sites: tuple[str, ...], features, c
   return moments
 
 
+def estimate_population_stats(model: nn.Module, variables, batches, **apply_kwargs):
+  """The papers' population statistics: minibatch moments averaged over training batches.
+
+  For single-device use (notebooks, your own loops); the trainer runs the same estimate
+  pmapped (`train.Trainer.population_stats`). Runs `model.apply(variables, *args,
+  train=True, mutable=['batch_moments'], **apply_kwargs)` for each `args` tuple of
+  `batches` with the current parameters (the running averages are left alone) and
+  averages the moments each step's row received (Cooijmans et al. sec. 3).
+
+  Args:
+    model: a module built from `RecurrentLayer`s (a layer, a stack or a model).
+    variables: its `{'params', 'batch_stats'}`.
+    batches: iterable of argument tuples, e.g. `[(x, mask), ...]` of training data.
+    **apply_kwargs: passed to `apply`, e.g. `rngs={'noise': key}`.
+
+  Returns:
+    A `batch_stats` tree to evaluate with: `{**variables, 'batch_stats': result}`.
+  """
+  @jax.jit
+  def moments(variables, args):
+    _, mutated = model.apply(variables, *args, train=True, mutable=['batch_moments'],
+                             **apply_kwargs)
+    return mutated.get('batch_moments', {})
+  records = [moments(variables, tuple(args)) for args in batches]
+  if not records:
+    raise ValueError('estimate_population_stats needs at least one batch.')
+  stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *records)
+  return normalization.average_moment_records(stacked)
+
+
 def make_layer(variant: str, hidden_size: int, **overrides) -> RecurrentLayer:
   """A `RecurrentLayer` preset from `VARIANTS`, with any field overridden."""
   if variant not in VARIANTS:

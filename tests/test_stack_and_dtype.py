@@ -135,3 +135,35 @@ def test_bad_remat_mode_is_a_clear_error(data):
   with pytest.raises(ValueError, match='remat'):
     br.make_layer('bn_lstm', H, max_length=T, remat='sometimes').init(
         jax.random.key(0), x, mask, train=True)
+
+
+def test_estimate_population_stats_averages_minibatch_moments(data):
+  """Input-term rows = the mean over batches of the float64 per-step moments of W_x x."""
+  x, mask = data
+  x2 = np.asarray(x)[::-1] * 1.5 + 0.3
+  layer = br.make_layer('bn_lstm', H, max_length=T + 2)
+  variables = layer.init(jax.random.key(0), x, mask, train=True)
+  stats = br.estimate_population_stats(layer, variables, [(x, mask), (x2, mask)])
+  kernel = np.asarray(variables['params']['input_kernel'], np.float64)
+  expected_mean, expected_var = [], []
+  for batch in (x, x2):
+    z = np.asarray(batch, np.float64) @ kernel                       # [B, T, 4H]
+    mean, var = [], []
+    for t in range(T):
+      rows = z[mask[:, t] > 0, t]
+      mean.append(rows.mean(0))
+      var.append(rows.var(0))
+    expected_mean.append(mean)
+    expected_var.append(var)
+  site = stats['input']
+  np.testing.assert_allclose(np.asarray(site['mean'])[:T], np.mean(expected_mean, 0),
+                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(site['var'])[:T], np.mean(expected_var, 0),
+                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(site['count']), [2.0] * T + [0.0, 0.0])
+  # The running averages of `variables` were not touched.
+  for leaf in jax.tree.leaves(variables['batch_stats']):
+    assert not np.any(np.isnan(np.asarray(leaf)))
+  # The estimate drives inference: rows past the last seen one reuse row T-1.
+  _, out = layer.apply({**variables, 'batch_stats': stats}, x, mask, train=False)
+  assert np.all(np.isfinite(np.asarray(out)))
