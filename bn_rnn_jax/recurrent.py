@@ -379,30 +379,66 @@ def _unpack_moments(packed: Optional[Array], sites: tuple[str, ...], features, c
   return moments
 
 
-def estimate_population_stats(model: nn.Module, variables, batches, **apply_kwargs):
+class _ByIdentity:
+  """A static jit argument for a module whose fields cannot be hashed (a dict of layer
+  options): compiled code is then reused for this very object only."""
+
+  def __init__(self, module: nn.Module):
+    self.module = module
+
+  def __hash__(self):
+    return id(self.module)
+
+  def __eq__(self, other):
+    return isinstance(other, _ByIdentity) and other.module is self.module
+
+
+def _static_module(module: nn.Module):
+  try:
+    hash(module)
+    return module
+  except TypeError:
+    return _ByIdentity(module)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _minibatch_moments(static_model, variables, args, rng, rng_names):
+  model = static_model.module if isinstance(static_model, _ByIdentity) else static_model
+  rngs = {name: rng for name in rng_names} if rng is not None else None
+  _, mutated = model.apply(variables, *args, train=True, mutable=['batch_moments'],
+                           rngs=rngs)
+  return mutated.get('batch_moments', {})
+
+
+def estimate_population_stats(model: nn.Module, variables, batches,
+                              rng: Optional[jax.Array] = None,
+                              rng_names: Sequence[str] = ('noise', 'dropout')):
   """The papers' population statistics: minibatch moments averaged over training batches.
 
-  For single-device use (notebooks, your own loops); the trainer runs the same estimate
-  pmapped (`train.Trainer.population_stats`). Runs `model.apply(variables, *args,
-  train=True, mutable=['batch_moments'], **apply_kwargs)` for each `args` tuple of
-  `batches` with the current parameters (the running averages are left alone) and
-  averages the moments each step's row received (Cooijmans et al. sec. 3).
+  The one implementation of the estimate for single-device use (notebooks, your own
+  loops, the figure scripts); the trainer runs the same average pmapped
+  (`train.Trainer.population_stats`). Runs `model.apply(variables, *args, train=True,
+  mutable=['batch_moments'])` for each `args` tuple of `batches` with the current
+  parameters (the running averages are left alone) and averages the moments each step's
+  row received (Cooijmans et al. sec. 3). Compiled once per model and batch shape.
 
   Args:
     model: a module built from `RecurrentLayer`s (a layer, a stack or a model).
     variables: its `{'params', 'batch_stats'}`.
     batches: iterable of argument tuples, e.g. `[(x, mask), ...]` of training data.
-    **apply_kwargs: passed to `apply`, e.g. `rngs={'noise': key}`.
+    rng: key for the model's randomness in training mode (h0 noise, dropout); batch `i`
+      uses `jax.random.fold_in(rng, i)` for every stream in `rng_names`. Required when
+      the model draws noise; None otherwise.
+    rng_names: the rng streams the model reads.
 
   Returns:
     A `batch_stats` tree to evaluate with: `{**variables, 'batch_stats': result}`.
   """
-  @jax.jit
-  def moments(variables, args):
-    _, mutated = model.apply(variables, *args, train=True, mutable=['batch_moments'],
-                             **apply_kwargs)
-    return mutated.get('batch_moments', {})
-  records = [moments(variables, tuple(args)) for args in batches]
+  static_model, records = _static_module(model), []
+  for index, args in enumerate(batches):
+    batch_rng = None if rng is None else jax.random.fold_in(rng, index)
+    records.append(_minibatch_moments(static_model, variables, tuple(args), batch_rng,
+                                      tuple(rng_names)))
   if not records:
     raise ValueError('estimate_population_stats needs at least one batch.')
   stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *records)

@@ -167,3 +167,30 @@ def test_estimate_population_stats_averages_minibatch_moments(data):
   # The estimate drives inference: rows past the last seen one reuse row T-1.
   _, out = layer.apply({**variables, 'batch_stats': stats}, x, mask, train=False)
   assert np.all(np.isfinite(np.asarray(out)))
+
+
+def test_estimate_population_stats_compiles_once_per_model(data):
+  """Repeated estimates (one per evaluation in a training loop) reuse the compiled pass,
+  also for a model with an unhashable dict field; a noisy-h0 model draws fresh noise per
+  batch from `rng`, so two equal batches give two different records."""
+  from bn_rnn_jax import recurrent
+  x, mask = data
+  model = br.SequenceClassifier(num_classes=2, variant='bn_lstm', hidden_size=H,
+                                layer_options={'max_length': T, 'initial_state': 'noise'})
+  variables = model.init({'params': jax.random.key(0), 'noise': jax.random.key(1)},
+                         x, mask, train=False)
+  before = recurrent._minibatch_moments._cache_size()
+  first = br.estimate_population_stats(model, variables, [(x, mask)], rng=jax.random.key(2))
+  for seed in range(3):
+    br.estimate_population_stats(model, variables, [(x, mask)] * 2,
+                                 rng=jax.random.key(seed))
+  assert recurrent._minibatch_moments._cache_size() == before + 1
+  # The recurrent term sees h0 noise from step 0: its row-0 mean depends on the draw,
+  # and the two-batch average differs from either single draw.
+  again = br.estimate_population_stats(model, variables, [(x, mask)] * 2,
+                                       rng=jax.random.key(2))
+  site_first = np.asarray(first['rnn']['layer_0']['recurrent']['mean'])[0]
+  site_again = np.asarray(again['rnn']['layer_0']['recurrent']['mean'])[0]
+  assert not np.allclose(site_first, site_again)
+  with pytest.raises(Exception, match='noise'):
+    br.estimate_population_stats(model, variables, [(x, mask)])

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bn_rnn_jax import normalization
+from bn_rnn_jax import recurrent
 from bn_rnn_jax.input_pipeline import mnist as mnist_pipeline
 from bn_rnn_jax.input_pipeline import text as text_pipeline
 
@@ -259,25 +259,14 @@ class Trainer:
                          'grad_norm': optax.tree.norm(grads)}
     return jax.jit(step, donate_argnums=0)
 
-  @functools.cached_property
-  def _moments(self):
-    def moments(params, batch_stats, inputs, rng):
-      _, updates = self.model.apply(
-          {'params': params, 'batch_stats': batch_stats}, inputs, train=True,
-          rngs={'noise': rng, 'dropout': rng}, mutable=['batch_stats', 'batch_moments'])
-      return updates.get('batch_moments', {})
-    return jax.jit(moments)
-
   def estimate_population(self, state, input_batches: Sequence[Any]) -> Any:
-    """`batch_stats` replaced by the average of the minibatch moments of these batches."""
+    """`batch_stats` replaced by the papers' estimate over these input batches
+    (`bn_rnn_jax.estimate_population_stats`)."""
     if not state['batch_stats']:
       return state['batch_stats']
-    rng = jax.random.PRNGKey(1)
-    records = [self._moments(state['params'], state['batch_stats'], inputs,
-                             jax.random.fold_in(rng, i))
-               for i, inputs in enumerate(input_batches)]
-    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *records)
-    return normalization.average_moment_records(stacked)
+    return recurrent.estimate_population_stats(
+        self.model, {'params': state['params'], 'batch_stats': state['batch_stats']},
+        [(inputs,) for inputs in input_batches], rng=jax.random.PRNGKey(1))
 
   @functools.cached_property
   def _eval(self):
