@@ -32,7 +32,9 @@ global batch, and the layers' batch moments are global (psums of sums and counts
 Evaluation always uses population statistics (train=False): either the running average
 kept in `batch_stats` ('running') or the papers' estimate ('estimate', the default):
 minibatch moments averaged over `config.eval.population_batches` training batches with
-the current parameters (`normalization.average_moment_records`).
+the current parameters (`normalization.average_moment_records`), optionally of batches
+larger than the training batch (`config.eval.population_batch_size`; see the README's
+note on 784-step MNIST).
 """
 
 from __future__ import annotations
@@ -395,6 +397,10 @@ def default_config() -> ml_collections.ConfigDict:
   e.test_at_end = True
   e.population_stats = 'estimate'   # 'estimate' (the papers') | 'running' (EMA)
   e.population_batches = 10
+  # Examples per estimate batch; 0 = the training batch (the papers'). A multiple k of
+  # train.batch_size joins k consecutive training batches into one: the moments of later
+  # sites (the cell, upper layers) then match the population-mode network better.
+  e.population_batch_size = 0
   e.compare_running = False      # also log `<metric>_running` (EMA statistics) in evals
 
   config.checkpoint = c = ml_collections.ConfigDict()
@@ -434,6 +440,11 @@ def validate_config(config) -> None:
   if config.eval.population_stats not in ('estimate', 'running'):
     raise ValueError("config.eval.population_stats must be 'estimate' or 'running'; got "
                      f'{config.eval.population_stats!r}.')
+  population_batch_size = config.eval.get('population_batch_size', 0)
+  if population_batch_size < 0 or population_batch_size % config.train.batch_size:
+    raise ValueError('config.eval.population_batch_size must be 0 (the training batch) or a '
+                     f'multiple of config.train.batch_size={config.train.batch_size}; got '
+                     f'{population_batch_size}.')
   if config.eval.population_stats == 'estimate' and config.eval.population_batches <= 0:
     raise ValueError('config.eval.population_batches must be positive with the '
                      f"'estimate' statistics; got {config.eval.population_batches}.")
@@ -503,17 +514,25 @@ class Trainer:
   def population_stats(self, state: TrainState, kind: Optional[str] = None):
     """Replicated statistics for evaluation: the running average or the estimate.
 
-    'estimate' averages the batch moments of the `population_batches` training batches
-    that follow the current step (a deterministic function of (seed, step)), computed
-    with the current parameters.
+    'estimate' averages the batch moments of `population_batches` estimate batches,
+    computed with the current parameters. Each is `population_batch_size //
+    train.batch_size` consecutive training batches joined (one when the size is 0), read
+    from the current step on (a deterministic function of (seed, step)).
     """
     kind = kind or self.config.eval.population_stats
     if kind == 'running' or not jax.tree.leaves(state.batch_stats):
       return state.batch_stats
     step = int(state.step[0])
-    records = [self.p_moments_step(state.params, state.batch_stats,
-                                   self.train_batch(step + i), state.rng, step + i)
-               for i in range(self.config.eval.population_batches)]
+    joined = max(1, self.config.eval.get('population_batch_size', 0)
+                 // self.config.train.batch_size)
+    records = []
+    for i in range(self.config.eval.population_batches):
+      first = step + i * joined
+      parts = [self.dataset.train_batch(first + j) for j in range(joined)]
+      batch = jax.tree.map(lambda *leaves: np.concatenate(leaves), *parts)
+      records.append(self.p_moments_step(state.params, state.batch_stats,
+                                         parallel.shard(batch, self.num_devices),
+                                         state.rng, first))
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *records)
     return self.p_average(stacked)
 

@@ -24,6 +24,7 @@ if REPO not in sys.path:
 
 from bn_rnn_jax import models  # pylint: disable=g-import-not-at-top
 from experiments.analysis import common  # pylint: disable=g-import-not-at-top
+from experiments.analysis import estimate_batch_size
 from experiments.analysis import gamma_sensitivity
 from experiments.analysis import gradient_flow
 from experiments.analysis import laurent_appendix
@@ -272,3 +273,23 @@ def test_laurent_appendix(tmp_path):
   for history in saved['curves'].values():
     assert _finite(history['train_loss']) and len(history['train_loss']) == 3
   assert all(3.0 < v < 8.0 for v in saved['final_valid_bpc'].values())
+
+
+# ---------------------------------------------------------------- estimate batch size
+
+def test_estimate_batch_size_digits(tmp_path):
+  """Every estimate setting is drawn `draws` times and scored; every site is swapped."""
+  estimate_batch_size.run(str(tmp_path), None, num_steps=3, batch_size=16, hidden_size=8,
+                          valid_examples=64, draws=2, image_size=8,
+                          settings=((2, 1), (1, 2)))
+  saved = _read_json(tmp_path, 'estimate_batch_size')
+  assert set(saved['estimates']) == {'2 x 16', '1 x 32'}
+  scores = [s for v in saved['estimates'].values() for s in v]
+  assert len(scores) == 4
+  assert set(saved['site_from_small']) == {'input', 'recurrent', 'cell'}
+  for value in scores + list(saved['site_from_small'].values()) + [
+      saved['batch_statistics']]:
+    assert 0.0 <= value <= 1.0
+    # 64 examples in batches of 16: accuracies are multiples of 1/64.
+    assert abs(value * 64 - round(value * 64)) < 1e-3
+  assert saved['length'] == 64

@@ -137,6 +137,40 @@ def test_population_estimate_averages_batch_moments_of_current_params(trained):
   assert trainer.population_stats(state, 'running') is state.batch_stats
 
 
+def test_population_estimate_of_joined_batches_uses_pooled_moments(trained):
+  """With `population_batch_size` = 2 training batches, each record holds the moments of
+  the two consecutive batches joined (pooled, in float64 here), not their average."""
+  config, _, state = trained
+  config = fx.tiny_config('bn_lstm', **{'train.num_devices': 2,
+                                        'model.initial_state': 'noise',
+                                        'eval.population_batches': 2,
+                                        'eval.population_batch_size': 32})
+  trainer = train.Trainer(config, None, fx.synthetic_dataset(config))
+  site = jax.tree.map(lambda a: np.asarray(a[0]), trainer.population_stats(
+      state, 'estimate'))['rnn']['layer_0']['input']
+  host = trainer.to_host(state)
+  kernel = np.asarray(host.params['rnn']['layer_0']['input_kernel'], np.float64)
+  step, means, variances = int(host.step), [], []
+  for record in range(2):
+    x = np.concatenate([trainer.dataset.train_batch(step + 2 * record + j)['inputs']
+                        for j in range(2)]).astype(np.float64)           # [2B, T, I]
+    z = x @ kernel
+    means.append(z.mean(0))
+    variances.append(z.var(0))
+  length = x.shape[1]
+  np.testing.assert_allclose(site['mean'][:length], np.mean(means, 0), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(site['var'][:length], np.mean(variances, 0), rtol=1e-4,
+                             atol=1e-5)
+  np.testing.assert_array_equal(site['count'][:length], 2)
+
+
+@pytest.mark.parametrize('size', [-16, 24])
+def test_population_batch_size_must_be_a_multiple_of_the_batch(size):
+  config = fx.tiny_config(**{'eval.population_batch_size': size})
+  with pytest.raises(ValueError, match='population_batch_size must be 0'):
+    train.validate_config(config)
+
+
 def test_evaluation_uses_population_statistics(trained):
   """With batch statistics an example's logits would depend on its batch mates; with
   population statistics (train=False) they do not, and metrics do not depend on how a

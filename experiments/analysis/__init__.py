@@ -5,6 +5,7 @@
   python -m experiments.analysis.population_stats   # Cooijmans Fig. 5
   python -m experiments.analysis.gamma_sensitivity  # Cooijmans Fig. 6
   python -m experiments.analysis.laurent_appendix   # Laurent et al. appendix A
+  python -m experiments.analysis.estimate_batch_size  # population estimate, 784-step MNIST
 
 Shared flags (`common.py`): --output_dir (default experiments/results/figures),
 --mnist_dir, --ptb_dir (default ../shared/data/...), --gammas, --seed, --paper_scale.
