@@ -277,12 +277,14 @@ def test_laurent_appendix(tmp_path):
 
 # ---------------------------------------------------------------- estimate batch size
 
-def test_estimate_batch_size_digits(tmp_path):
+@pytest.mark.parametrize('permute', [False, True])
+def test_estimate_batch_size_digits(tmp_path, permute):
   """Every estimate setting is drawn `draws` times and scored; every site is swapped."""
   estimate_batch_size.run(str(tmp_path), None, num_steps=3, batch_size=16, hidden_size=8,
                           valid_examples=64, draws=2, image_size=8,
-                          settings=((2, 1), (1, 2)))
-  saved = _read_json(tmp_path, 'estimate_batch_size')
+                          settings=((2, 1), (1, 2)), permute=permute)
+  saved = _read_json(tmp_path, 'estimate_batch_size' + ('_pmnist' if permute else ''))
+  assert saved['data'].endswith('(permuted)') == permute
   assert set(saved['estimates']) == {'2 x 16', '1 x 32'}
   scores = [s for v in saved['estimates'].values() for s in v]
   assert len(scores) == 4

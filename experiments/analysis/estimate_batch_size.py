@@ -42,6 +42,9 @@ _STEPS = flags.DEFINE_integer('eb_steps', 300, 'Training steps before the evalua
 _BATCH = flags.DEFINE_integer('eb_batch_size', 100, 'Training batch size.')
 _VALID = flags.DEFINE_integer('eb_valid_examples', 2000, 'Validation examples scored.')
 _DRAWS = flags.DEFINE_integer('eb_draws', 3, 'Random draws of each estimate.')
+_PERMUTE = flags.DEFINE_bool('eb_permute', False,
+                             'Permuted MNIST (pixel order drawn with --seed); writes '
+                             'estimate_batch_size_pmnist.{png,json}.')
 
 DEFAULT_SETTINGS = ((10, 1), (4, 2.5), (1, 10), (2, 10))  # (batches, size / batch_size)
 
@@ -80,8 +83,10 @@ def estimate(model, state, train: common.SequenceData, num_batches: int, size: i
 def run(output_dir: str, mnist_dir: Optional[str], num_steps: int = 300,
         batch_size: int = 100, hidden_size: int = 100, valid_examples: int = 2000,
         draws: int = 3, image_size: int = 28,
-        settings: Sequence[tuple[int, float]] = DEFAULT_SETTINGS, seed: int = 0) -> dict:
-  """Writes `estimate_batch_size.{png,json}`; returns the JSON dict.
+        settings: Sequence[tuple[int, float]] = DEFAULT_SETTINGS, seed: int = 0,
+        permute: bool = False) -> dict:
+  """Writes `estimate_batch_size.{png,json}` (`..._pmnist` when `permute`); returns
+  the JSON dict.
 
   `settings`: (number of batches, batch size as a multiple of `batch_size`) per estimate.
   JSON: `batch_statistics` accuracy; `estimates[label]` = accuracies of the draws;
@@ -89,9 +94,12 @@ def run(output_dir: str, mnist_dir: Optional[str], num_steps: int = 300,
   average over training-size batches.
   """
   start = time.time()
-  train = common.load_pixel_sequences(mnist_dir, 'train', image_size=image_size)
+  permutation_seed = seed if permute else None
+  train = common.load_pixel_sequences(mnist_dir, 'train', image_size=image_size,
+                                      permutation_seed=permutation_seed)
   valid = common.load_pixel_sequences(mnist_dir, 'valid', image_size=image_size,
-                                      limit=valid_examples)
+                                      limit=valid_examples,
+                                      permutation_seed=permutation_seed)
   length = train.length
   model = models.SequenceClassifier(
       num_classes=10, variant='bn_lstm', hidden_size=hidden_size,
@@ -153,13 +161,16 @@ def run(output_dir: str, mnist_dir: Optional[str], num_steps: int = 300,
   axes[1].set_ylabel('validation accuracy')
   axes[1].set_title(f'{labels[-1]} with one site from 10 x {batch_size}', fontsize=10)
   axes[1].legend(fontsize=8)
-  fig.suptitle(f'BN-LSTM {hidden_size} units, {length}-step MNIST, after {num_steps} '
+  task = 'permuted MNIST' if permute else 'MNIST'
+  fig.suptitle(f'BN-LSTM {hidden_size} units, {length}-step {task}, after {num_steps} '
                f'steps (batch {batch_size})', fontsize=10)
   fig.tight_layout()
-  result.update({'data': train.source, 'steps': num_steps, 'batch_size': batch_size,
+  result.update({'data': train.source + (' (permuted)' if permute else ''),
+                 'steps': num_steps, 'batch_size': batch_size,
                  'hidden_size': hidden_size, 'length': length,
                  'valid_examples': valid_examples, 'seconds': time.time() - start})
-  common.save_outputs(output_dir, 'estimate_batch_size', fig, result, dpi=70)
+  name = 'estimate_batch_size_pmnist' if permute else 'estimate_batch_size'
+  common.save_outputs(output_dir, name, fig, result, dpi=70)
   plt.close(fig)
   return result
 
@@ -169,7 +180,7 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   run(common.OUTPUT_DIR.value, common.MNIST_DIR.value, num_steps=_STEPS.value,
       batch_size=_BATCH.value, valid_examples=_VALID.value, draws=_DRAWS.value,
-      seed=common.SEED.value)
+      seed=common.SEED.value, permute=_PERMUTE.value)
 
 
 if __name__ == '__main__':
