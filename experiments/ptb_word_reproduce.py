@@ -77,6 +77,11 @@ def summarise(workdir: str) -> dict:
     out['best_train'] = min(train_ppl, key=lambda x: x[1])
   if valid_ppl:
     out['best_valid'] = min(valid_ppl, key=lambda x: x[1])
+    out['train_at_best_valid'] = dict(train_ppl).get(out['best_valid'][0])
+  tests = [r for r in records if r['split'] == 'test']
+  if tests:  # scored at the end on the best checkpoint
+    out['test_perplexity'] = tests[-1]['perplexity']
+    out['test_checkpoint_step'] = tests[-1].get('checkpoint_step')
   times = [r['time_s'] for r in records if 'time_s' in r]
   if times:
     out['wall_time_s'] = max(times)
@@ -93,6 +98,8 @@ def report(size: str, workdirs, output: str) -> dict:
         'best_train_ppl': run.get('best_train', (None, None))[1],
         'best_valid_ppl': run.get('best_valid', (None, None))[1],
         'best_valid_epoch': run.get('best_valid', (None, None))[0],
+        'train_ppl_at_best_valid': run.get('train_at_best_valid'),
+        'test_ppl_best_checkpoint': run.get('test_perplexity'),
         'paper_train_ppl': paper[0] if paper else None,
         'paper_valid_ppl': paper[1] if paper else None,
         'wall_time_s': run.get('wall_time_s')})

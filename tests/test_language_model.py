@@ -247,3 +247,47 @@ def test_uniform_init_keeps_normalisation_parameters():
   for value in (out['embed']['embedding'], out['rnn']['layer_0']['input_kernel'],
                 out['rnn']['layer_0']['bias']):
     assert 0.04 < np.abs(value).max() <= 0.05
+
+
+def test_word_ptb_report_reads_best_epochs_and_test_score(tmp_path):
+  """`ptb_word_reproduce.py --report` on two hand-written run folders: best validation
+  epoch, training perplexity at that epoch and at its lowest, the final test score."""
+  import json
+  import os
+  import subprocess
+  import sys
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  runs = {'lstm': [130.0, 120.0, 125.0], 'bn_input_only': [128.0, 126.0, 121.0]}
+  workdirs = []
+  for variant, valid in runs.items():
+    workdir = tmp_path / variant
+    workdir.mkdir()
+    (workdir / 'config.json').write_text(json.dumps(
+        {'model': {'variant': variant}, 'train': {'log_every': 10, 'num_steps': 40}}))
+    lines = []
+    for epoch, ppl in enumerate(valid, start=1):
+      lines.append({'step': 10 * epoch, 'split': 'train', 'loss': math.log(100.0 / epoch),
+                    'time_s': float(epoch)})
+      lines.append({'step': 10 * epoch, 'split': 'valid', 'perplexity': ppl,
+                    'time_s': float(epoch)})
+    lines.append({'step': 30, 'split': 'test', 'perplexity': 111.0, 'checkpoint_step': 20,
+                  'time_s': 4.0})
+    (workdir / 'metrics.jsonl').write_text('\n'.join(json.dumps(l) for l in lines) + '\n')
+    workdirs.append(str(workdir))
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  result = subprocess.run(
+      [sys.executable, 'experiments/ptb_word_reproduce.py', '--report',
+       f'--workdirs={",".join(workdirs)}', f'--output={tmp_path / "report"}'],
+      cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  table = {row['variant']: row for row in
+           json.loads((tmp_path / 'report.json').read_text())['table']}
+  lstm, bn = table['lstm'], table['bn_input_only']
+  assert (lstm['best_valid_epoch'], lstm['best_valid_ppl']) == (2, 120.0)
+  assert (bn['best_valid_epoch'], bn['best_valid_ppl']) == (3, 121.0)
+  assert lstm['train_ppl_at_best_valid'] == pytest.approx(50.0)
+  assert bn['train_ppl_at_best_valid'] == pytest.approx(100.0 / 3)
+  assert lstm['best_train_ppl'] == pytest.approx(100.0 / 3)
+  assert lstm['epochs'] == '3/4' and lstm['test_ppl_best_checkpoint'] == 111.0
+  assert (lstm['paper_train_ppl'], lstm['paper_valid_ppl']) == (78.5, 119.2)
+  assert (bn['paper_train_ppl'], bn['paper_valid_ppl']) == (62.5, 120.9)
