@@ -314,12 +314,14 @@ def _to_json(value):
 
 def save_outputs(output_dir: str, name: str, figure, data: dict[str, Any],
                  dpi: int = 100) -> dict[str, str]:
-  """Write `name.png` and `name.json`; returns their paths. Keep the PNGs < 300 KB (they
-  are committed under experiments/results/figures/): lower `dpi` for busy figures."""
+  """Write `name.png` and `name.json` and close `figure`; returns their paths. Keep the
+  PNGs < 300 KB (they are committed under experiments/results/figures/): lower `dpi` for
+  busy figures."""
   os.makedirs(output_dir, exist_ok=True)
   png = os.path.join(output_dir, f'{name}.png')
   path_json = os.path.join(output_dir, f'{name}.json')
   figure.savefig(png, dpi=dpi, bbox_inches='tight')
+  matplotlib_pyplot().close(figure)
   with open(path_json, 'w') as f:
     json.dump(_to_json(data), f, indent=1)
     f.write('\n')

@@ -171,7 +171,6 @@ def run(output_dir: str, mnist_dir: Optional[str], num_steps: int = 300,
                  'valid_examples': valid_examples, 'seconds': time.time() - start})
   name = 'estimate_batch_size_pmnist' if permute else 'estimate_batch_size'
   common.save_outputs(output_dir, name, fig, result, dpi=70)
-  plt.close(fig)
   return result
 
 

@@ -166,7 +166,6 @@ def plot(output_dir: str, result: dict) -> None:
   fig.suptitle('Sensitivity to the initial gamma (Cooijmans Fig. 6)', fontsize=10)
   fig.tight_layout()
   common.save_outputs(output_dir, 'gamma_sensitivity', fig, result)
-  plt.close(fig)
 
 
 def main(argv):

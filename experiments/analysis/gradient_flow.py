@@ -170,7 +170,6 @@ def run(output_dir: str, mnist_dir: Optional[str], gammas: Sequence[float],
       'seconds': time.time() - start,
   }
   common.save_outputs(output_dir, 'gradient_flow', fig, result)
-  plt.close(fig)
   return result
 
 

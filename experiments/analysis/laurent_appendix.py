@@ -120,7 +120,6 @@ def run(output_dir: str, ptb_dir: str, variants: Sequence[tuple[str, float]], *,
       'seconds': time.time() - start,
   }
   common.save_outputs(output_dir, 'laurent_appendix', fig, result)
-  plt.close(fig)
   return result
 
 

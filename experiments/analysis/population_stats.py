@@ -130,7 +130,6 @@ def run(output_dir: str, ptb_dir: str, hidden_size: int = 128, num_steps: int = 
       'seconds': time.time() - start,
   }
   common.save_outputs(output_dir, 'population_stats', fig, result, dpi=70)
-  plt.close(fig)
   return result
 
 

@@ -84,7 +84,6 @@ def run(output_dir: str, num_stds: int = 51, max_std: float = 1.0, samples: int 
       'seconds': time.time() - start,
   }
   common.save_outputs(output_dir, 'tanh_derivative', fig, result)
-  plt.close(fig)
   return result
 
 
