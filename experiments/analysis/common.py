@@ -71,6 +71,12 @@ class SequenceData:
   def length(self) -> int:
     return self.x.shape[1]
 
+  def batches(self, batch_size: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The examples in order as full `(x [B, T, 1], y [B])` batches; a remainder smaller
+    than `batch_size` is left out."""
+    return [(self.x[i:i + batch_size], self.y[i:i + batch_size])
+            for i in range(0, self.x.shape[0] - batch_size + 1, batch_size)]
+
 
 def load_pixel_sequences(mnist_dir: Optional[str], split: str = 'train',
                          image_size: int = 28, limit: Optional[int] = None,
@@ -259,14 +265,17 @@ class Trainer:
                          'grad_norm': optax.tree.norm(grads)}
     return jax.jit(step, donate_argnums=0)
 
-  def estimate_population(self, state, input_batches: Sequence[Any]) -> Any:
+  def estimate_population(self, state, input_batches: Sequence[Any],
+                          rng: Optional[Array] = None) -> Any:
     """`batch_stats` replaced by the papers' estimate over these input batches
-    (`bn_rnn_jax.estimate_population_stats`)."""
+    (`bn_rnn_jax.estimate_population_stats`); `rng` (default `PRNGKey(1)`) draws the
+    training-mode noise."""
     if not state['batch_stats']:
       return state['batch_stats']
     return recurrent.estimate_population_stats(
         self.model, {'params': state['params'], 'batch_stats': state['batch_stats']},
-        [(inputs,) for inputs in input_batches], rng=jax.random.PRNGKey(1))
+        [(inputs,) for inputs in input_batches],
+        rng=jax.random.PRNGKey(1) if rng is None else rng)
 
   @functools.cached_property
   def _eval(self):

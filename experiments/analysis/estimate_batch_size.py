@@ -35,7 +35,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from bn_rnn_jax import models
-from bn_rnn_jax import recurrent
 from experiments.analysis import common
 
 _STEPS = flags.DEFINE_integer('eb_steps', 300, 'Training steps before the evaluation.')
@@ -52,9 +51,7 @@ DEFAULT_SETTINGS = ((10, 1), (4, 2.5), (1, 10), (2, 10))  # (batches, size / bat
 def accuracy(trainer: common.Trainer, state, batch_stats, data: common.SequenceData,
              batch_size: int) -> float:
   """Validation accuracy with these (population) statistics."""
-  batches = [(data.x[i:i + batch_size], data.y[i:i + batch_size])
-             for i in range(0, data.x.shape[0] - batch_size + 1, batch_size)]
-  return trainer.evaluate(state, batch_stats, batches)[1]
+  return trainer.evaluate(state, batch_stats, data.batches(batch_size))[1]
 
 
 def batch_statistics_accuracy(model, state, data: common.SequenceData,
@@ -65,19 +62,17 @@ def batch_statistics_accuracy(model, state, data: common.SequenceData,
     logits, _ = model.apply({'params': state['params'], 'batch_stats': state['batch_stats']},
                             x, train=True, rngs={'noise': key}, mutable=['batch_stats'])
     return jnp.sum(jnp.argmax(logits, -1) == y)
-  total = sum(int(correct(data.x[i:i + batch_size], data.y[i:i + batch_size],
-                          jax.random.PRNGKey(i)))
-              for i in range(0, data.x.shape[0] - batch_size + 1, batch_size))
-  return total / (data.x.shape[0] // batch_size * batch_size)
+  batches = data.batches(batch_size)
+  total = sum(int(correct(x, y, jax.random.PRNGKey(i * batch_size)))
+              for i, (x, y) in enumerate(batches))
+  return total / (len(batches) * batch_size)
 
 
-def estimate(model, state, train: common.SequenceData, num_batches: int, size: int,
-             rng: np.random.RandomState, key) -> dict:
+def estimate(trainer: common.Trainer, state, train: common.SequenceData,
+             num_batches: int, size: int, rng: np.random.RandomState, key) -> dict:
   """The papers' estimate from `num_batches` random training batches of `size`."""
   index = rng.randint(0, train.x.shape[0], (num_batches, size))
-  return recurrent.estimate_population_stats(
-      model, {'params': state['params'], 'batch_stats': state['batch_stats']},
-      [(train.x[i],) for i in index], rng=key)
+  return trainer.estimate_population(state, [train.x[i] for i in index], rng=key)
 
 
 def run(output_dir: str, mnist_dir: Optional[str], num_steps: int = 300,
@@ -122,7 +117,7 @@ def run(output_dir: str, mnist_dir: Optional[str], num_steps: int = 300,
     label = f'{num_batches} x {size}'
     scores = []
     for draw in range(draws):
-      stats = estimate(model, state, train, num_batches, size, rng,
+      stats = estimate(trainer, state, train, num_batches, size, rng,
                        jax.random.fold_in(key, len(result['estimates']) * 100 + draw))
       scores.append(accuracy(trainer, state, stats, valid, batch_size))
       if num_batches * size >= (largest[0] if largest else 0):
@@ -130,7 +125,7 @@ def run(output_dir: str, mnist_dir: Optional[str], num_steps: int = 300,
     result['estimates'][label] = scores
     logging.info('%s: %s', label, scores)
 
-  small = estimate(model, state, train, 10, batch_size, rng, jax.random.fold_in(key, 999))
+  small = estimate(trainer, state, train, 10, batch_size, rng, jax.random.fold_in(key, 999))
   layer = 'layer_0'
   for site in largest[1]['rnn'][layer]:
     mixed = jax.tree.map(lambda a: a, largest[1])

@@ -58,8 +58,7 @@ def mnist_curves(mnist_dir: Optional[str], gammas: Sequence[float], *, image_siz
                                       permutation_seed=perm)
   valid = common.load_pixel_sequences(mnist_dir, 'valid', image_size, limit=eval_examples,
                                       permutation_seed=perm)
-  eval_batches = [(valid.x[i:i + batch_size], valid.y[i:i + batch_size])
-                  for i in range(0, valid.x.shape[0] - batch_size + 1, batch_size)]
+  eval_batches = valid.batches(batch_size)
   if not eval_batches:
     raise ValueError(f'{valid.source}: fewer than {batch_size} validation examples.')
   population = [train.x[i * batch_size:(i + 1) * batch_size] for i in range(8)]
