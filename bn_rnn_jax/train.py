@@ -8,16 +8,9 @@ The loop knows nothing about MNIST or text. It gets everything task-specific fro
    process_count)` (interface in `input_pipeline/__init__.py`): `task`, `model_kwargs`,
    `train_length`, `steps_per_epoch`, `carries_state`, `train_batch(step)` (a pure
    function of (seed, step)), `eval_batches(split)`.
-2. `TASKS[dataset.task]`, a `Task` of three small functions:
-     build_model(config, model_kwargs, layer_options) -> flax module
-     apply(model, variables, batch, train, carry, **apply_kwargs)
-         -> ((final_carries | None, logits), mutated collections)
-     loss_sums(logits, batch) -> (sums {'loss': ..., <metric>: ...}, count)
-         sums of per-example (or per-token) values over the valid entries
-         (`batch['weights']`, and `batch['mask']` for tokens); count = their number
-     finalize(means) -> metrics with derived values (e.g. bpc = loss / ln 2, perplexity)
-   'classification': `SequenceClassifier`, logits `[B, C]`, labels `[B]`.
-   'language_model': `LanguageModel`, logits `[B, T, V]`, targets/mask `[B, T]`.
+2. `tasks.get(dataset.task)`, a `Task` (see `tasks.py`): how to build the model, apply
+   it, sum its loss and metrics over valid entries, and finalise the means. New tasks
+   register themselves there; nothing here changes.
 3. Carried state (Zaremba et al. 2014): when `dataset.carries_state`, `TrainState.carry`
    holds the model's final recurrent state of the previous step, per device
    (`[devices, batch / devices, H]` leaves). `train_step` passes it as `initial_carries`
@@ -39,13 +32,11 @@ note on 784-step MNIST).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
 import math
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import flax
 import jax
@@ -58,9 +49,11 @@ from jax import lax
 
 from bn_rnn_jax import checkpoint as checkpoint_lib
 from bn_rnn_jax import input_pipeline
-from bn_rnn_jax import models
+from bn_rnn_jax import metric_writer
 from bn_rnn_jax import normalization
 from bn_rnn_jax import parallel
+from bn_rnn_jax import tasks
+from bn_rnn_jax.tasks import Task
 
 AXIS = parallel.AXIS
 
@@ -82,77 +75,6 @@ class TrainState:
   carry: Any = None
 
 
-# ====================================================================== tasks
-@dataclasses.dataclass(frozen=True)
-class Task:
-  build_model: Callable[..., Any]
-  apply: Callable[..., Any]
-  loss_sums: Callable[..., Any]
-  finalize: Callable[[dict], dict]
-
-
-def _model_fields(config) -> dict:
-  m = config.model
-  return dict(variant=m.variant, hidden_size=m.hidden_size, num_layers=m.num_layers,
-              dropout_rate=m.dropout_rate)
-
-
-def _build_classifier(config, model_kwargs, layer_options):
-  return models.SequenceClassifier(**model_kwargs, **_model_fields(config),
-                                   layer_options=layer_options)
-
-
-def _apply_classifier(model, variables, batch, train, carry, **kwargs):
-  del carry  # a classifier starts every sequence afresh
-  out = model.apply(variables, batch['inputs'], batch.get('mask'), train=train, **kwargs)
-  logits, mutated = out if 'mutable' in kwargs else (out, {})
-  return (None, logits), mutated
-
-
-def _classification_sums(logits, batch):
-  """Sums of cross-entropy and of correct predictions over weighted examples."""
-  weights = batch['weights']
-  labels = batch['labels']
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-  return {'loss': jnp.sum(ce * weights), 'accuracy': jnp.sum(correct * weights)}, \
-      jnp.sum(weights)
-
-
-def _build_language_model(config, model_kwargs, layer_options):
-  return models.LanguageModel(**model_kwargs, embed_size=config.model.get('embed_size'),
-                              **_model_fields(config), layer_options=layer_options)
-
-
-def _apply_language_model(model, variables, batch, train, carry, **kwargs):
-  out = model.apply(variables, batch['inputs'], batch.get('mask'), train=train,
-                    initial_carries=carry, **kwargs)
-  (carries, logits), mutated = out if 'mutable' in kwargs else (out, {})
-  return (carries, logits), mutated
-
-
-def _language_model_sums(logits, batch):
-  """Sums of per-token cross-entropy (nats) and accuracy over valid tokens."""
-  weights = batch['mask'].astype(jnp.float32) * batch['weights'][:, None]
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
-  correct = (jnp.argmax(logits, -1) == batch['targets']).astype(jnp.float32)
-  return {'loss': jnp.sum(ce * weights), 'accuracy': jnp.sum(correct * weights)}, \
-      jnp.sum(weights)
-
-
-def _language_model_finalize(means):
-  loss = means['loss']
-  return {**means, 'bpc': loss / math.log(2.0), 'perplexity': math.exp(min(loss, 700.0))}
-
-
-TASKS = {
-    'classification': Task(_build_classifier, _apply_classifier, _classification_sums,
-                           dict),
-    'language_model': Task(_build_language_model, _apply_language_model,
-                           _language_model_sums, _language_model_finalize),
-}
-
-
 # ====================================================================== construction
 def layer_options(config, train_length: int) -> dict:
   """`RecurrentLayer` fields from `config.model`, with the pmap axis name."""
@@ -171,10 +93,8 @@ def layer_options(config, train_length: int) -> dict:
 
 
 def create_model(config, dataset):
-  if dataset.task not in TASKS:
-    raise ValueError(f'Unknown task {dataset.task!r}; have {sorted(TASKS)}.')
   options = layer_options(config, dataset.train_length)
-  return TASKS[dataset.task].build_model(config, dict(dataset.model_kwargs), options)
+  return tasks.get(dataset.task).build_model(config, dict(dataset.model_kwargs), options)
 
 
 def learning_rate_schedule(config, steps_per_epoch: int):
@@ -477,7 +397,7 @@ class Trainer:
     self.dataset = dataset or input_pipeline.get_dataset(
         config, workdir=workdir, process_index=jax.process_index(),
         process_count=jax.process_count())
-    self.task = TASKS[self.dataset.task]
+    self.task = tasks.get(self.dataset.task)
     self.model = create_model(config, self.dataset)
     self.tx = create_optimizer(config, self.dataset.steps_per_epoch)
     common = dict(model=self.model, task=self.task)
@@ -560,53 +480,6 @@ class Trainer:
     return self.task.finalize({k: v / max(count, 1.0) for k, v in totals.items()})
 
 
-class MetricWriter:
-  """`metrics.jsonl` (one JSON object per line), TensorBoard events, absl logging."""
-
-  def __init__(self, workdir: str, enabled: bool = True):
-    self.path = os.path.join(workdir, 'metrics.jsonl')
-    self.enabled = enabled
-    self._tb = None
-    if enabled:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
-
-  def truncate(self, step: int) -> None:
-    """Drop records past `step` (written after the checkpoint a run resumes from)."""
-    if not (self.enabled and os.path.exists(self.path)):
-      return
-    with open(self.path) as f:
-      records = [json.loads(line) for line in f if line.strip()]
-    with open(self.path, 'w') as f:
-      for record in records:
-        # The end-of-run test record follows the last checkpoint: it is redone too.
-        if record['step'] < step or record['step'] == step and record['split'] != 'test':
-          f.write(json.dumps(record) + '\n')
-
-  def write(self, step: int, split: str, metrics: dict, **extra) -> None:
-    record = {'step': int(step), 'split': split,
-              **{k: float(v) for k, v in metrics.items()}, **extra}
-    logging.info('step %d %s: %s', step, split,
-                 ', '.join(f'{k}={v:.4f}' for k, v in metrics.items()))
-    if not self.enabled:
-      return
-    with open(self.path, 'a') as f:
-      f.write(json.dumps(record) + '\n')
-    for name, value in metrics.items():
-      self._tb.add_scalar(f'{split}/{name}', float(value), step)
-    self._tb.flush()
-
-  def close(self) -> None:
-    if self._tb is not None:
-      self._tb.close()
-
-
-def read_metrics(workdir: str) -> list[dict]:
-  """The records of a run's `metrics.jsonl`."""
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
 def _write_config(config, workdir: str) -> None:
   with open(os.path.join(workdir, 'config.json'), 'w') as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True) + '\n')
@@ -630,7 +503,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   primary = jax.process_index() == 0
   if primary:
     _write_config(config, workdir)
-  writer = MetricWriter(workdir, enabled=primary)
+  writer = metric_writer.MetricWriter(workdir, enabled=primary)
   ckpt = checkpoint_lib.Checkpointer(workdir, keep=config.checkpoint.keep)
   try:
     return _run(config, trainer, writer, ckpt)
@@ -639,7 +512,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     writer.close()
 
 
-def _run(config, trainer: Trainer, writer: MetricWriter, ckpt) -> dict:
+def _run(config, trainer: Trainer, writer: metric_writer.MetricWriter, ckpt) -> dict:
   host_state = trainer.initial_state()
   meta = {'best': None, 'window': {}, 'window_steps': 0, 'time_s': 0.0}
   if ckpt.latest_step() is not None:

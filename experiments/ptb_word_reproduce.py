@@ -27,6 +27,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from bn_rnn_jax import metric_writer
 from bn_rnn_jax import train
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs'))
@@ -61,7 +62,7 @@ def make_config(size: str, variant: str, data_path=None, num_epochs: int = 0):
 # ------------------------------------------------------------------ report
 def summarise(workdir: str) -> dict:
   """Best train / valid perplexity (and epochs) of one run's metrics.jsonl."""
-  records = train.read_metrics(workdir)
+  records = metric_writer.read_metrics(workdir)
   with open(os.path.join(workdir, 'config.json')) as f:
     config = json.load(f)
   epoch = config['train']['log_every']

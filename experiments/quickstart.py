@@ -25,6 +25,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from bn_rnn_jax import checkpoint
+from bn_rnn_jax import metric_writer
 from bn_rnn_jax import train
 
 # plot.py sits beside this file (importable however this script is started).
@@ -49,7 +50,7 @@ def run_variant(config, variant: str, workdir: str) -> float:
 
 def summarize(workdir: str) -> dict:
   """Validation accuracy (population statistics) at a quarter, half and end of training."""
-  valid = [r for r in train.read_metrics(workdir) if r['split'] == 'valid']
+  valid = [r for r in metric_writer.read_metrics(workdir) if r['split'] == 'valid']
   if not valid:
     raise ValueError(f'No validation records in {workdir}/metrics.jsonl.')
   last = valid[-1]['step']

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import checkpoint
+from bn_rnn_jax import metric_writer
 from bn_rnn_jax import train
 import training_fixtures as fx
 from training_fixtures import compilation_cache  # pylint: disable=unused-import
@@ -60,7 +61,7 @@ def _final_state(config, workdir, dataset):
 
 
 def _metrics_without_time(workdir):
-  return [{k: v for k, v in r.items() if k != 'time_s'} for r in train.read_metrics(workdir)]
+  return [{k: v for k, v in r.items() if k != 'time_s'} for r in metric_writer.read_metrics(workdir)]
 
 
 @pytest.fixture(scope='module')
@@ -73,7 +74,7 @@ def runs(tmp_path_factory):
   train.train_and_evaluate(config, straight, dataset)
   with pytest.raises(_Killed):
     train.train_and_evaluate(config, resumed, _KillAt(dataset, 5))
-  killed_records = train.read_metrics(resumed)
+  killed_records = metric_writer.read_metrics(resumed)
   train.train_and_evaluate(config, resumed, dataset)
   return config, dataset, straight, resumed, killed_records
 
@@ -98,7 +99,7 @@ def test_run_leaves_artifacts(runs):
   assert len(os.listdir(os.path.join(straight, 'best'))) == 1
   with open(os.path.join(straight, 'config.json')) as f:
     assert json.load(f)['model']['variant'] == config.model.variant
-  records = train.read_metrics(straight)
+  records = metric_writer.read_metrics(straight)
   assert {(r['step'], r['split']) for r in records} == {
       (3, 'train'), (3, 'valid'), (6, 'train'), (6, 'valid'), (7, 'train'), (7, 'valid'),
       (7, 'test')}
@@ -110,11 +111,11 @@ def test_run_leaves_artifacts(runs):
 
 def test_best_checkpoint_holds_the_best_validation_accuracy(runs):
   config, dataset, straight, _, _ = runs
-  valid = [r for r in train.read_metrics(straight) if r['split'] == 'valid']
+  valid = [r for r in metric_writer.read_metrics(straight) if r['split'] == 'valid']
   best = max(valid, key=lambda r: r['accuracy'])  # first of equal values wins: strict >
   first_best = next(r for r in valid if r['accuracy'] == best['accuracy'])
   assert os.listdir(os.path.join(straight, 'best')) == [str(first_best['step'])]
-  test = [r for r in train.read_metrics(straight) if r['split'] == 'test']
+  test = [r for r in metric_writer.read_metrics(straight) if r['split'] == 'test']
   assert len(test) == 1 and test[0]['checkpoint_step'] == first_best['step']
 
 

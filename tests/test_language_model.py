@@ -12,6 +12,8 @@ import pytest
 
 import reference
 from bn_rnn_jax import models
+from bn_rnn_jax import tasks
+from bn_rnn_jax import metric_writer
 from bn_rnn_jax import train
 
 VOCAB, HIDDEN, EMBED, BATCH, LENGTH = 7, 5, 4, 3, 6
@@ -134,13 +136,13 @@ def test_loss_sums_give_bits_per_character_and_perplexity():
   weights = np.array([1.0, 1.0, 0.0])     # an all-padding row of an evaluation batch
   batch = {'targets': jnp.asarray(targets), 'mask': jnp.asarray(mask, jnp.float32),
            'weights': jnp.asarray(weights, jnp.float32)}
-  sums, count = train.TASKS['language_model'].loss_sums(jnp.asarray(logits, jnp.float32),
+  sums, count = tasks.TASKS['language_model'].loss_sums(jnp.asarray(logits, jnp.float32),
                                                          batch)
   nll = -np.take_along_axis(log_softmax(logits), targets[..., None], -1)[..., 0]
   valid = mask * weights[:, None]
   assert float(count) == valid.sum() == 9
   mean = (nll * valid).sum() / valid.sum()
-  metrics = train.TASKS['language_model'].finalize({k: float(v) / float(count)
+  metrics = tasks.TASKS['language_model'].finalize({k: float(v) / float(count)
                                                     for k, v in sums.items()})
   np.testing.assert_allclose(metrics['loss'], mean, rtol=1e-5)
   np.testing.assert_allclose(metrics['bpc'], mean / math.log(2), rtol=1e-5)
@@ -196,7 +198,7 @@ def test_tiny_character_model_learns(tmp_path):
   config.checkpoint.every = 100
   config.checkpoint.best_metric = 'valid/bpc'
   last = train.train_and_evaluate(config, str(tmp_path / 'run'))
-  records = train.read_metrics(str(tmp_path / 'run'))
+  records = metric_writer.read_metrics(str(tmp_path / 'run'))
   losses = [r['loss'] for r in records if r['split'] == 'train']
   symbols = 1 + len(set(''.join(WORDS))) + 1           # letters, '_' and '\n'
   # Uniform guessing is log2(V) bits; a model of the word list needs well under 3 bits.

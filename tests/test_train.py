@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 
+from bn_rnn_jax import tasks
 from bn_rnn_jax import train
 import training_fixtures as fx
 from training_fixtures import compilation_cache  # pylint: disable=unused-import
@@ -29,7 +30,7 @@ def test_classification_sums_match_numpy():
   logits = rng.normal(size=(6, 4)).astype(np.float32)
   labels = np.array([0, 1, 2, 3, 0, 1], np.int32)
   weights = np.array([1, 1, 1, 1, 0, 0], np.float32)  # two padding examples
-  sums, count = train.TASKS['classification'].loss_sums(
+  sums, count = tasks.TASKS['classification'].loss_sums(
       jnp.asarray(logits), {'labels': labels, 'weights': weights})
   ce = -_log_softmax64(logits.astype(np.float64))[np.arange(6), labels]
   np.testing.assert_allclose(float(sums['loss']), (ce * weights).sum(), rtol=1e-6)
@@ -45,7 +46,7 @@ def test_language_model_sums_and_bpc_match_numpy():
   mask = np.ones((3, 5), np.float32)
   mask[1, 3:] = 0
   weights = np.array([1, 1, 0], np.float32)
-  task = train.TASKS['language_model']
+  task = tasks.TASKS['language_model']
   sums, count = task.loss_sums(jnp.asarray(logits), {'targets': targets, 'mask': mask,
                                                      'weights': weights})
   logp = _log_softmax64(logits.astype(np.float64))

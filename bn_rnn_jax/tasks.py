@@ -1,0 +1,130 @@
+"""Tasks: what the task-generic loop in `train.py` needs to know about a problem.
+
+A `Task` is four small functions; `TASKS` maps a dataset's `task` name to one. Adding a
+task (a model, its loss and its metrics) is `register('name', Task(...))` here or from
+your own module; the loop in `train.py` never changes.
+
+  build_model(config, model_kwargs, layer_options) -> flax module
+      `model_kwargs` come from the dataset (sizes such as `num_classes`), `layer_options`
+      are the `RecurrentLayer` fields of `config.model` (`train.layer_options`).
+  apply(model, variables, batch, train, carry, **apply_kwargs)
+      -> ((final_carries | None, outputs), mutated collections)
+      `apply_kwargs` are `model.apply` keywords (`rngs`, `mutable`).
+  loss_sums(outputs, batch) -> (sums {'loss': ..., <metric>: ...}, count)
+      Sums of per-example (or per-token) values over the valid entries
+      (`batch['weights']`, and `batch['mask']` for tokens); count = their number. The
+      loop divides by the *global* count, so N devices compute the one-device step.
+  finalize(means) -> metrics with derived values (e.g. bpc = loss / ln 2, perplexity)
+
+Registered here:
+  'classification'  `SequenceClassifier`, logits `[B, C]`, labels `[B]`.
+  'language_model'  `LanguageModel`, logits `[B, T, V]`, targets / mask `[B, T]`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax.numpy as jnp
+import optax
+
+from bn_rnn_jax import models
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  build_model: Callable[..., Any]
+  apply: Callable[..., Any]
+  loss_sums: Callable[..., Any]
+  finalize: Callable[[dict], dict] = dict
+
+
+TASKS: dict[str, Task] = {}
+
+
+def register(name: str, task: Task) -> Task:
+  """Make `task` available to datasets whose `task` attribute is `name`."""
+  if name in TASKS and TASKS[name] is not task:
+    raise ValueError(f'A task named {name!r} is already registered.')
+  TASKS[name] = task
+  return task
+
+
+def get(name: str) -> Task:
+  if name not in TASKS:
+    raise ValueError(f'Unknown task {name!r}; have {sorted(TASKS)}.')
+  return TASKS[name]
+
+
+# ---------------------------------------------------------------------- shared pieces
+def model_fields(config) -> dict:
+  """The recurrent stack's fields every model takes from `config.model`."""
+  m = config.model
+  return dict(variant=m.variant, hidden_size=m.hidden_size, num_layers=m.num_layers,
+              dropout_rate=m.dropout_rate)
+
+
+def apply_model(model, variables, args, train, apply_kwargs, **call_kwargs):
+  """`model.apply(variables, *args, train=...)` as `(outputs, mutated collections)`."""
+  out = model.apply(variables, *args, train=train, **call_kwargs, **apply_kwargs)
+  return out if 'mutable' in apply_kwargs else (out, {})
+
+
+def example_sums(per_example_loss, correct, weights):
+  """Sums of a per-example loss and accuracy over weighted (non-padding) examples."""
+  correct = correct.astype(jnp.float32)
+  return ({'loss': jnp.sum(per_example_loss * weights),
+           'accuracy': jnp.sum(correct * weights)}, jnp.sum(weights))
+
+
+# ---------------------------------------------------------------------- classification
+def _build_classifier(config, model_kwargs, layer_options):
+  return models.SequenceClassifier(**model_kwargs, **model_fields(config),
+                                   layer_options=layer_options)
+
+
+def _apply_classifier(model, variables, batch, train, carry, **kwargs):
+  del carry  # a classifier starts every sequence afresh
+  logits, mutated = apply_model(model, variables, (batch['inputs'], batch.get('mask')),
+                                train, kwargs)
+  return (None, logits), mutated
+
+
+def _classification_sums(logits, batch):
+  """Sums of cross-entropy and of correct predictions over weighted examples."""
+  labels = batch['labels']
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  return example_sums(ce, jnp.argmax(logits, -1) == labels, batch['weights'])
+
+
+# ---------------------------------------------------------------------- language model
+def _build_language_model(config, model_kwargs, layer_options):
+  return models.LanguageModel(**model_kwargs, embed_size=config.model.get('embed_size'),
+                              **model_fields(config), layer_options=layer_options)
+
+
+def _apply_language_model(model, variables, batch, train, carry, **kwargs):
+  return apply_model(model, variables, (batch['inputs'], batch.get('mask')), train, kwargs,
+                     initial_carries=carry)
+
+
+def _language_model_sums(logits, batch):
+  """Sums of per-token cross-entropy (nats) and accuracy over valid tokens."""
+  weights = batch['mask'].astype(jnp.float32) * batch['weights'][:, None]
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
+  correct = (jnp.argmax(logits, -1) == batch['targets']).astype(jnp.float32)
+  return {'loss': jnp.sum(ce * weights), 'accuracy': jnp.sum(correct * weights)}, \
+      jnp.sum(weights)
+
+
+def _language_model_finalize(means):
+  loss = means['loss']
+  return {**means, 'bpc': loss / math.log(2.0), 'perplexity': math.exp(min(loss, 700.0))}
+
+
+register('classification', Task(_build_classifier, _apply_classifier,
+                                _classification_sums))
+register('language_model', Task(_build_language_model, _apply_language_model,
+                                _language_model_sums, _language_model_finalize))
