@@ -1,7 +1,17 @@
 """Device layout in one place (DESIGN.md decision 5).
 
 Train and eval steps are written for one device's batch and mapped over the local devices
-with `jax.pmap(..., axis_name=AXIS)`; inside them gradients and metric sums are psum-ed
+by one of two backends (`config.parallel.backend`):
+
+  'pmap'       `jax.pmap(..., axis_name=AXIS)` (the default).
+  'shard_map'  `jax.jit` of `jax.shard_map` over a one-axis `Mesh` (axis AXIS): the form
+               JAX recommends for new code (since JAX 0.8 pmap itself is built on it and
+               is in maintenance mode). No deprecated `device_put_*` helper is used.
+
+Both see the same arrays, so they are interchangeable (checkpoints included): replicated
+state holds one copy per device under a leading device axis, data is split along its batch
+axis into `[devices, batch / devices, ...]`; under shard_map these are global arrays
+sharded over AXIS on that leading axis, and each device's block is the pmap slice. Inside them gradients and metric sums are psum-ed
 over AXIS and the recurrent layers (built with `axis_name=AXIS`) psum the sums and counts
 of their batch moments, so every device sees the moments of the global batch. On one
 device the same code runs under a 1-device pmap. Multi-host runs call
@@ -21,8 +31,10 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 import numpy as np
 from absl import logging
+from jax.sharding import NamedSharding, PartitionSpec
 
 AXIS = 'batch'
+BACKENDS = ('pmap', 'shard_map')
 
 
 def maybe_initialize_distributed(config) -> None:
@@ -76,14 +88,68 @@ def pmap(fn: Callable, devices: Optional[Sequence[Any]] = None, **kwargs) -> Cal
   return jax.pmap(fn, axis_name=AXIS, devices=devices, **kwargs)
 
 
-def put_sharded(tree: Any, devices: Sequence[Any]) -> Any:
-  """Place host arrays `[D, ...]` one slice per device, as pmap outputs are placed.
+def check_backend(backend: str) -> str:
+  if backend not in BACKENDS:
+    raise ValueError(f'config.parallel.backend must be one of {BACKENDS}; got {backend!r}.')
+  return backend
 
-  Going through a pmapped identity (same axis name) gives the arrays the sharding that
-  the steps' outputs have, so a step compiled for the first state is not compiled again
-  for the second.
+
+def device_map(fn: Callable, devices: Optional[Sequence[Any]] = None, backend: str = 'pmap',
+               in_axes: Any = 0) -> Callable:
+  """Map `fn`, written for one device's share, over `devices` with axis name AXIS.
+
+  Arguments with in_axes 0 carry a leading device axis (replicated state, data split by
+  `shard`); None marks a value passed to every device as it is. Outputs get a leading
+  device axis. Same call and layout for both backends.
   """
-  return _identity(tuple(devices))(tree)
+  if check_backend(backend) == 'pmap':
+    return pmap(fn, devices, in_axes=in_axes)
+  return _shard_map(fn, tuple(devices or jax.local_devices()), in_axes)
+
+
+def device_mesh(devices: Sequence[Any]) -> jax.sharding.Mesh:
+  """The one-axis mesh of the shard_map backend (every process's devices when several)."""
+  if jax.process_count() > 1:
+    devices = jax.devices()
+  return jax.sharding.Mesh(np.asarray(devices), (AXIS,))
+
+
+def _shard_map(fn: Callable, devices: tuple, in_axes: Any) -> Callable:
+  mesh = device_mesh(devices)
+
+  def per_device(*args):
+    axes = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
+    # Each device's block of a leading-axis argument is `[1, ...]`: the pmap slice.
+    args = [jax.tree.map(lambda x: x[0], a) if axis == 0 else a
+            for a, axis in zip(args, axes)]
+    return jax.tree.map(lambda x: x[None], fn(*args))
+
+  def mapped(*args):
+    axes = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
+    specs = tuple(PartitionSpec(AXIS) if axis == 0 else PartitionSpec() for axis in axes)
+    # check_vma=False: outputs are psum-ed (replicated) or per-device by construction,
+    # exactly as under pmap.
+    return jax.shard_map(per_device, mesh=mesh, in_specs=specs,
+                         out_specs=PartitionSpec(AXIS), check_vma=False)(*args)
+
+  return jax.jit(mapped)
+
+
+def put_sharded(tree: Any, devices: Sequence[Any], backend: str = 'pmap') -> Any:
+  """Place host arrays `[D, ...]` one slice per device, as the steps' outputs are placed.
+
+  pmap: through a pmapped identity (same axis name), which gives the arrays the sharding
+  of pmap's outputs, so a step compiled for the first state is not compiled again for the
+  second. shard_map: a global array sharded over AXIS on the leading axis (from this
+  process's slices when there are several processes).
+  """
+  if check_backend(backend) == 'pmap':
+    return _identity(tuple(devices))(tree)
+  sharding = NamedSharding(device_mesh(devices), PartitionSpec(AXIS))
+  if jax.process_count() > 1:
+    return jax.tree.map(
+        lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), tree)
+  return jax.device_put(tree, sharding)
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,11 +157,11 @@ def _identity(devices: tuple) -> Callable:
   return pmap(lambda x: x, list(devices))
 
 
-def replicate(tree: Any, devices: Sequence[Any]) -> Any:
+def replicate(tree: Any, devices: Sequence[Any], backend: str = 'pmap') -> Any:
   """A copy of every leaf on every device: leading axis `len(devices)`."""
   stacked = jax.tree.map(
       lambda x: np.broadcast_to(np.asarray(x), (len(devices),) + np.shape(x)), tree)
-  return put_sharded(stacked, devices)
+  return put_sharded(stacked, devices, backend)
 
 
 def unreplicate(tree: Any) -> Any:

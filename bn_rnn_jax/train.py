@@ -17,10 +17,11 @@ The loop knows nothing about MNIST or text. It gets everything task-specific fro
    (zeroing the rows where `batch['reset']` is 1) and stores the new one (no gradient
    flows across segments). It is checkpointed, so a resumed run stays exact.
 
-Steps are written for one device's batch; `parallel.pmap` maps them over devices with
-axis 'batch'. The loss of a device is its sum divided by the *global* count and
-gradients are psum-ed, so N devices compute exactly the single-device gradient of the
-global batch, and the layers' batch moments are global (psums of sums and counts).
+Steps are written for one device's batch; `parallel.device_map` maps them over devices
+with axis 'batch' (pmap, or jit of shard_map: `config.parallel.backend`). The loss of a
+device is its sum divided by the *global* count and gradients are psum-ed, so N devices
+compute exactly the single-device gradient of the global batch, and the layers' batch
+moments are global (psums of sums and counts).
 
 Evaluation always uses population statistics (train=False): either the running average
 kept in `batch_stats` ('running') or the papers' estimate ('estimate', the default):
@@ -329,6 +330,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.best_metric = 'valid/accuracy'
   c.best_mode = 'max'
 
+  config.parallel = ml_collections.ConfigDict()
+  config.parallel.backend = 'pmap'   # 'pmap' | 'shard_map' (jit of shard_map over a Mesh)
+
   config.distributed = d = ml_collections.ConfigDict()
   d.enabled = False              # call jax.distributed.initialize() (multi-host)
   d.coordinator_address = ''
@@ -357,6 +361,7 @@ def validate_config(config) -> None:
   if config.model.get('max_length', 0) < 0:
     raise ValueError(f'config.model.max_length must be >= 0 (0 = the training length); '
                      f'got {config.model.max_length}.')
+  parallel.check_backend(config.parallel.backend)
   if config.eval.population_stats not in ('estimate', 'running'):
     raise ValueError("config.eval.population_stats must be 'estimate' or 'running'; got "
                      f'{config.eval.population_stats!r}.')
@@ -401,13 +406,15 @@ class Trainer:
     self.model = create_model(config, self.dataset)
     self.tx = create_optimizer(config, self.dataset.steps_per_epoch)
     common = dict(model=self.model, task=self.task)
-    self.p_train_step = parallel.pmap(functools.partial(
-        train_step, tx=self.tx, carries_state=self.dataset.carries_state, **common),
-        self.devices)
-    self.p_eval_step = parallel.pmap(functools.partial(eval_step, **common), self.devices)
-    self.p_moments_step = parallel.pmap(functools.partial(moments_step, **common),
-                                        self.devices, in_axes=(0, 0, 0, 0, None))
-    self.p_average = parallel.pmap(normalization.average_moment_records, self.devices)
+    self.backend = parallel.check_backend(config.parallel.backend)
+    device_map = functools.partial(parallel.device_map, devices=self.devices,
+                                   backend=self.backend)
+    self.p_train_step = device_map(functools.partial(
+        train_step, tx=self.tx, carries_state=self.dataset.carries_state, **common))
+    self.p_eval_step = device_map(functools.partial(eval_step, **common))
+    self.p_moments_step = device_map(functools.partial(moments_step, **common),
+                                     in_axes=(0, 0, 0, 0, None))
+    self.p_average = device_map(normalization.average_moment_records)
 
   # ---------------------------------------------------------------- placement
   def initial_state(self) -> TrainState:
@@ -417,18 +424,26 @@ class Trainer:
 
   def to_devices(self, host_state: TrainState) -> TrainState:
     """Replicate a host state; its carry is already split per device."""
-    state = parallel.replicate(host_state.replace(carry=None), self.devices)
+    state = parallel.replicate(host_state.replace(carry=None), self.devices, self.backend)
     carry = host_state.carry
     if carry is not None:
-      carry = parallel.put_sharded(carry, self.devices)
+      carry = parallel.put_sharded(carry, self.devices, self.backend)
     return state.replace(carry=carry)
 
   def to_host(self, state: TrainState) -> TrainState:
     carry = None if state.carry is None else jax.tree.map(np.asarray, state.carry)
     return parallel.unreplicate(state.replace(carry=None)).replace(carry=carry)
 
+  def shard(self, batch):
+    """A host batch `[B, ...]` split over the devices: `[D, B / D, ...]`, placed where the
+    steps read it (the shard_map backend's sharding; pmap splits host arrays itself)."""
+    batch = parallel.shard(batch, self.num_devices)
+    if self.backend == 'pmap':
+      return batch
+    return parallel.put_sharded(batch, self.devices, self.backend)
+
   def train_batch(self, step: int):
-    return parallel.shard(self.dataset.train_batch(step), self.num_devices)
+    return self.shard(self.dataset.train_batch(step))
 
   # ---------------------------------------------------------------- evaluation
   def population_stats(self, state: TrainState, kind: Optional[str] = None):
@@ -451,8 +466,7 @@ class Trainer:
       parts = [self.dataset.train_batch(first + j) for j in range(joined)]
       batch = jax.tree.map(lambda *leaves: np.concatenate(leaves), *parts)
       records.append(self.p_moments_step(state.params, state.batch_stats,
-                                         parallel.shard(batch, self.num_devices),
-                                         state.rng, first))
+                                         self.shard(batch), state.rng, first))
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *records)
     return self.p_average(stacked)
 
@@ -469,8 +483,7 @@ class Trainer:
     for i, batch in enumerate(self.dataset.eval_batches(split)):
       if max_batches and i >= max_batches:
         break
-      sums, n, new_carry = self.p_eval_step(state.params, stats,
-                                            parallel.shard(batch, self.num_devices), carry)
+      sums, n, new_carry = self.p_eval_step(state.params, stats, self.shard(batch), carry)
       carry = new_carry if self.dataset.carries_state else None
       sums = {k: float(v[0]) for k, v in sums.items()}
       totals = sums if totals is None else {k: totals[k] + v for k, v in sums.items()}

@@ -89,14 +89,14 @@ def batch_stats_evaluator(config, trainer, length: int):
     s, n = trainer.task.loss_sums(logits, batch)
     return jax.lax.psum((s, n), parallel.AXIS)
 
-  return parallel.pmap(sums, trainer.devices)
+  return parallel.device_map(sums, trainer.devices, trainer.backend)
 
 
 def bits_per_char(trainer, state, stats, split, length, batch_size, batch_fn=None) -> float:
   """bpc of `split` in segments of `length` (population `stats`, or `batch_fn`)."""
   total, count = 0.0, 0.0
   for batch in trainer.dataset.eval_batches(split, seq_length=length, batch_size=batch_size):
-    batch = parallel.shard(batch, trainer.num_devices)
+    batch = trainer.shard(batch)
     if batch_fn is None:
       sums, n, _ = trainer.p_eval_step(state.params, stats, batch, None)
     else:

@@ -93,6 +93,32 @@ def test_resume_after_kill_is_exact(runs):
   assert _metrics_without_time(straight) == _metrics_without_time(resumed)
 
 
+def test_shard_map_backend_resumes_the_pmap_run(runs, tmp_path):
+  """Killed and resumed under jit + shard_map, the run ends where the pmap run ends."""
+  config, dataset, straight, _, _ = runs
+  config = config.copy_and_resolve_references()
+  config.parallel.backend = 'shard_map'
+  resumed = str(tmp_path / 'shard_map')
+  with pytest.raises(_Killed):
+    train.train_and_evaluate(config, resumed, _KillAt(dataset, 5))
+  train.train_and_evaluate(config, resumed, dataset)
+  state_a, _ = _final_state(config, straight, dataset)
+  state_b, _ = _final_state(config, resumed, dataset)
+  assert int(state_b.step) == 7
+  for (path, a), b in zip(jax.tree.leaves_with_path(state_a), jax.tree.leaves(state_b)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7, err_msg=jax.tree_util.keystr(path))
+  records_a, records_b = _metrics_without_time(straight), _metrics_without_time(resumed)
+  assert [(r['step'], r['split']) for r in records_a] == \
+      [(r['step'], r['split']) for r in records_b]
+  for a, b in zip(records_a, records_b):
+    assert a.keys() == b.keys()
+    for key in a:
+      if isinstance(a[key], str):
+        assert a[key] == b[key]
+      else:
+        np.testing.assert_allclose(b[key], a[key], rtol=1e-5, err_msg=f'{a["step"]} {key}')
+
+
 def test_run_leaves_artifacts(runs):
   config, _, straight, _, _ = runs
   assert sorted(os.listdir(os.path.join(straight, 'checkpoints'))) == ['6', '7']  # keep 2

@@ -77,6 +77,44 @@ def test_language_model_step_with_carry_equals_single_device():
   _assert_trees_close(carry8, carry1)
 
 
+def _backend_run(config, dataset, backend, steps, workdir=None, dataset_for_run=None):
+  """`steps` train steps (or a whole run in `workdir`) under `backend` on 8 devices."""
+  config = config.copy_and_resolve_references()
+  config.parallel.backend = backend
+  config.train.num_devices = 8
+  if workdir is not None:
+    train.train_and_evaluate(config, workdir, dataset_for_run or dataset)
+    return None
+  trainer = train.Trainer(config, None, dataset)
+  state = trainer.to_devices(trainer.initial_state())
+  for step in range(steps):
+    state, metrics = trainer.p_train_step(state, trainer.train_batch(step))
+  return (trainer.to_host(state), {k: float(v[0]) for k, v in metrics.items()},
+          trainer.evaluate(state, 'valid'))
+
+
+@pytest.mark.parametrize('make_dataset', ['classification', 'language_model'])
+def test_shard_map_backend_equals_pmap(make_dataset):
+  config = fx.tiny_config('bn_lstm', **{'model.initial_state': 'zeros',
+                                        'optimizer.name': 'adam'})
+  dataset = (fx.synthetic_dataset(config) if make_dataset == 'classification'
+             else fx.LanguageModelDataset())
+  (state_p, metrics_p, valid_p), (state_s, metrics_s, valid_s) = (
+      _backend_run(config, dataset, backend, steps=2) for backend in ('pmap', 'shard_map'))
+  assert int(state_s.step) == 2
+  _assert_trees_close(state_s, state_p, rtol=1e-6, atol=1e-7)
+  for name in metrics_p:
+    np.testing.assert_allclose(metrics_s[name], metrics_p[name], rtol=1e-6, err_msg=name)
+  for name in valid_p:
+    np.testing.assert_allclose(valid_s[name], valid_p[name], rtol=1e-6, err_msg=name)
+
+
+def test_unknown_backend_is_one_clear_error():
+  config = fx.tiny_config('lstm', **{'parallel.backend': 'pjit'})
+  with pytest.raises(ValueError, match=r"config.parallel.backend must be one of .*'pjit'"):
+    train.validate_config(config)
+
+
 def test_batch_not_divisible_by_devices_is_one_clear_error():
   config = fx.tiny_config(**{'train.batch_size': 12})
   with pytest.raises(ValueError, match='batch_size 12 does not divide evenly over 8 devices'):
