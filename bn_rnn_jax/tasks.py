@@ -28,6 +28,7 @@ import math
 from typing import Any, Callable
 
 import jax.numpy as jnp
+import ml_collections
 import optax
 
 from bn_rnn_jax import models
@@ -141,6 +142,16 @@ def _build_tagger(config, model_kwargs, layer_options):
   return models.SequenceTagger(**model_kwargs, **optional, **model_fields(config),
                                bidirectional=m.get('bidirectional', True),
                                layer_options=layer_options)
+
+
+def add_tagger_fields(config) -> None:
+  """The `config.model` fields the 'tagging' task reads beyond `train.default_config()`'s
+  (configs call this; defaults are those of `SequenceTagger`)."""
+  m = config.model
+  m.bidirectional = True
+  m.input_projection = ml_collections.config_dict.placeholder(int)  # None = frames in
+  m.kernel_init = 'lecun_normal'   # or 'glorot_uniform' (Laurent et al.)
+  m.layer_options = ml_collections.ConfigDict()   # RecurrentLayer field overrides
 
 
 def _tagging_sums(logits, batch):

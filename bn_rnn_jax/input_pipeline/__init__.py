@@ -52,6 +52,9 @@ _MODULES = {
     'ptb_char': 'text',
     'ptb_word': 'text',
     'text8': 'text',
+    # Sequence labelling (task 'tagging'): Brown POS tags, Kaldi feats + alignments.
+    'brown': 'tagging',
+    'kaldi': 'tagging',
 }
 
 
