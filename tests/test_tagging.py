@@ -186,7 +186,7 @@ def test_tagger_input_errors_are_one_line():
 
 
 # ------------------------------------------------------------------ Kaldi reader
-def _write_kaldi(tmp_path, lengths, label_lengths=None, dims=3, seed=0):
+def _write_kaldi(lengths, label_lengths=None, dims=3, seed=0):
   import kaldiio  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(seed)
   feats = {f'utt{i}': (rng.normal(size=(n, dims)) * 2 + 5).astype(np.float32)
@@ -206,14 +206,14 @@ def _kaldi_config(tmp_path, **data):
 
 
 def test_kaldi_reader_normalises_drops_long_utterances_and_pairs_labels(tmp_path):
-  feats, labels, kaldiio = _write_kaldi(tmp_path, [4, 6, 3, 12, 5])
+  feats, labels, kaldiio = _write_kaldi([4, 6, 3, 12, 5])
   with kaldiio.WriteHelper(f'ark,scp:{tmp_path}/train.ark,{tmp_path}/train.scp') as w:
     for utt, value in feats.items():
       w(utt, value)
   with open(tmp_path / 'train_ali.txt', 'w') as f:
     for utt, value in labels.items():
       f.write(f"{utt} {' '.join(map(str, value))}\n")
-  valid_feats, valid_labels, _ = _write_kaldi(tmp_path, [3, 11], seed=1)
+  valid_feats, valid_labels, _ = _write_kaldi([3, 11], seed=1)
   with kaldiio.WriteHelper(f'ark:{tmp_path}/valid.ark') as w:
     for utt, value in valid_feats.items():
       w(utt, value)
@@ -247,7 +247,7 @@ def test_kaldi_reader_normalises_drops_long_utterances_and_pairs_labels(tmp_path
 
 
 def test_kaldi_label_length_mismatch_names_the_utterance(tmp_path):
-  feats, labels, kaldiio = _write_kaldi(tmp_path, [4, 6], label_lengths=[4, 5])
+  feats, labels, kaldiio = _write_kaldi([4, 6], label_lengths=[4, 5])
   with kaldiio.WriteHelper(f'ark,scp:{tmp_path}/f.ark,{tmp_path}/f.scp') as w:
     for utt, value in feats.items():
       w(utt, value)
@@ -400,3 +400,28 @@ def test_tagging_train_step_on_eight_devices_equals_one():
   for name in ('fce', 'fer'):
     np.testing.assert_allclose(v8[name], v1[name], rtol=2e-5, err_msg=name)
   assert v1['fer'] == pytest.approx(1.0 - v1['accuracy'])
+
+
+def test_laurent_and_brown_configs_build_the_papers_model():
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  configs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         'experiments', 'configs')
+  loaded = {}
+  for name in ('laurent_speech', 'brown_tagger'):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(configs, f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    loaded[name] = module.get_config()
+    train.validate_config(loaded[name])
+  config = loaded['laurent_speech']
+  options = train.layer_options(config, config.data.max_frames)
+  assert options['input_init'] == options['recurrent_init'] == 'glorot_uniform'
+  model = tasks.get('tagging').build_model(config, {'num_classes': 3546}, options)
+  assert (model.num_layers, model.hidden_size, model.bidirectional, model.variant) == (
+      5, 250, True, 'bn_input_only_seq')
+  assert model.kernel_init == 'glorot_uniform' and model.vocab_size is None
+  assert (config.optimizer.name, config.optimizer.learning_rate, config.optimizer.momentum,
+          config.train.batch_size) == ('sgd', 1e-4, 0.9, 24)
+  brown = tasks.get('tagging').build_model(loaded['brown_tagger'],
+                                           {'num_classes': 104, 'vocab_size': 50}, options)
+  assert brown.bidirectional and brown.vocab_size == 50
