@@ -36,10 +36,10 @@ The 500 files `c[a-r]NN` of NLTK's Brown corpus, one sentence per non-blank line
 train (a fixed rule, stratified over the 15 genres a-r): 414 / 45 / 41 files, 47,626 /
 4,970 / 4,744 sentences (the 44 training sentences over 90 tokens are dropped). Tags are
 reduced to base tags (`base_tag`): lower case, `fw-` (foreign word) prefix removed, the
-`-tl` (title), `-hl` (headline), `-nc` (cited) suffixes removed, and of a contraction `a+b` the first part kept (`ppss+bem` -> `ppss`);
-`$` (possessive) and `*` (negation) stay part of the tag. That leaves 104 tags on the
-whole corpus; the tag table is the sorted set of base tags of all three splits (a fixed
-property of the corpus, not learned). Words keep their case; the vocabulary is `<unk>`
+`-tl` (title), `-hl` (headline), `-nc` (cited) suffixes removed, and of a contraction
+`a+b` the first part kept (`ppss+bem` -> `ppss`); `$` (possessive) and `*` (negation) stay
+part of the tag. That leaves 104 tags on the whole corpus; the tag table is the sorted set
+of base tags of all three splits (a fixed property of the corpus, not learned). Words keep their case; the vocabulary is `<unk>`
 (id 0) followed by the training words seen at least `config.data.min_count` times, by
 decreasing count (ties alphabetically); other words read as `<unk>` (27,258 entries with
 min_count 2).

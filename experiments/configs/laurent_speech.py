@@ -32,10 +32,10 @@ Variants (`--config.model.variant`):
 
 Choices the paper leaves open, made here: the BN gamma starts at 1.0 and beta (the LSTM
 bias) at 0 (standard BN; the paper predates Cooijmans' gamma = 0.1); Glorot uniform
-for W_x, W_h (over the whole `[H, 4H]` kernel) and the softmax; no gradient clipping; the loss is the mean FCE over the
-batch's valid frames; validation uses the papers' population estimate (moments averaged
-over 10 training batches) and early stopping on validation FCE; length buckets of 100
-frames so that few programs compile.
+for W_x, W_h (over the whole `[H, 4H]` kernel) and the softmax; no gradient clipping; the
+loss is the mean FCE over the batch's valid frames; validation uses the papers' population
+estimate (moments averaged over 10 training batches) and early stopping on validation FCE;
+length buckets of 100 frames so that few programs compile.
 """
 
 from bn_rnn_jax import tasks
