@@ -261,6 +261,10 @@ def test_kaldi_label_length_mismatch_names_the_utterance(tmp_path):
   config.data.train_labels = str(tmp_path / 'missing.txt')
   with pytest.raises(FileNotFoundError, match='missing.txt'):
     tagging.get_dataset(config)
+  (tmp_path / 'moved.scp').write_text(f'utt0 {tmp_path}/gone.ark:5\n')
+  config.data.train_feats = str(tmp_path / 'moved.scp')
+  with pytest.raises(FileNotFoundError, match="moved.scp.*cannot read '.*gone.ark'"):
+    tagging.get_dataset(config)
 
 
 # ------------------------------------------------------------------ Brown reader

@@ -322,10 +322,15 @@ def read_kaldi_table(path: str, what: str = 'features') -> dict[str, np.ndarray]
   """`{utt: array}` of a Kaldi `.scp` or `.ark` (matrices or int vectors), by kaldiio."""
   _check_file(path, what)
   kaldiio = _kaldiio()
-  if path.endswith('.scp'):
-    table = kaldiio.load_scp(path)
-    return {utt: np.asarray(table[utt]) for utt in table}
-  return {utt: np.asarray(value) for utt, value in kaldiio.load_ark(path)}
+  try:
+    if path.endswith('.scp'):
+      table = kaldiio.load_scp(path)
+      return {utt: np.asarray(table[utt]) for utt in table}
+    return {utt: np.asarray(value) for utt, value in kaldiio.load_ark(path)}
+  except OSError as e:
+    # An scp names its arks relative to the working directory, as Kaldi's tools do.
+    raise FileNotFoundError(f'Kaldi {what} {path!r}: cannot read {e.filename!r} ({e.strerror}'
+                            f'; scp paths are relative to the working directory).') from None
 
 
 def read_alignments(path: str) -> dict[str, np.ndarray]:
@@ -398,8 +403,6 @@ def kaldi_dataset(config, process_index: int = 0, process_count: int = 1):
       batch_size=config.train.batch_size, eval_batch_size=config.eval.batch_size,
       train_eval_size=d.train_eval_size, process_index=process_index,
       process_count=process_count)
-  logging.info('Kaldi: dropped %d training utterances longer than %d frames.',
-               dataset.num_dropped, d.max_frames)
   dataset.feature_mean, dataset.feature_std = mean, std
   return dataset
 
