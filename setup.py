@@ -14,7 +14,7 @@ setup(
         'tensorboardX',
     ],
     extras_require={
-        'data': ['tensorflow-datasets>=4.9.10', 'array_record', 'scikit-learn'],
+        'data': ['tensorflow-datasets>=4.9.10', 'array_record', 'scikit-learn', 'kaldiio'],
         'plot': ['matplotlib'],
         'test': ['pytest', 'nbclient', 'nbformat', 'ipykernel'],
     },

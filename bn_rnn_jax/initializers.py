@@ -40,8 +40,11 @@ def orthogonal_blocks(scale: float = 1.0):
 
 
 def recurrent_initializer(name: str):
-  """'orthogonal' | 'identity': the per-gate-block recurrent initialiser of that name."""
-  table = {'orthogonal': orthogonal_blocks(), 'identity': identity_blocks()}
+  """'orthogonal' | 'identity': the per-gate-block recurrent initialiser of that name;
+  'glorot_uniform': Glorot & Bengio's U(+-sqrt(6 / (H + G*H))) over the whole kernel
+  (Laurent et al. sec. 5.1)."""
+  table = {'orthogonal': orthogonal_blocks(), 'identity': identity_blocks(),
+           'glorot_uniform': nn.initializers.glorot_uniform()}
   if name not in table:
     raise ValueError(f'recurrent_init must be one of {sorted(table)}; got {name!r}.')
   return table[name]

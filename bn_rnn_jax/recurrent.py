@@ -58,6 +58,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 _GATES = {'lstm': 4, 'rnn': 1}
+_INPUT_INITS = {'orthogonal': nn.initializers.orthogonal(),
+                'glorot_uniform': nn.initializers.glorot_uniform()}
 
 
 def reverse_valid(x: Array, mask: Optional[Array]) -> Array:
@@ -97,7 +99,8 @@ class RecurrentLayer(nn.Module):
     epsilon: variance epsilon.
     gamma_init: initial gamma of every normalisation (0.1, Cooijmans sec. 4).
     forget_bias: initial bias of the forget gate.
-    recurrent_init: 'orthogonal' or 'identity' (per gate block); W_x is orthogonal.
+    recurrent_init: 'orthogonal' or 'identity' (per gate block), or 'glorot_uniform'.
+    input_init: W_x's initialiser: 'orthogonal' or 'glorot_uniform' (Laurent et al.).
     initial_state: 'zeros', 'learned', or 'noise' (zeros plus N(0, initial_state_noise^2)
       on h_0 in training, from the 'noise' rng stream: it keeps the recurrent term's batch
       variance off zero while the inputs are constant, e.g. black rows of MNIST).
@@ -130,6 +133,7 @@ class RecurrentLayer(nn.Module):
   gamma_init: float = 0.1
   forget_bias: float = 0.0
   recurrent_init: str = 'orthogonal'
+  input_init: str = 'orthogonal'
   initial_state: str = 'zeros'
   initial_state_noise: float = 0.1
   hoist_input: Optional[bool] = None
@@ -154,6 +158,9 @@ class RecurrentLayer(nn.Module):
     if self.initial_state not in ('zeros', 'learned', 'noise'):
       raise ValueError("initial_state must be 'zeros', 'learned' or 'noise'; got "
                        f'{self.initial_state!r}.')
+    if self.input_init not in _INPUT_INITS:
+      raise ValueError(f'input_init must be one of {sorted(_INPUT_INITS)}; got '
+                       f'{self.input_init!r}.')
     if self.hidden_size <= 0 or self.max_length <= 0:
       raise ValueError(f'hidden_size ({self.hidden_size}) and max_length '
                        f'({self.max_length}) must be positive.')
@@ -207,7 +214,7 @@ class RecurrentLayer(nn.Module):
     width = gates * self.hidden_size
     gamma = nn.initializers.constant(self.gamma_init)
     params = {
-        'input_kernel': self.param('input_kernel', nn.initializers.orthogonal(),
+        'input_kernel': self.param('input_kernel', _INPUT_INITS[self.input_init],
                                    (input_size, width)),
         'recurrent_kernel': self.param(
             'recurrent_kernel', initializers.recurrent_initializer(self.recurrent_init),

@@ -28,6 +28,7 @@ import math
 from typing import Any, Callable
 
 import jax.numpy as jnp
+import ml_collections
 import optax
 
 from bn_rnn_jax import models
@@ -128,3 +129,46 @@ register('classification', Task(_build_classifier, _apply_classifier,
                                 _classification_sums))
 register('language_model', Task(_build_language_model, _apply_language_model,
                                 _language_model_sums, _language_model_finalize))
+
+
+# ---------------------------------------------------------------------- tagging
+# 'tagging'  `SequenceTagger`, logits `[B, T, C]`, labels / mask `[B, T]` (Laurent et al.
+# sec. 5.1 frame classification; Brown POS tagging). Metrics over valid steps only:
+# `loss` = frame cross-entropy (FCE, nats per frame), `fer` = frame error rate.
+def _build_tagger(config, model_kwargs, layer_options):
+  m = config.model
+  optional = {name: m[name] for name in ('embed_size', 'input_projection', 'kernel_init')
+              if m.get(name) is not None}
+  return models.SequenceTagger(**model_kwargs, **optional, **model_fields(config),
+                               bidirectional=m.get('bidirectional', True),
+                               layer_options=layer_options)
+
+
+def add_tagger_fields(config) -> None:
+  """The `config.model` fields the 'tagging' task reads beyond `train.default_config()`'s
+  (configs call this; defaults are those of `SequenceTagger`)."""
+  m = config.model
+  m.bidirectional = True
+  m.input_projection = ml_collections.config_dict.placeholder(int)  # None = frames in
+  m.kernel_init = 'lecun_normal'   # or 'glorot_uniform' (Laurent et al.)
+  m.layer_options = ml_collections.ConfigDict()   # RecurrentLayer field overrides
+
+
+def _tagging_sums(logits, batch):
+  """Sums of frame cross-entropy, correct and wrong frames over valid, weighted steps."""
+  weights = batch['mask'].astype(jnp.float32) * batch['weights'][:, None]
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch['labels'])
+  correct = (jnp.argmax(logits, -1) == batch['labels']).astype(jnp.float32)
+  # jnp.where, not a product: a non-finite logit at a padded step must not leak in.
+  valid = weights > 0
+  return {'loss': jnp.sum(jnp.where(valid, ce * weights, 0.0)),
+          'accuracy': jnp.sum(jnp.where(valid, correct * weights, 0.0)),
+          'fer': jnp.sum(jnp.where(valid, (1.0 - correct) * weights, 0.0))}, \
+      jnp.sum(weights)
+
+
+def _tagging_finalize(means):
+  return {**means, 'fce': means['loss']}
+
+
+register('tagging', Task(_build_tagger, _apply_classifier, _tagging_sums, _tagging_finalize))

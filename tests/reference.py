@@ -344,3 +344,44 @@ def random_params(shapes, rng):
     else:
       params[name] = rng.normal(0.0, 0.5, shape)
   return params
+
+
+# ----------------------------------------------------------------------------- tagger
+# A stacked bidirectional frame tagger (Laurent et al. sec. 5.1): each layer runs one
+# direction in time order and the other on each sequence's reversed valid part (mapped
+# back to time order), their outputs concatenated; a softmax at every step. Frame
+# cross-entropy (FCE) and frame error rate (FER) average over the valid steps only.
+
+
+def run_bidirectional_tagger(layers, softmax_kernel, softmax_bias, x, mask, variant):
+  """Logits `[B, T, C]` and per-layer moments of a stacked bidirectional tagger.
+
+  Args:
+    layers: list over depth of `(forward_params, backward_params)` (as `run_layer`).
+    softmax_kernel, softmax_bias: `[2H, C]`, `[C]`.
+    x: `[B, T, I]` frames; mask `[B, T]`.
+    variant: a key of `VARIANT_SPECS` (training mode: batch statistics).
+
+  Returns:
+    `(logits, moments)` with moments a list over depth of `(forward, backward)` moments.
+  """
+  h = np.asarray(x, np.float64)
+  moments = []
+  for forward, backward in layers:
+    _, out_f, mom_f = run_layer(forward, h, mask, variant)
+    _, out_b, mom_b = run_layer(backward, reverse_each(h, mask), mask, variant)
+    h = np.concatenate([out_f, reverse_each(out_b, mask)], axis=-1)
+    moments.append((mom_f, mom_b))
+  logits = h @ np.asarray(softmax_kernel, np.float64) + np.asarray(softmax_bias, np.float64)
+  return logits, moments
+
+
+def frame_metrics(logits, labels, mask):
+  """`(FCE, FER)` over the valid steps: mean -log softmax(logits)[label], mean error."""
+  logits = np.asarray(logits, np.float64)
+  shifted = logits - logits.max(-1, keepdims=True)
+  log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+  valid = np.asarray(mask) > 0
+  picked = np.take_along_axis(log_probs, np.asarray(labels)[..., None], -1)[..., 0]
+  errors = (logits.argmax(-1) != np.asarray(labels))
+  return float(-picked[valid].mean()), float(errors[valid].mean())

@@ -8,7 +8,8 @@ Dataset interface
 -----------------
   task: str
       'classification' (model: `SequenceClassifier`, logits `[B, C]`) or
-      'language_model' (model: `LanguageModel`, logits `[B, T, V]`).
+      'language_model' (model: `LanguageModel`, logits `[B, T, V]`) or
+      'tagging' (model: `SequenceTagger`, logits `[B, T, C]`; `tagging.py`).
   model_kwargs: dict
       Sizes the model needs from the data, e.g. `{'num_classes': 10}` or
       `{'vocab_size': 50}`; passed to the model constructor.
@@ -28,6 +29,8 @@ Dataset interface
                         optional 'mask' [B, T] (1 = valid step).
         language_model: 'inputs' [B, T] int32, 'targets' [B, T] int32, 'mask' [B, T],
                         optional 'reset' [B] (1 = zero the carried state before this batch).
+        tagging:        'inputs' [B, T] int32 or [B, T, F] float32, 'labels' [B, T] int32,
+                        'mask' [B, T].
       Every batch also has 'weights' [B] float32 (0 = padding example, not counted).
   eval_batches(split) -> iterator of batch dicts
       Fixed-shape batches covering `split` ('valid' or 'test') once, in order, padded
@@ -52,6 +55,9 @@ _MODULES = {
     'ptb_char': 'text',
     'ptb_word': 'text',
     'text8': 'text',
+    # Sequence labelling (task 'tagging'): Brown POS tags, Kaldi feats + alignments.
+    'brown': 'tagging',
+    'kaldi': 'tagging',
 }
 
 

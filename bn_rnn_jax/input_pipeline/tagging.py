@@ -1,0 +1,444 @@
+"""Sequence-labelling input pipelines: Brown POS tagging and Kaldi frame classification.
+
+Both give a label at every step of variable-length sequences (task 'tagging', model
+`SequenceTagger`). Batches are numpy dicts, a pure function of `(seed, step)`:
+
+  {'inputs': int32 [B, T] token ids (Brown) | float32 [B, T, F] frames (Kaldi),
+   'labels': int32 [B, T], 'mask': float32 [B, T] (1 = a real step; valid steps first),
+   'weights': float32 [B] (0 = a padding example of an evaluation batch)}
+and the object follows the dataset interface of `bn_rnn_jax.input_pipeline`. Padded steps
+hold 0 (inputs and labels); nothing may depend on them.
+
+Length buckets
+--------------
+Sequences are padded per batch, not to the longest of the corpus: each sequence goes to
+the smallest bucket length >= its length (`config.data.buckets`), and a batch holds one
+bucket, padded to the bucket length. XLA then compiles one program per bucket, not per
+batch. Training sequences longer than the largest bucket are dropped and the number is
+logged (Laurent et al. drop WSJ utterances over 1,300 frames); evaluation keeps every
+sequence and adds one bucket of the split's longest length for those.
+
+Training batches: epoch e (`step // steps_per_epoch`) shuffles every bucket with
+`default_rng([seed, e])`, cuts it into full global batches (a bucket's remainder waits
+for a later epoch's shuffle), and shuffles the list of batches; process p takes the p-th
+contiguous share of each. `steps_per_epoch` = sum over buckets of size // batch.
+Evaluation batches: each bucket in corpus order, in batches of `eval_batch_size`, the
+last one filled with weight-0 copies of the bucket's first sequence. The split
+`'train_eval'` is a fixed training subset (`config.data.train_eval_size` sequences, evenly spaced in
+corpus order, the same for every seed) for the papers' training curves measured with
+population statistics.
+
+Brown POS tagging (`config.data.name = 'brown'`; the stand-in for WSJ, see
+`../shared/data/README.md`)
+-------------------------------------------------------------------------------------
+The 500 files `c[a-r]NN` of NLTK's Brown corpus, one sentence per non-blank line, tokens
+`word/tag`. Split by file: `NN % 10 == 0` test, `NN % 10 == 9` valid, every other file
+train (a fixed rule, stratified over the 15 genres a-r): 414 / 45 / 41 files, 47,626 /
+4,970 / 4,744 sentences (the 44 training sentences over 90 tokens are dropped). Tags are
+reduced to base tags (`base_tag`): lower case, `fw-` (foreign word) prefix removed, the
+`-tl` (title), `-hl` (headline), `-nc` (cited) suffixes removed, and of a contraction
+`a+b` the first part kept (`ppss+bem` -> `ppss`); `$` (possessive) and `*` (negation) stay
+part of the tag. That leaves 104 tags on the whole corpus; the tag table is the sorted set
+of base tags of all three splits (a fixed property of the corpus, not learned). Words keep their case; the vocabulary is `<unk>`
+(id 0) followed by the training words seen at least `config.data.min_count` times, by
+decreasing count (ties alphabetically); other words read as `<unk>` (27,258 entries with
+min_count 2).
+
+Kaldi features and alignments (`config.data.name = 'kaldi'`; Laurent et al. sec. 5.1)
+--------------------------------------------------------------------------------------
+Per split, features from a Kaldi `feats.scp` (or an `.ark`) and per-frame labels from an
+alignment: a text file of lines `utt-id label label ...` (what `ali-to-pdf ... ark,t:-`
+prints), or an int-vector `.ark` / `.scp`; both are read with `kaldiio`. Every utterance
+of the features needs a label sequence of the same length (else an error naming the
+utterance); labels without features are ignored. Features are normalised per dimension
+with the training set's mean and standard deviation (after the long utterances are
+dropped).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+from typing import Iterator, Optional, Sequence
+
+import ml_collections
+import numpy as np
+from absl import logging
+
+from bn_rnn_jax.input_pipeline import eval_index_batches
+from bn_rnn_jax.input_pipeline import per_process_batch
+
+SPLITS = ('train', 'valid', 'test')
+UNK = '<unk>'
+BROWN_FILE = re.compile(r'c[a-r](\d\d)')
+Batch = dict
+
+
+# ====================================================================== batching
+def bucket_of(lengths: np.ndarray, buckets: Sequence[int]) -> np.ndarray:
+  """Index of the smallest bucket length >= each length (len(buckets) if none)."""
+  return np.searchsorted(np.asarray(buckets), lengths, side='left')
+
+
+def pad_batch(inputs: Sequence[np.ndarray], labels: Sequence[np.ndarray], length: int,
+              weights: np.ndarray) -> Batch:
+  """Sequences `[L_i, ...]` padded with zeros to `[B, length, ...]`, with their mask."""
+  feature_shape = inputs[0].shape[1:]
+  x = np.zeros((len(inputs), length) + feature_shape, inputs[0].dtype)
+  y = np.zeros((len(inputs), length), np.int32)
+  mask = np.zeros((len(inputs), length), np.float32)
+  for b, (seq, lab) in enumerate(zip(inputs, labels)):
+    x[b, :len(seq)] = seq
+    y[b, :len(lab)] = lab
+    mask[b, :len(seq)] = 1.0
+  return {'inputs': x, 'labels': y, 'mask': mask, 'weights': weights.astype(np.float32)}
+
+
+class TaggingDataset:
+  """Variable-length labelled sequences in length buckets (the module docstring).
+
+  Args:
+    splits: `{split: (inputs, labels)}`, lists of `[L, ...]` arrays (ids or frames) and
+      of `[L]` int labels; 'train' is required.
+    num_classes: C.
+    vocab_size: token vocabulary (ids inputs) or None (frames).
+    buckets: increasing bucket lengths; the largest is the training T_max.
+    seed, batch_size, eval_batch_size: global sizes (all processes).
+    train_eval_size: sequences of the fixed training subset evaluated as 'train_eval'.
+  """
+  task = 'tagging'
+  carries_state = False
+
+  def __init__(self, splits, *, num_classes: int, vocab_size: Optional[int],
+               buckets: Sequence[int], seed: int, batch_size: int, eval_batch_size: int,
+               train_eval_size: int = 0, process_index: int = 0, process_count: int = 1):
+    buckets = tuple(int(b) for b in buckets)
+    if not buckets or any(b <= 0 for b in buckets) or list(buckets) != sorted(set(buckets)):
+      raise ValueError(f'config.data.buckets must be increasing positive lengths; got '
+                       f'{buckets}.')
+    self.buckets, self.seed = buckets, seed
+    self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+    self.process_index, self.process_count = process_index, process_count
+    per_process_batch(batch_size, process_count)
+    self.splits = {}
+    for split, (inputs, labels) in splits.items():
+      lengths = np.array([len(s) for s in inputs], np.int64)
+      if split == 'train':
+        keep = np.nonzero(lengths <= buckets[-1])[0]
+        if len(keep) < len(inputs):
+          logging.info('Dropped %d of %d training sequences longer than %d steps.',
+                       len(inputs) - len(keep), len(inputs), buckets[-1])
+        self.num_dropped = len(inputs) - len(keep)
+        inputs, labels = [inputs[i] for i in keep], [labels[i] for i in keep]
+        lengths = lengths[keep]
+      self.splits[split] = (list(inputs), list(labels), lengths)
+    if 'train' not in self.splits or not self.splits['train'][0]:
+      raise ValueError('The tagging data has no training sequences (after dropping those '
+                       f'longer than {buckets[-1]} steps).')
+    if train_eval_size > 0:
+      inputs, labels, lengths = self.splits['train']
+      pick = np.unique(np.linspace(0, len(inputs) - 1, min(train_eval_size, len(inputs)))
+                       .round().astype(np.int64))
+      self.train_subset = ([inputs[i] for i in pick], [labels[i] for i in pick],
+                           lengths[pick])
+    else:
+      self.train_subset = None
+    lengths = self.splits['train'][2]
+    members = bucket_of(lengths, buckets)
+    self._train_buckets = [np.nonzero(members == k)[0] for k in range(len(buckets))]
+    self.steps_per_epoch = sum(len(m) // batch_size for m in self._train_buckets)
+    if self.steps_per_epoch == 0:
+      raise ValueError(f'batch size {batch_size} exceeds every bucket of the '
+                       f'{len(lengths)} training sequences (buckets {buckets}).')
+    self.train_length = buckets[-1]
+    self.num_classes = num_classes
+    self.model_kwargs = {'num_classes': num_classes}
+    if vocab_size is not None:
+      self.model_kwargs['vocab_size'] = vocab_size
+    self._epoch_cache = (None, None)
+
+  def num_sequences(self, split: str) -> int:
+    return len(self.splits[split][0])
+
+  def _epoch_plan(self, epoch: int) -> list[np.ndarray]:
+    """The global batches (training indices) of one epoch: a function of (seed, epoch)."""
+    if self._epoch_cache[0] == epoch:
+      return self._epoch_cache[1]
+    rng = np.random.default_rng([self.seed, epoch])
+    plan = []
+    for members in self._train_buckets:
+      order = members[rng.permutation(len(members))]
+      full = len(order) // self.batch_size * self.batch_size
+      plan.extend(order[:full].reshape(-1, self.batch_size))
+    plan = [plan[i] for i in rng.permutation(len(plan))]
+    self._epoch_cache = (epoch, plan)
+    return plan
+
+  def train_batch(self, step: int) -> Batch:
+    if step < 0:
+      raise ValueError(f'step must be >= 0; got {step}.')
+    epoch, index = divmod(step, self.steps_per_epoch)
+    batch = self._epoch_plan(epoch)[index]
+    local = per_process_batch(self.batch_size, self.process_count)
+    batch = batch[self.process_index * local:(self.process_index + 1) * local]
+    inputs, labels, lengths = self.splits['train']
+    length = self.buckets[int(bucket_of(lengths[batch].max(), self.buckets))]
+    return pad_batch([inputs[i] for i in batch], [labels[i] for i in batch], length,
+                     np.ones(len(batch)))
+
+  def eval_batches(self, split: str) -> Iterator[Batch]:
+    """Fixed-shape batches of `split` ('valid', 'test', or 'train_eval' = the fixed
+    training subset), one bucket after the other, padded with weight-0 examples."""
+    if split == 'train_eval' and self.train_subset is not None:
+      inputs, labels, lengths = self.train_subset
+    elif split in self.splits and split != 'train':
+      inputs, labels, lengths = self.splits[split]
+    else:
+      have = sorted(set(self.splits) - {'train'}) + (['train_eval'] if self.train_subset
+                                                     else [])
+      raise ValueError(f'No evaluation split {split!r}; have {have}.')
+    buckets = self.buckets + ((int(lengths.max()),) if lengths.max() > self.buckets[-1]
+                              else ())
+    members = bucket_of(lengths, buckets)
+    for k, length in enumerate(buckets):
+      ids = np.nonzero(members == k)[0]
+      for index, weights in eval_index_batches(len(ids), self.eval_batch_size,
+                                               self.process_index, self.process_count):
+        chosen = ids[index]
+        yield pad_batch([inputs[i] for i in chosen], [labels[i] for i in chosen], length,
+                        weights)
+
+
+# ====================================================================== Brown
+def base_tag(tag: str) -> str:
+  """A Brown tag reduced to its base tag (the module docstring): 'NP-TL' -> 'np',
+  'fw-in' -> 'in', 'ppss+bem' -> 'ppss', 'nn$-hl' -> 'nn$', 'bez*' -> 'bez*'."""
+  tag = tag.lower()
+  if tag.startswith('fw-'):
+    tag = tag[3:]
+  tag = tag.split('+')[0]
+  stripped = True
+  while stripped:
+    stripped = False
+    for suffix in ('-tl', '-hl', '-nc'):
+      if tag.endswith(suffix) and len(tag) > len(suffix):
+        tag, stripped = tag[:-len(suffix)], True
+  return tag
+
+
+def brown_split(file_name: str) -> str:
+  """'train' | 'valid' | 'test' of a Brown file `c[a-r]NN` (NN % 10: 0 test, 9 valid)."""
+  match = BROWN_FILE.fullmatch(file_name)
+  if match is None:
+    raise ValueError(f'{file_name!r} is not a Brown corpus file name c[a-r]NN.')
+  number = int(match.group(1)) % 10
+  return 'test' if number == 0 else 'valid' if number == 9 else 'train'
+
+
+def read_brown_file(path: str) -> list[tuple[list[str], list[str]]]:
+  """`[(words, base tags)]` of one Brown file; a malformed token is a one-line error."""
+  sentences = []
+  with open(path, encoding='utf-8') as f:
+    for line_number, line in enumerate(f, 1):
+      tokens = line.split()
+      if not tokens:
+        continue
+      words, tags = [], []
+      for token in tokens:
+        word, slash, tag = token.rpartition('/')
+        if not slash or not word or not tag:
+          raise ValueError(f'{path}:{line_number}: token {token!r} is not word/tag.')
+        words.append(word)
+        tags.append(base_tag(tag))
+      sentences.append((words, tags))
+  return sentences
+
+
+def load_brown(data_dir: str) -> dict[str, list[tuple[list[str], list[str]]]]:
+  """Sentences of every split, files in sorted order (the module docstring's split)."""
+  if not os.path.isdir(data_dir):
+    raise FileNotFoundError(f'Brown corpus folder not found: {data_dir!r}. Point '
+                            'config.data.path at the folder of the files ca01 ... cr09.')
+  names = sorted(n for n in os.listdir(data_dir) if BROWN_FILE.fullmatch(n))
+  if not names:
+    raise FileNotFoundError(f'No Brown corpus files c[a-r]NN in {data_dir!r}.')
+  splits = {split: [] for split in SPLITS}
+  for name in names:
+    splits[brown_split(name)].extend(read_brown_file(os.path.join(data_dir, name)))
+  return splits
+
+
+def brown_vocab(train_sentences, min_count: int) -> list[str]:
+  """`<unk>` then the training words seen >= min_count times (frequency order)."""
+  counts = collections.Counter(w for words, _ in train_sentences for w in words)
+  kept = [w for w, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+          if n >= min_count]
+  return [UNK] + [w for w in kept if w != UNK]
+
+
+def encode_sentences(sentences, vocab: Sequence[str], tags: Sequence[str]):
+  """`(ids, labels)`: lists of int32 `[L]` arrays; unknown words -> `<unk>` (id 0)."""
+  word_id = {w: i for i, w in enumerate(vocab)}
+  tag_id = {t: i for i, t in enumerate(tags)}
+  ids = [np.array([word_id.get(w, 0) for w in words], np.int32) for words, _ in sentences]
+  labels = [np.array([tag_id[t] for t in tag_seq], np.int32) for _, tag_seq in sentences]
+  return ids, labels
+
+
+def brown_dataset(config, process_index: int = 0, process_count: int = 1):
+  d = config.data
+  sentences = load_brown(d.path)
+  vocab = brown_vocab(sentences['train'], d.min_count)
+  tags = sorted({t for split in SPLITS for _, seq in sentences[split] for t in seq})
+  splits = {split: encode_sentences(sentences[split], vocab, tags) for split in SPLITS
+            if sentences[split]}
+  logging.info('Brown: %s sentences (train/valid/test), %d words, %d tags.',
+               '/'.join(str(len(sentences[s])) for s in SPLITS), len(vocab), len(tags))
+  dataset = TaggingDataset(
+      splits, num_classes=len(tags), vocab_size=len(vocab), buckets=d.buckets,
+      seed=config.seed, batch_size=config.train.batch_size,
+      eval_batch_size=config.eval.batch_size, train_eval_size=d.train_eval_size,
+      process_index=process_index, process_count=process_count)
+  dataset.vocab, dataset.tags = vocab, tags
+  return dataset
+
+
+# ====================================================================== Kaldi
+def _kaldiio():
+  try:
+    import kaldiio  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError('Reading Kaldi files needs kaldiio: pip install kaldiio==2.18.1') from e
+  return kaldiio
+
+
+def _check_file(path: str, what: str) -> None:
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'Kaldi {what} file not found: {path!r}.')
+
+
+def read_kaldi_table(path: str, what: str = 'features') -> dict[str, np.ndarray]:
+  """`{utt: array}` of a Kaldi `.scp` or `.ark` (matrices or int vectors), by kaldiio."""
+  _check_file(path, what)
+  kaldiio = _kaldiio()
+  try:
+    if path.endswith('.scp'):
+      table = kaldiio.load_scp(path)
+      return {utt: np.asarray(table[utt]) for utt in table}
+    return {utt: np.asarray(value) for utt, value in kaldiio.load_ark(path)}
+  except OSError as e:
+    # An scp names its arks relative to the working directory, as Kaldi's tools do.
+    raise FileNotFoundError(f'Kaldi {what} {path!r}: cannot read {e.filename!r} ({e.strerror}'
+                            f'; scp paths are relative to the working directory).') from None
+
+
+def read_alignments(path: str) -> dict[str, np.ndarray]:
+  """Per-frame labels: int-vector `.ark`/`.scp`, or text lines `utt-id label label ...`."""
+  if path.endswith(('.ark', '.scp')):
+    return {utt: v.astype(np.int32) for utt, v in read_kaldi_table(path, 'alignment').items()}
+  _check_file(path, 'alignment')
+  labels = {}
+  with open(path, encoding='utf-8') as f:
+    for line_number, line in enumerate(f, 1):
+      fields = line.split()
+      if not fields:
+        continue
+      try:
+        labels[fields[0]] = np.array([int(v) for v in fields[1:]], np.int32)
+      except ValueError:
+        raise ValueError(f'{path}:{line_number}: labels of {fields[0]!r} are not '
+                         'integers.') from None
+  return labels
+
+
+def pair_utterances(features: dict[str, np.ndarray], labels: dict[str, np.ndarray],
+                    where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+  """Features `[T, F]` and labels `[T]` of every featured utterance, in sorted order."""
+  inputs, targets = [], []
+  for utt in sorted(features):
+    if utt not in labels:
+      raise ValueError(f'{where}: utterance {utt!r} has features but no alignment.')
+    frames, label = features[utt], labels[utt]
+    if frames.ndim != 2:
+      raise ValueError(f'{where}: features of {utt!r} have shape {frames.shape}, not '
+                       '[frames, dims].')
+    if len(label) != len(frames):
+      raise ValueError(f'{where}: utterance {utt!r} has {len(frames)} feature frames but '
+                       f'{len(label)} labels.')
+    inputs.append(frames.astype(np.float32))
+    targets.append(label.astype(np.int32))
+  return inputs, targets
+
+
+def feature_normalizer(frames: Sequence[np.ndarray], eps: float = 1e-5):
+  """Per-dimension `(mean [F], std [F])` over all frames of the training utterances."""
+  stacked = np.concatenate(frames, axis=0).astype(np.float64)
+  return stacked.mean(0), np.sqrt(stacked.var(0) + eps)
+
+
+def kaldi_dataset(config, process_index: int = 0, process_count: int = 1):
+  d = config.data
+  splits = {}
+  for split in SPLITS:
+    feats, labels = d.get(f'{split}_feats', ''), d.get(f'{split}_labels', '')
+    if not feats:
+      continue
+    splits[split] = pair_utterances(read_kaldi_table(feats), read_alignments(labels),
+                                    f'{split} ({feats})')
+  if 'train' not in splits:
+    raise ValueError('config.data.train_feats must name the training feats.scp or .ark.')
+  train_inputs = [x for x in splits['train'][0] if len(x) <= d.max_frames]
+  mean, std = feature_normalizer(train_inputs or splits['train'][0])
+  splits = {s: ([((x - mean) / std).astype(np.float32) for x in inputs], labels)
+            for s, (inputs, labels) in splits.items()}
+  largest = max(int(l.max()) for _, labels in splits.values() for l in labels if len(l))
+  num_classes = d.num_classes or largest + 1
+  if largest >= num_classes:
+    raise ValueError(f'An alignment holds label {largest}, but config.data.num_classes is '
+                     f'{num_classes}.')
+  buckets = tuple(b for b in d.buckets if b < d.max_frames) + (d.max_frames,)
+  dataset = TaggingDataset(
+      splits, num_classes=num_classes, vocab_size=None, buckets=buckets, seed=config.seed,
+      batch_size=config.train.batch_size, eval_batch_size=config.eval.batch_size,
+      train_eval_size=d.train_eval_size, process_index=process_index,
+      process_count=process_count)
+  dataset.feature_mean, dataset.feature_std = mean, std
+  return dataset
+
+
+# ====================================================================== entry points
+def get_dataset(config, workdir: Optional[str] = None, process_index: int = 0,
+                process_count: int = 1):
+  del workdir
+  if config.data.name == 'brown':
+    return brown_dataset(config, process_index, process_count)
+  if config.data.name == 'kaldi':
+    return kaldi_dataset(config, process_index, process_count)
+  raise ValueError(f'tagging.py has no dataset {config.data.name!r}.')
+
+
+def default_data_config(name: str = 'brown') -> ml_collections.ConfigDict:
+  if name == 'brown':
+    return ml_collections.ConfigDict({
+        'name': 'brown',
+        'path': '../shared/data/brown',
+        'min_count': 2,            # rarer training words read as <unk> (so it is trained)
+        # Three shapes (each compiles a train, an estimate and an eval program): the
+        # median sentence has 18 tokens, 90 % have <= 37, 99.9 % <= 90; the 44 longer
+        # training sentences are dropped (evaluation keeps them).
+        'buckets': (20, 40, 90),
+        'train_eval_size': 2000,   # fixed training subset evaluated as 'train_eval'
+    })
+  if name == 'kaldi':
+    return ml_collections.ConfigDict({
+        'name': 'kaldi',
+        'train_feats': '', 'train_labels': '',   # e.g. data/train_si284/feats.scp, ali.txt
+        'valid_feats': '', 'valid_labels': '',   # test_dev93
+        'test_feats': '', 'test_labels': '',     # '' = no such split
+        'num_classes': 0,          # 0 = 1 + the largest label (3546 pdfs for tri4b)
+        'max_frames': 1300,        # Laurent et al.: longer training utterances dropped
+        'buckets': (200, 300, 400, 500, 600, 700, 800, 900, 1000, 1100, 1200),
+        'train_eval_size': 1000,
+    })
+  raise ValueError(f"tagging datasets are 'brown' and 'kaldi'; got {name!r}.")
