@@ -27,16 +27,19 @@ of devices with the same global batch, which is resharded.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import errno
 import fcntl
+import gc
 import hashlib
 import json
 import logging as std_logging
 import os
 import shutil
 import socket
+import sys
 from typing import Any, Optional
 
 import jax
@@ -130,41 +133,55 @@ class Checkpointer:
               best: bool = False) -> tuple[Any, dict]:
     """`(state, meta)` of the newest intact checkpoint (or of `step`) like `template`.
 
-    Damaged checkpoints are moved to `<workdir>/damaged/` with a warning and the next
-    older one is tried. Raises FileNotFoundError when there is none, ValueError when
-    every one is damaged or the config does not match the saved shapes.
+    A checkpoint that does not read back is skipped for the next older one; once one
+    reads back, the skipped ones are moved to `<workdir>/damaged/` with a warning. Raises
+    FileNotFoundError when there is none, ValueError when none reads back (nothing is
+    moved then) or when the config does not match the saved shapes.
     """
     manager = self.best if best else self.latest
     self.wait()
     steps = sorted(manager.all_steps(), reverse=True) if step is None else [step]
     if not steps:
       raise FileNotFoundError(f'No checkpoint in {manager.directory}.')
-    damaged = []
+    damaged = []  # (step, reason), newest first
     for candidate in steps:
       try:
-        return self._restore_step(manager, candidate, template)
+        restored = self._restore_step(manager, candidate, template)
       except DamagedCheckpoint as e:
-        damaged.append(self._move_aside(manager, candidate, str(e)))
-    raise ValueError(f'Every checkpoint in {manager.directory} was damaged (moved to '
-                     f'{", ".join(damaged)}); delete the workdir to start again.')
+        damaged.append((candidate, str(e)))
+        continue
+      # Only once an older one reads back is a failure the newer checkpoint's own fault
+      # (not, say, a bug or a full disk): then it is moved aside, never before.
+      for bad, reason in damaged:
+        self._move_aside(manager, bad, reason)
+      return restored
+    bad, reason = damaged[0]
+    raise ValueError(f'No checkpoint in {manager.directory} reads back (steps '
+                     f'{[s for s, _ in damaged]}; step {bad}: {reason}); nothing was moved. '
+                     'Delete or move the folder to start again.')
 
   def _restore_step(self, manager, step: int, template: Any) -> tuple[Any, dict]:
     try:
-      saved = manager.item_metadata(step)['state']
+      with _closed_loop_errors_dropped():
+        saved = manager.item_metadata(step)['state']
       saved_shapes = {name: tuple(m.shape) for name, m in _leaves_by_name(saved).items()}
     except Exception as e:  # orbax raises many types for unreadable metadata
       raise DamagedCheckpoint(f'unreadable metadata: {_one_line(e)}') from e
+    if not saved_shapes:
+      raise DamagedCheckpoint('its metadata lists no arrays')
     abstract, reshaped = _abstract_state(template, saved_shapes, step, manager.directory)
     try:
-      restored = manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+      with _closed_loop_errors_dropped():
+        restored = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
       state, meta = restored.state, restored.meta
     except Exception as e:  # truncated / missing data files: orbax and tensorstore errors
       raise DamagedCheckpoint(_one_line(e)) from e
     expected = (meta or {}).get('state_sha256')
-    if expected is None:
-      raise DamagedCheckpoint('no content hash in its meta')
-    if state_digest(state) != expected:
+    if expected is None:  # saved before hashes were written: readable, not verifiable
+      absl_logging.warning('The checkpoint of step %d in %s has no content hash; restored '
+                           'without checking it.', step, manager.directory)
+    elif state_digest(state) != expected:
       raise DamagedCheckpoint('its content does not match the hash saved with it')
     if reshaped:
       state = _reshape_leaves(state, reshaped)
@@ -194,6 +211,25 @@ class Checkpointer:
     self.wait()
     self.latest.close()
     self.best.close()
+
+
+@contextlib.contextmanager
+def _closed_loop_errors_dropped():
+  """When a restore fails on a damaged file, orbax closes its asyncio loop while
+  tensorstore callbacks still target it; each then prints an "Exception ignored ...
+  RuntimeError: Event loop is closed" traceback. Those (only those) are dropped: the
+  failure itself is reported as one warning line."""
+  previous = sys.unraisablehook
+  def hook(unraisable):
+    exc = unraisable.exc_value
+    if not (isinstance(exc, RuntimeError) and str(exc) == 'Event loop is closed'):
+      previous(unraisable)
+  sys.unraisablehook = hook
+  try:
+    yield
+  finally:
+    gc.collect()  # let the stray callbacks fire while the filter is in place
+    sys.unraisablehook = previous
 
 
 def _one_line(error: Exception) -> str:
