@@ -3,25 +3,99 @@
 Layout in the workdir:
   checkpoints/<step>/   the `keep` latest saves (every `checkpoint.every` steps and at the end)
   best/<step>/          the save with the best validation metric so far
+  damaged/              checkpoints found damaged on restore, moved aside (kept as evidence)
+  lock                  who runs in this workdir now (`WorkdirLock`)
 Each save holds `state` (a host pytree: step, params, batch_stats, opt_state, rng, carry)
 and `meta` (JSON: the loop's bookkeeping, e.g. the best metric and the partial training-
 metric window, so that a resumed run logs exactly what an uninterrupted one logs).
+
+What a save guarantees (DESIGN.md decision 9):
+- It is a snapshot: the state's host arrays and a deep copy of `meta` are handed to orbax,
+  which serialises them later on a background thread; the loop may go on mutating its own.
+- It holds finite values only: a state with a NaN or inf in a floating leaf is refused
+  (`FloatingPointError` naming the leaf), so a bad state never evicts a good checkpoint.
+- It carries a content hash of the state (`meta['state_sha256']`), checked on restore.
+- Orbax writes into a temporary folder and renames it when complete, so a kill during a
+  write leaves the previous checkpoints intact (the partial folder is ignored).
+
+On restore the newest checkpoint that reads back and matches its hash wins; a damaged one
+(flipped bytes, truncated or missing file, empty folder) is moved to `damaged/` with a
+warning naming it, and the next older one is tried. A checkpoint whose shapes do not match
+this config is an error naming the leaf, except a carried state saved on another number
+of devices with the same global batch, which is resharded.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import datetime
+import errno
+import fcntl
+import gc
+import hashlib
+import json
 import logging as std_logging
 import os
+import shutil
+import socket
+import sys
 from typing import Any, Optional
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging as absl_logging
 
 
 def _manager(path: str, keep: int) -> ocp.CheckpointManager:
+  # Handlers named up front, so that `item_metadata` reads saved shapes before a restore.
   return ocp.CheckpointManager(
-      path, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+      path, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+      item_handlers={'state': ocp.StandardCheckpointHandler(),
+                     'meta': ocp.JsonCheckpointHandler()})
+
+
+def _path_names(path) -> tuple:
+  """A pytree path as plain names, the same for a dataclass field and a dict key."""
+  names = []
+  for entry in path:
+    for attr in ('name', 'key', 'idx'):
+      if hasattr(entry, attr):
+        names.append(str(getattr(entry, attr)))
+        break
+  return tuple(names)
+
+
+def _leaves_by_name(tree) -> dict:
+  return {_path_names(p): v for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def state_digest(state: Any) -> str:
+  """SHA-256 of a host state's leaves: names, dtypes, shapes and bytes."""
+  digest = hashlib.sha256()
+  for name, leaf in sorted(_leaves_by_name(state).items()):
+    leaf = np.ascontiguousarray(np.asarray(leaf))
+    digest.update(repr((name, leaf.dtype.str, leaf.shape)).encode())
+    digest.update(leaf.tobytes())
+  return digest.hexdigest()
+
+
+def check_finite(state: Any, what: str = 'state') -> None:
+  """FloatingPointError naming the first floating leaf of `state` with a NaN or inf."""
+  for name, leaf in _leaves_by_name(state).items():
+    leaf = np.asarray(leaf)
+    if np.issubdtype(leaf.dtype, np.inexact) and not np.isfinite(leaf).all():
+      raise FloatingPointError(f'The {what} holds non-finite values in '
+                               f'{"/".join(name)}; it is not saved.')
+
+
+class WorkdirInUse(RuntimeError):
+  """Another live run holds the workdir's lock."""
+
+
+class DamagedCheckpoint(Exception):
+  """A checkpoint that does not read back, or reads back other bytes than were saved."""
 
 
 class Checkpointer:
@@ -30,13 +104,18 @@ class Checkpointer:
   def __init__(self, workdir: str, keep: int = 2):
     if keep <= 0:
       raise ValueError(f'config.checkpoint.keep must be positive; got {keep}.')
-    self.latest = _manager(os.path.join(os.path.abspath(workdir), 'checkpoints'), keep)
-    self.best = _manager(os.path.join(os.path.abspath(workdir), 'best'), 1)
+    self.workdir = os.path.abspath(workdir)
+    self.latest = _manager(os.path.join(self.workdir, 'checkpoints'), keep)
+    self.best = _manager(os.path.join(self.workdir, 'best'), 1)
 
   @staticmethod
   def _save(manager, step: int, state: Any, meta: dict) -> None:
     if step in manager.all_steps():
       return
+    check_finite(state, f'state of step {step}')
+    # Orbax serialises on a background thread after `save` returns: hand it a snapshot.
+    state = jax.tree.map(lambda x: np.array(x, copy=True), state)
+    meta = {**copy.deepcopy(meta), 'state_sha256': state_digest(state)}
     manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                meta=ocp.args.JsonSave(meta)))
 
@@ -52,20 +131,77 @@ class Checkpointer:
 
   def restore(self, template: Any, step: Optional[int] = None,
               best: bool = False) -> tuple[Any, dict]:
-    """`(state, meta)` of `step` (default: the latest) shaped like `template`."""
+    """`(state, meta)` of the newest intact checkpoint (or of `step`) like `template`.
+
+    A checkpoint that does not read back is skipped for the next older one; once one
+    reads back, the skipped ones are moved to `<workdir>/damaged/` with a warning. Raises
+    FileNotFoundError when there is none, ValueError when none reads back (nothing is
+    moved then) or when the config does not match the saved shapes.
+    """
     manager = self.best if best else self.latest
-    step = manager.latest_step() if step is None else step
-    if step is None:
+    self.wait()
+    steps = sorted(manager.all_steps(), reverse=True) if step is None else [step]
+    if not steps:
       raise FileNotFoundError(f'No checkpoint in {manager.directory}.')
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+    damaged = []  # (step, reason), newest first
+    for candidate in steps:
+      try:
+        restored = self._restore_step(manager, candidate, template)
+      except DamagedCheckpoint as e:
+        damaged.append((candidate, str(e)))
+        continue
+      # Only once an older one reads back is a failure the newer checkpoint's own fault
+      # (not, say, a bug or a full disk): then it is moved aside, never before.
+      for bad, reason in damaged:
+        self._move_aside(manager, bad, reason)
+      return restored
+    bad, reason = damaged[0]
+    raise ValueError(f'No checkpoint in {manager.directory} reads back (steps '
+                     f'{[s for s, _ in damaged]}; step {bad}: {reason}); nothing was moved. '
+                     'Delete or move the folder to start again.')
+
+  def _restore_step(self, manager, step: int, template: Any) -> tuple[Any, dict]:
     try:
-      restored = manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-    except (ValueError, KeyError) as e:
-      raise ValueError(
-          f'The checkpoint of step {step} in {manager.directory} does not match this '
-          f'config (model, optimizer or device count changed?): {e}') from e
-    return restored.state, restored.meta
+      with _closed_loop_errors_dropped():
+        saved = manager.item_metadata(step)['state']
+      saved_shapes = {name: tuple(m.shape) for name, m in _leaves_by_name(saved).items()}
+    except Exception as e:  # orbax raises many types for unreadable metadata
+      raise DamagedCheckpoint(f'unreadable metadata: {_one_line(e)}') from e
+    if not saved_shapes:
+      raise DamagedCheckpoint('its metadata lists no arrays')
+    abstract, reshaped = _abstract_state(template, saved_shapes, step, manager.directory)
+    try:
+      with _closed_loop_errors_dropped():
+        restored = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+      state, meta = restored.state, restored.meta
+    except Exception as e:  # truncated / missing data files: orbax and tensorstore errors
+      raise DamagedCheckpoint(_one_line(e)) from e
+    expected = (meta or {}).get('state_sha256')
+    if expected is None:  # saved before hashes were written: readable, not verifiable
+      absl_logging.warning('The checkpoint of step %d in %s has no content hash; restored '
+                           'without checking it.', step, manager.directory)
+    elif state_digest(state) != expected:
+      raise DamagedCheckpoint('its content does not match the hash saved with it')
+    if reshaped:
+      state = _reshape_leaves(state, reshaped)
+      absl_logging.warning('Resharded the carried state of step %d to this run\'s %d '
+                           'devices.', step, len(jax.tree.leaves(template.carry)[0]))
+    return state, meta
+
+  def _move_aside(self, manager, step: int, reason: str) -> str:
+    source = os.path.join(str(manager.directory), str(step))
+    target = os.path.join(self.workdir, 'damaged',
+                          f'{os.path.basename(str(manager.directory))}_{step}')
+    if os.path.exists(target):
+      shutil.rmtree(target)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if os.path.exists(source):
+      shutil.move(source, target)
+    manager.reload()
+    absl_logging.warning('Checkpoint %s is damaged (%s); moved it to %s and fell back to '
+                         'an older one.', source, reason, target)
+    return target
 
   def wait(self) -> None:
     self.latest.wait_until_finished()
@@ -75,6 +211,140 @@ class Checkpointer:
     self.wait()
     self.latest.close()
     self.best.close()
+
+
+@contextlib.contextmanager
+def _closed_loop_errors_dropped():
+  """When a restore fails on a damaged file, orbax closes its asyncio loop while
+  tensorstore callbacks still target it; each then prints an "Exception ignored ...
+  RuntimeError: Event loop is closed" traceback. Those (only those) are dropped: the
+  failure itself is reported as one warning line."""
+  previous = sys.unraisablehook
+  def hook(unraisable):
+    exc = unraisable.exc_value
+    if not (isinstance(exc, RuntimeError) and str(exc) == 'Event loop is closed'):
+      previous(unraisable)
+  sys.unraisablehook = hook
+  try:
+    yield
+  finally:
+    gc.collect()  # let the stray callbacks fire while the filter is in place
+    sys.unraisablehook = previous
+
+
+def _one_line(error: Exception) -> str:
+  text = f'{type(error).__name__}: {error}'.splitlines()
+  return text[0][:200] if text else type(error).__name__
+
+
+def _abstract_state(template, saved_shapes: dict, step: int, directory) -> tuple[Any, dict]:
+  """The restore target: the template's shapes, or the saved ones for a carry saved on
+  another device count (`[D', B/D', ...]` with the same global batch), to reshape after.
+  Returns `(abstract tree, {name: template shape} of the leaves to reshape)`."""
+  reshaped = {}
+  def target(path, leaf):
+    name = _path_names(path)
+    want = tuple(np.shape(leaf))
+    have = saved_shapes.get(name)
+    if have is None:
+      raise ValueError(f'The checkpoint of step {step} in {directory} has no '
+                       f'{"/".join(name)}; the config changed (model, optimizer?) since it '
+                       'was saved. Use a new workdir.')
+    if have != want:
+      same_batch = (name[:1] == ('carry',) and len(have) == len(want) >= 2
+                    and have[0] * have[1] == want[0] * want[1] and have[2:] == want[2:])
+      if not same_batch:
+        raise ValueError(f'The checkpoint of step {step} in {directory} holds '
+                         f'{"/".join(name)} of shape {have}, this config needs {want}; the '
+                         'config (model, batch size or device count) changed. Use a new '
+                         'workdir.')
+      reshaped[name] = want
+      return jax.ShapeDtypeStruct(have, np.asarray(leaf).dtype)
+    return ocp.utils.to_shape_dtype_struct(leaf)
+  abstract = jax.tree_util.tree_map_with_path(target, template)
+  extra = set(saved_shapes) - set(_leaves_by_name(template))
+  if extra:
+    raise ValueError(f'The checkpoint of step {step} in {directory} holds '
+                     f'{"/".join(sorted(extra)[0])}, which this config has no place for; the '
+                     'config changed since it was saved. Use a new workdir.')
+  return abstract, reshaped
+
+
+def _reshape_leaves(state, shapes: dict):
+  def reshape(path, leaf):
+    shape = shapes.get(_path_names(path))
+    return leaf if shape is None else np.asarray(leaf).reshape(shape)
+  return jax.tree_util.tree_map_with_path(reshape, state)
+
+
+# ====================================================================== workdir lock
+class WorkdirLock:
+  """One run per workdir: an exclusive `flock` on `<workdir>/lock`, which holds the
+  holder's pid, host and start time.
+
+  A second launch fails at once naming the holder. The kernel drops a `flock` when its
+  process dies (even by SIGKILL), so the lock of a dead run is taken over; that its file
+  still named a holder is logged as a warning. A workdir that is a file, or that cannot
+  be written, is a one-line error.
+  """
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, 'lock')
+    self._file = None
+
+  def acquire(self) -> 'WorkdirLock':
+    try:
+      handle = open(self.path, 'a+')
+    except OSError as e:
+      raise ValueError(f'Cannot write in the workdir {os.path.dirname(self.path)} '
+                       f'({e.strerror}); choose a writable --workdir.') from e
+    try:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      holder = _read_holder(handle)
+      handle.close()
+      if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        raise
+      raise WorkdirInUse(f'The workdir {os.path.dirname(self.path)} is in use by another '
+                         f'run ({holder}); wait for it to finish or use another '
+                         '--workdir.') from None
+    previous = _read_holder(handle)
+    if previous != 'unknown holder':
+      absl_logging.warning('Took over the lock of a run that is no longer running (%s).',
+                           previous)
+    handle.seek(0)
+    handle.truncate()
+    json.dump({'pid': os.getpid(), 'host': socket.gethostname(),
+               'start': datetime.datetime.now(datetime.timezone.utc).isoformat(
+                   timespec='seconds')}, handle)
+    handle.flush()
+    self._file = handle
+    return self
+
+  def release(self) -> None:
+    if self._file is None:
+      return
+    self._file.seek(0)
+    self._file.truncate()  # an empty file: released cleanly, nothing to take over
+    self._file.flush()
+    fcntl.flock(self._file, fcntl.LOCK_UN)
+    self._file.close()
+    self._file = None
+
+  def __enter__(self):
+    return self.acquire()
+
+  def __exit__(self, *exc):
+    self.release()
+
+
+def _read_holder(handle) -> str:
+  handle.seek(0)
+  try:
+    info = json.loads(handle.read() or 'null')
+    return f'pid {info["pid"]} on {info["host"]}, started {info["start"]}'
+  except (ValueError, KeyError, TypeError):
+    return 'unknown holder'
 
 
 class _DropOrbaxInfo(std_logging.Filter):

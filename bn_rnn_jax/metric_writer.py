@@ -20,11 +20,11 @@ class MetricWriter:
       self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
 
   def truncate(self, step: int) -> None:
-    """Drop records past `step` (written after the checkpoint a run resumes from)."""
-    if not (self.enabled and os.path.exists(self.path)):
+    """Drop records past `step` (written after the checkpoint a run resumes from), and
+    a partial last line that a crash mid-write left (with a warning)."""
+    if not (self.enabled and os.path.lexists(self.path)):
       return
-    with open(self.path) as f:
-      records = [json.loads(line) for line in f if line.strip()]
+    records = _read_records(self.path)
     with open(self.path, 'w') as f:
       for record in records:
         # The end-of-run test record follows the last checkpoint: it is redone too.
@@ -40,6 +40,7 @@ class MetricWriter:
       return
     with open(self.path, 'a') as f:
       f.write(json.dumps(record) + '\n')
+      f.flush()
     for name, value in metrics.items():
       self._tb.add_scalar(f'{split}/{name}', float(value), step)
     self._tb.flush()
@@ -50,6 +51,34 @@ class MetricWriter:
 
 
 def read_metrics(workdir: str) -> list[dict]:
-  """The records of a run's `metrics.jsonl`."""
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """The records of a run's `metrics.jsonl` (a partial last line is skipped with a
+  warning; any other bad line is a one-line ValueError naming the file and line)."""
+  return _read_records(os.path.join(workdir, 'metrics.jsonl'))
+
+
+def _read_records(path: str) -> list[dict]:
+  if os.path.isdir(path):
+    raise ValueError(f'{path} is a directory, not the metrics file; move it away.')
+  with open(path, errors='replace') as f:
+    lines = f.read().split('\n')
+  # A complete file ends with a newline, so its last piece is empty; anything else there
+  # is a record a crash cut short.
+  last = len(lines) - 1
+  records = []
+  for number, line in enumerate(lines, start=1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except ValueError:
+      if number - 1 == last:
+        logging.warning('%s: skipped its partial last line %d (a run stopped while '
+                        'writing it).', path, number)
+        continue
+      raise ValueError(f'{path} line {number} is not a JSON record: {line[:60]!r}.') from None
+    if not isinstance(record, dict) or not isinstance(record.get('step'), int) or (
+        not isinstance(record.get('split'), str)):
+      raise ValueError(f'{path} line {number} is not a metrics record (needs an integer '
+                       f'"step" and a "split"): {line[:60]!r}.')
+    records.append(record)
+  return records

@@ -58,7 +58,8 @@ def _valid_count(x: Array, mask: Optional[Array], reduce_axes: Axes,
 
 
 def _masked_sum(v: Array, mask: Optional[Array], reduce_axes: Axes) -> Array:
-  return jnp.sum(v if mask is None else v * mask, axis=reduce_axes)
+  # `where`, not `v * mask`: padding holding NaN or inf must not reach the sums (NaN*0).
+  return jnp.sum(v if mask is None else jnp.where(mask > 0, v, 0), axis=reduce_axes)
 
 
 def batch_moments(x: Array,
@@ -178,7 +179,7 @@ def _batch_norm_bwd(reduce_axes, axis_name, epsilon, residuals, cotangents):
   if with_moments:
     correction = correction - expand(sums[2]) - x_hat * expand(sums[3])
   if mask is not None:
-    correction = correction * mask
+    correction = jnp.where(mask > 0, correction, 0)  # not `* mask`: NaN * 0 is NaN
   dx = g * inv - correction
   d_mask = None if mask is None else jnp.zeros_like(mask)
   return dx.astype(x_hat.dtype), d_scale, d_bias, d_mask

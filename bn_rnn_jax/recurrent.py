@@ -33,6 +33,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from bn_rnn_jax import cells
@@ -69,6 +70,7 @@ def reverse_valid(x: Array, mask: Optional[Array]) -> Array:
   of sequence b goes to L_b - 1 - t; padded steps stay put. Applying it twice is the
   identity, so the same call maps a backward layer's outputs back to input order.
   """
+  check_mask_prefix(mask)
   batch, time = x.shape[:2]
   steps = jnp.arange(time)[None, :]
   if mask is None:
@@ -78,6 +80,48 @@ def reverse_valid(x: Array, mask: Optional[Array]) -> Array:
     index = jnp.where(steps < lengths, lengths - 1 - steps, steps)
   index = index.reshape(index.shape + (1,) * (x.ndim - 2))
   return jnp.take_along_axis(x, index, axis=1)
+
+
+def check_mask_prefix(mask) -> None:
+  """Raise if a concrete `[batch, time]` mask has a valid step after a padded one.
+
+  Layers and `reverse_valid` assume each row's valid steps come first (padding at the
+  end); a mask with holes would be silently mis-reversed. Traced masks (under jit or
+  pmap) have no values to check and pass: the input pipelines build prefix masks.
+  """
+  if mask is None or isinstance(mask, jax.core.Tracer):
+    return
+  valid = np.asarray(mask) > 0
+  holes = np.nonzero(valid[:, 1:] & ~valid[:, :-1])
+  if holes[0].size:
+    row, step = int(holes[0][0]), int(holes[1][0]) + 1
+    raise ValueError(f'mask row {row} has a valid step at t={step} after padding; valid '
+                     'steps must come first in each row (padding at the end).')
+
+
+def global_rows(batch: int, axis_name: Optional[str]) -> Array:
+  """`[batch]` global indices of this device's rows: `axis_index * batch + row`.
+
+  Per-example randomness (DESIGN.md decision 8) folds these into the step's key, so that
+  row r of the global batch draws the same noise on 1 device or on N.
+  """
+  rows = jnp.arange(batch)
+  if axis_name is None:
+    return rows
+  return jax.lax.axis_index(axis_name) * batch + rows
+
+
+def per_example_keys(key: Array, batch: int, axis_name: Optional[str]) -> Array:
+  """`[batch]` keys, `fold_in(key, global row)` (see `global_rows`)."""
+  return jax.vmap(lambda row: jax.random.fold_in(key, row))(global_rows(batch, axis_name))
+
+
+def example_dropout(x: Array, rate: float, key: Array, axis_name: Optional[str]) -> Array:
+  """Inverted dropout on `[batch, ...]` with each row's mask drawn from its own key
+  (`per_example_keys`): the same masks on any number of devices."""
+  keys = per_example_keys(key, x.shape[0], axis_name)
+  keep = jax.vmap(lambda k: jax.random.bernoulli(k, 1.0 - rate, x.shape[1:]))(keys)
+  return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 
 class RecurrentLayer(nn.Module):
@@ -171,6 +215,7 @@ class RecurrentLayer(nn.Module):
                        f'{inputs.shape}.')
     if mask is not None and mask.shape != inputs.shape[:2]:
       raise ValueError(f'mask must be [batch, time] = {inputs.shape[:2]}; got {mask.shape}.')
+    check_mask_prefix(mask)
 
   def _hoisted(self, input_size: int) -> bool:
     if self.input_norm == 'batch' and self.input_statistics == 'sequence':
@@ -244,7 +289,10 @@ class RecurrentLayer(nn.Module):
       if self.cell == 'lstm':
         c = c + self.param('initial_cell', nn.initializers.zeros, (self.hidden_size,))
     elif self.initial_state == 'noise' and train:
-      h = h + self.initial_state_noise * jax.random.normal(self.make_rng('noise'), shape)
+      # One key per global example (DESIGN.md decision 8): N devices draw what 1 draws.
+      keys = per_example_keys(self.make_rng('noise'), batch_size, self.axis_name)
+      noise = jax.vmap(lambda k: jax.random.normal(k, (self.hidden_size,)))(keys)
+      h = h + self.initial_state_noise * noise
     return (c, h) if self.cell == 'lstm' else h
 
   # ------------------------------------------------------------------ forward
@@ -266,6 +314,10 @@ class RecurrentLayer(nn.Module):
       `[batch, time, hidden]` outputs (zeros at padded steps).
     """
     self._validate(inputs, mask)
+    if mask is not None:
+      # Padding is inert (DESIGN.md decision 10): whatever it holds (junk, inf, NaN) is
+      # replaced by zeros before any product or moment; `where`, since NaN * 0 is NaN.
+      inputs = jnp.where(mask[..., None] > 0, inputs, jnp.zeros_like(inputs))
     batch, length, input_size = inputs.shape
     sites = self._batch_sites()
     if train and sites:
@@ -522,7 +574,7 @@ class StackedRNN(nn.Module):
     carries = []
     x = inputs
     for index in range(self.num_layers):
-      x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
+      x = self._dropout(x, train, options.get('axis_name'))
       if self.bidirectional:
         layer = Bidirectional(make_layer(self.variant, self.hidden_size, **options),
                               make_layer(self.variant, self.hidden_size, **options),
@@ -533,5 +585,11 @@ class StackedRNN(nn.Module):
         start = None if initial_carries is None else initial_carries[index]
         carry, x = layer(x, mask, train=train, initial_carry=start)
       carries.append(carry)
-    x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
+    x = self._dropout(x, train, options.get('axis_name'))
     return carries, x
+
+  def _dropout(self, x: Array, train: bool, axis_name: Optional[str]) -> Array:
+    """Dropout with per-example masks (`example_dropout`), in training only."""
+    if not train or self.dropout_rate == 0.0:
+      return x
+    return example_dropout(x, self.dropout_rate, self.make_rng('dropout'), axis_name)

@@ -193,9 +193,11 @@ def create_train_state(config, model, task: Task, tx, dataset, num_devices: int)
 
 # ====================================================================== steps
 def _step_rngs(rng, step):
-  """Per-step, per-device keys for h0 noise and dropout: a function of (seed, step)."""
-  key = jax.random.fold_in(jax.random.fold_in(rng, step), lax.axis_index(AXIS))
-  noise, dropout = jax.random.split(key)
+  """Per-step keys for h0 noise and dropout: a function of (seed, step) only, the same on
+  every device. The layers fold each example's global row into them
+  (`recurrent.per_example_keys`, DESIGN.md decision 8), so N devices draw the noise and
+  dropout masks of 1 device, and a resumed run draws what the uninterrupted one did."""
+  noise, dropout = jax.random.split(jax.random.fold_in(rng, step))
   return {'noise': noise, 'dropout': dropout}
 
 
@@ -236,7 +238,21 @@ def train_step(state: TrainState, batch, *, model, task: Task, tx, carries_state
       step=state.step + 1, params=params, opt_state=opt_state,
       batch_stats=mutated.get('batch_stats', state.batch_stats),
       carry=lax.stop_gradient(new_carry) if carries_state else state.carry)
+  # 1.0 when the new state and the metrics are finite: checked on the host when the loop
+  # fetches metrics, which it does before every save (see `_run`).
+  metrics[FINITE] = all_finite((new_state.params, new_state.batch_stats,
+                                new_state.opt_state, new_state.carry, metrics))
   return new_state, metrics
+
+
+FINITE = 'finite'  # the metrics entry of `train_step` that is not a metric
+
+
+def all_finite(tree) -> jax.Array:
+  """float32 scalar: 1.0 when every floating leaf of `tree` is finite, else 0.0."""
+  flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+           if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  return jnp.all(jnp.stack(flags)).astype(jnp.float32) if flags else jnp.float32(1.0)
 
 
 def eval_step(params, batch_stats, batch, carry, *, model, task: Task):
@@ -379,9 +395,10 @@ def validate_config(config) -> None:
   if config.checkpoint.best_metric.count('/') != 1:
     raise ValueError("config.checkpoint.best_metric must read 'split/metric' (e.g. "
                      f"'valid/accuracy'); got {config.checkpoint.best_metric!r}.")
-  if config.optimizer.learning_rate <= 0:
-    raise ValueError(f'config.optimizer.learning_rate must be positive; got '
-                     f'{config.optimizer.learning_rate}.')
+  lr = config.optimizer.learning_rate
+  if not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+    raise ValueError(f'config.optimizer.learning_rate must be a positive finite number; '
+                     f'got {lr!r}.')
 
 
 # ====================================================================== the run
@@ -445,6 +462,10 @@ class Trainer:
   def train_batch(self, step: int):
     return self.shard(self.dataset.train_batch(step))
 
+  def device_batch(self, step: int):
+    """`train_batch(step)` already placed on the devices (the loop's prefetch)."""
+    return parallel.put_sharded(self.train_batch(step), self.devices)
+
   # ---------------------------------------------------------------- evaluation
   def population_stats(self, state: TrainState, kind: Optional[str] = None):
     """Replicated statistics for evaluation: the running average or the estimate.
@@ -506,30 +527,89 @@ def _better(value: float, best: Optional[float], mode: str) -> bool:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        dataset=None) -> dict:
-  """Train, evaluate, checkpoint; resume from the latest checkpoint in `workdir`.
+  """Train, evaluate, checkpoint; resume from the newest intact checkpoint in `workdir`.
 
   Returns the last metrics of every split logged, e.g. `{'valid': {...}, 'test': {...}}`.
-  Raises FloatingPointError on a non-finite loss, after saving the last good state.
+  Raises FloatingPointError on a non-finite state or metric, naming the first bad step,
+  after saving the last good (finite) state; `checkpoint.WorkdirInUse` when another run
+  holds the workdir (`checkpoint.WorkdirLock`); ValueError for a bad workdir, config or data.
   """
-  os.makedirs(workdir, exist_ok=True)
-  trainer = Trainer(config, workdir, dataset)
+  _make_workdir(workdir)
   primary = jax.process_index() == 0
-  if primary:
-    _write_config(config, workdir)
-  writer = metric_writer.MetricWriter(workdir, enabled=primary)
-  ckpt = checkpoint_lib.Checkpointer(workdir, keep=config.checkpoint.keep)
+  lock = checkpoint_lib.WorkdirLock(workdir).acquire() if primary else None
   try:
-    return _run(config, trainer, writer, ckpt)
+    trainer = Trainer(config, workdir, dataset)
+    _check_eval_splits(config, trainer)
+    if primary:
+      _write_config(config, workdir)
+    writer = metric_writer.MetricWriter(workdir, enabled=primary)
+    ckpt = checkpoint_lib.Checkpointer(workdir, keep=config.checkpoint.keep)
+    try:
+      return _run(config, trainer, writer, ckpt)
+    finally:
+      ckpt.close()
+      writer.close()
   finally:
-    ckpt.close()
-    writer.close()
+    if lock is not None:
+      lock.release()
+
+
+def _make_workdir(workdir: str) -> None:
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f'--workdir {workdir} is a file, not a directory.')
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f'Cannot create the workdir {workdir} ({e.strerror}).') from e
+
+
+def _check_eval_splits(config, trainer: Trainer) -> None:
+  """Every split the run will evaluate has a batch: found now, not hours later."""
+  splits = list(config.eval.splits)
+  if config.eval.get('test_at_end', False):
+    splits.append('test')
+  for split in splits:
+    if next(iter(trainer.dataset.eval_batches(split)), None) is None:
+      raise ValueError(f'Split {split!r} has no evaluation batches (empty data?).')
+
+
+class _Window:
+  """Training metrics of the steps since the last log line, summed on the host in step
+  order (float64, as `meta['window']` is checkpointed), from values fetched in blocks."""
+
+  def __init__(self, sums: dict, steps: int):
+    self.sums, self.steps = dict(sums), steps
+
+  def add(self, metrics: dict) -> None:
+    for k, v in metrics.items():
+      self.sums[k] = self.sums.get(k, 0.0) + v
+    self.steps += 1
+
+  def means(self) -> dict:
+    return {k: v / self.steps for k, v in self.sums.items()}
+
+  def reset(self) -> None:
+    self.sums, self.steps = {}, 0
 
 
 def _run(config, trainer: Trainer, writer: metric_writer.MetricWriter, ckpt) -> dict:
-  host_state = trainer.initial_state()
+  """The loop. It never waits on the device between fetches:
+
+  - step k is dispatched (asynchronously), then batch k+1 is built on the host and put
+    on the devices while step k runs (a prefetch of depth 2);
+  - each step's metrics, with a device-side flag saying whether its new state and metrics
+    are finite (`train_step`'s `finite`), stay on the device until a fetch point: every
+    `log_every` steps, and before every evaluation and every save;
+  - at a fetch, the first step whose flag is 0 stops the run, named exactly: the loop
+    re-runs the (deterministic) steps from the last fetched state to the step before it,
+    saves that state (checked finite again on the host) and raises FloatingPointError.
+    So every checkpoint holds a state checked finite, and a bad state never evicts one.
+  """
+  template = trainer.initial_state()
+  host_state = template
   meta = {'best': None, 'window': {}, 'window_steps': 0, 'time_s': 0.0}
   if ckpt.latest_step() is not None:
-    host_state, meta = ckpt.restore(host_state)
+    host_state, meta = ckpt.restore(template)
     logging.info('Resumed from the checkpoint of step %d.', int(host_state.step))
   start = int(host_state.step)
   writer.truncate(start)
@@ -538,33 +618,56 @@ def _run(config, trainer: Trainer, writer: metric_writer.MetricWriter, ckpt) -> 
   last = {}
   eval_metric = config.checkpoint.best_metric  # e.g. 'valid/accuracy'
   timer = _Progress(start, num_steps, meta['time_s'])
+  window = _Window(meta['window'], meta['window_steps'])
+  checked = {'state': state, 'step': start}  # the newest state whose steps were all checked
+  pending = []  # (step done, device metrics) not fetched yet
 
   def save(state_to_save, step, best=False):
     host = trainer.to_host(state_to_save)
-    meta['time_s'] = timer.elapsed()
-    (ckpt.save_best if best else ckpt.save)(step, host, dict(meta))
+    meta.update(window=window.sums, window_steps=window.steps, time_s=timer.elapsed())
+    (ckpt.save_best if best else ckpt.save)(step, host, meta)  # it saves a deep copy
 
+  def fetch(current, current_step):
+    """Metrics of the pending steps to the host, in order; stop at a non-finite one."""
+    values = jax.device_get([m for _, m in pending])
+    for (done, _), m in zip(pending, values):
+      m = {k: float(v[0]) for k, v in m.items()}
+      if m.pop(FINITE) != 1.0 or not all(math.isfinite(v) for v in m.values()):
+        stop_at(done, m)
+      window.add(m)
+    pending.clear()
+    checked.update(state=current, step=current_step)
+
+  def stop_at(bad, metrics):
+    good = checked['state']
+    for step in range(checked['step'], bad - 1):  # replay up to the last good step
+      good, _ = trainer.p_train_step(good, trainer.device_batch(step))
+    save(good, bad - 1)
+    ckpt.wait()
+    raise FloatingPointError(
+        f'Non-finite state or training metrics at step {bad} ({metrics}); stopped. The '
+        f'last good state (step {bad - 1}) is saved in {ckpt.latest.directory}.')
+
+  batch = trainer.device_batch(start) if start < num_steps else None
   for step in range(start, num_steps):
-    new_state, metrics = trainer.p_train_step(state, trainer.train_batch(step))
-    metrics = {k: float(v[0]) for k, v in metrics.items()}
-    if not all(math.isfinite(v) for v in metrics.values()):
-      save(state, step)
-      ckpt.wait()
-      raise FloatingPointError(
-          f'Non-finite training metrics at step {step + 1} ({metrics}); stopped. The last '
-          f'good state (step {step}) is saved in {ckpt.latest.directory}.')
-    state = new_state
+    state, metrics = trainer.p_train_step(state, batch)
     done = step + 1
-    for k, v in metrics.items():
-      meta['window'][k] = meta['window'].get(k, 0.0) + v
-    meta['window_steps'] += 1
-    if done % config.train.log_every == 0 or done == num_steps:
-      means = {k: v / meta['window_steps'] for k, v in meta['window'].items()}
+    pending.append((done, metrics))
+    if done < num_steps:
+      batch = trainer.device_batch(done)  # built while step `done` runs
+    log = done % config.train.log_every == 0 or done == num_steps
+    evaluate = done % config.eval.every == 0 or done == num_steps
+    save_now = done % config.checkpoint.every == 0 or done == num_steps
+    if not (log or evaluate or save_now):
+      continue
+    fetch(state, done)
+    if log:
+      means = window.means()
       writer.write(done, 'train', means, time_s=round(timer.elapsed(), 3))
       last['train'] = means
-      meta['window'], meta['window_steps'] = {}, 0
+      window.reset()
       timer.log(done)
-    if done % config.eval.every == 0 or done == num_steps:
+    if evaluate:
       for split in config.eval.splits:
         last[split] = trainer.evaluate(state, split)
         extra = {}
@@ -580,10 +683,10 @@ def _run(config, trainer: Trainer, writer: metric_writer.MetricWriter, ckpt) -> 
                                    config.checkpoint.best_mode):
         meta['best'] = last[split][name]
         save(state, done, best=True)
-    if done % config.checkpoint.every == 0 or done == num_steps:
+    if save_now:
       save(state, done)
   if config.eval.get('test_at_end', False) and 'test' not in last:
-    last['test'], tested_step = _test_best(trainer, state, ckpt, host_state)
+    last['test'], tested_step = _test_best(trainer, state, ckpt, template)
     writer.write(num_steps, 'test', last['test'], checkpoint_step=tested_step,
                  time_s=round(timer.elapsed(), 3))
   return last
@@ -594,10 +697,13 @@ def _test_best(trainer: Trainer, state: TrainState, ckpt, template: TrainState):
   or of the final state when there is none. Returns `(metrics, step tested)`."""
   ckpt.wait()
   # The whole test split, whatever `eval.max_batches` says for periodic evaluations.
-  if ckpt.best.latest_step() is None:
-    return trainer.evaluate(state, 'test', max_batches=0), int(state.step[0])
-  best, _ = ckpt.restore(template, best=True)
-  return trainer.evaluate(trainer.to_devices(best), 'test', max_batches=0), int(best.step)
+  if ckpt.best.latest_step() is not None:
+    try:
+      best, _ = ckpt.restore(template, best=True)
+      return trainer.evaluate(trainer.to_devices(best), 'test', max_batches=0), int(best.step)
+    except ValueError as e:  # every best checkpoint damaged (each one warned about)
+      logging.warning('%s Testing the final state instead.', e)
+  return trainer.evaluate(state, 'test', max_batches=0), int(state.step[0])
 
 
 class _Progress:

@@ -27,17 +27,32 @@ flags.DEFINE_string('workdir', None, 'Directory of the run (created if missing).
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
+def parse_flags(argv):
+  """absl's parse, with an unknown `--config.x.y` field as one line (keeping
+  ml_collections' "did you mean") instead of a traceback."""
+  try:
+    return FLAGS(argv)
+  except (AttributeError, KeyError) as e:
+    detail = ' '.join(str(e).replace('\\n', ' ').strip('\'"').split())
+    detail = detail.replace("\\'", "'")
+    names = [a.split('=')[0] for a in argv[1:] if a.startswith('--config.')]
+    culprit = next((n for n in names if n.split('.')[-1] in detail), None)
+    where = f' in {culprit}' if culprit else ''
+    sys.exit(f'error: unknown config field{where}: {detail}')
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   checkpoint.quiet_orbax_logs()
   try:
     train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except (ValueError, FileNotFoundError, FloatingPointError) as e:
-    # Configuration and data problems are one line, not a traceback.
+  except (ValueError, FileNotFoundError, FloatingPointError,
+          checkpoint.WorkdirInUse) as e:
+    # Configuration, data, NaN and workdir-lock problems are one line, not a traceback.
     logging.error('%s', e)
     sys.exit(f'error: {e}')
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -438,7 +438,9 @@ def test_constant_input_gradients_with_and_without_noise(initial_state):
   epsilon 1e-5, loss = weighted sum of the outputs), with zero h_0: largest parameter
   gradient ~5e2 after 4 steps, ~3e12 after 8, inf/NaN from 16 steps on (input gradient
   ~4e9 after 4 steps, ~2e19 after 8); so after 128 steps the gradients are not finite.
-  With noise (std 0.1) they are finite: largest ~60 on the parameters, ~400 on x.
+  With noise (std 0.1) they are finite; the largest parameter gradient depends on the draw
+  (B=4 only): 1e2 to 1.2e5 over the noise keys 0-7 (per-example draws, DESIGN.md
+  decision 8), far below the explosion without noise.
   """
   length = 128
   layer = recurrent.make_layer('bn_lstm', H, max_length=length, initial_state=initial_state)
@@ -461,7 +463,7 @@ def test_constant_input_gradients_with_and_without_noise(initial_state):
   all_finite = all(np.all(np.isfinite(a)) for a in leaves)
   if initial_state == 'noise':
     assert all_finite
-    assert max(float(np.max(np.abs(a))) for a in jax.tree.leaves(g_params)) < 1e3
+    assert max(float(np.max(np.abs(a))) for a in jax.tree.leaves(g_params)) < 1e6
   else:
     assert not all_finite, 'expected the zero-variance gradient explosion of the paper'
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from typing import Iterator, Optional
 
 import numpy as np
@@ -45,8 +46,13 @@ def read_idx(path: str) -> np.ndarray:
   if not os.path.exists(path):
     raise FileNotFoundError(f'MNIST file not found: {path}. {_GET_DATA}')
   opener = gzip.open if path.endswith('.gz') else open
-  with opener(path, 'rb') as f:
-    data = f.read()
+  try:
+    with opener(path, 'rb') as f:
+      data = f.read()
+  except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+    # A partial download or a file that is not gzip at all: name it, not a zlib trace.
+    raise ValueError(f'{path} is not a complete gzip file ({e}); download it again. '
+                     f'{_GET_DATA}') from e
   if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
     raise ValueError(f'{path} is not an unsigned-byte IDX file (magic {data[:4]!r}).')
   ndim = data[3]
@@ -163,6 +169,10 @@ class SequenceDataset:
     self.process_count = process_count
     ip.per_process_batch(batch_size, process_count)
     ip.per_process_batch(eval_batch_size, process_count)
+    for name, split in self.splits.items():
+      # Found now, at load time, rather than at the first evaluation.
+      if not len(split['labels']):
+        raise ValueError(f'The {name!r} split has no examples.')
     self.num_train = len(self.splits['train']['labels'])
     if batch_size > self.num_train:
       raise ValueError(f'batch size {batch_size} exceeds the {self.num_train} training '

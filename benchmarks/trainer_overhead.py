@@ -1,0 +1,201 @@
+r"""Overhead of the training loop: steps/s of `train._run` against the bare compiled step.
+
+  python benchmarks/trainer_overhead.py [--steps_quickstart 60] [--steps_mnist 8]
+      [--population] [--out benchmarks/results/trainer_overhead_cpu.json]
+
+For each shape (the quickstart's: 8x8 digits, T=64, B=64, H=100 BN-LSTM; seq-MNIST's:
+T=784, B=100, H=100 BN-LSTM), on the same batches and the same compiled step:
+  bare   `p_train_step` called back to back on batches already on the device, one block
+         at the end: what the device can do;
+  loop   `train._run` (prefetch, metrics fetched every `log_every` steps, the finiteness
+         check, the final save's device-to-host copy), without evaluation or writes to
+         disk (a no-op checkpointer, no eval splits);
+  sync   the loop as it was before (issue 13): build the batch on the host, run the step,
+         convert its metrics to Python floats (waits for the step) every step.
+Repeats alternate the three; the table gives medians and ratios (target loop/bare >= 0.95).
+
+`--population` also times the quickstart's bn_lstm and lstm runs end to end (300 steps,
+`experiments/configs/quickstart.py`) and the share of bn_lstm's time spent in the
+population estimate at each evaluation (`Trainer.population_stats`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bn_rnn_jax import metric_writer  # pylint: disable=wrong-import-position
+from bn_rnn_jax import train  # pylint: disable=wrong-import-position
+from experiments.configs import quickstart as quickstart_config  # pylint: disable=wrong-import-position
+from experiments.configs import seq_mnist as seq_mnist_config  # pylint: disable=wrong-import-position
+
+
+class _NoCheckpoints:
+  """The loop's checkpointer, minus the disk (the device-to-host copy still happens)."""
+  latest = best = None
+
+  def latest_step(self):
+    return None
+
+  def save(self, step, state, meta):
+    del step, state, meta
+
+  save_best = save
+
+  def wait(self):
+    pass
+
+
+def _config(name: str, num_steps: int):
+  config = (quickstart_config if name == 'quickstart' else seq_mnist_config).get_config()
+  config.model.variant = 'bn_lstm'
+  config.train.num_devices = 1
+  config.train.num_steps = num_steps
+  config.eval.splits = ()            # the loop alone: no evaluation ...
+  config.eval.test_at_end = False
+  config.eval.every = num_steps
+  config.checkpoint.every = num_steps
+  if name == 'mnist':
+    config.train.log_every = 4       # seq-MNIST logs every 100 of ~1 s steps; here 4 of 8
+  return config
+
+
+def _cpu() -> float:
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  return usage.ru_utime + usage.ru_stime
+
+
+def _timed(fn):
+  wall, cpu = time.perf_counter(), _cpu()
+  fn()
+  return time.perf_counter() - wall, _cpu() - cpu
+
+
+def measure(name: str, num_steps: int, repeats: int) -> dict:
+  config = _config(name, num_steps)
+  trainer = train.Trainer(config, None)
+  start = trainer.to_devices(trainer.initial_state())
+  batches = [trainer.device_batch(step) for step in range(num_steps)]
+  workdir = tempfile.mkdtemp()
+  writer = metric_writer.MetricWriter(workdir, enabled=False)
+
+  def bare():
+    state = start
+    for batch in batches:
+      state, metrics = trainer.p_train_step(state, batch)
+    jax.block_until_ready((state, metrics))
+
+  def loop():
+    train._run(config, trainer, writer, _NoCheckpoints())  # pylint: disable=protected-access
+
+  def sync():
+    state = start
+    for step in range(num_steps):
+      state, metrics = trainer.p_train_step(state, trainer.train_batch(step))
+      metrics = {k: float(v[0]) for k, v in metrics.items()}
+
+  kinds = {'bare': bare, 'loop': loop, 'sync': sync}
+  for fn in kinds.values():  # compile and warm up
+    fn()
+  times = {kind: [] for kind in kinds}
+  for _ in range(repeats):
+    for kind, fn in kinds.items():
+      times[kind].append(_timed(fn))
+  result = {'shape': _shape(config, trainer), 'steps': num_steps, 'repeats': repeats}
+  for kind, values in times.items():
+    result[f'{kind}_steps_per_s'] = num_steps / statistics.median(w for w, _ in values)
+    result[f'{kind}_cpu_s_per_step'] = statistics.median(c for _, c in values) / num_steps
+  result['loop_over_bare'] = result['loop_steps_per_s'] / result['bare_steps_per_s']
+  result['sync_over_bare'] = result['sync_steps_per_s'] / result['bare_steps_per_s']
+  return result
+
+
+def _shape(config, trainer) -> str:
+  batch = trainer.dataset.train_batch(0)['inputs']
+  return (f'B{config.train.batch_size} T{batch.shape[1]} I{batch.shape[2]} '
+          f'H{config.model.hidden_size} {config.model.variant}')
+
+
+def population_share() -> dict:
+  """The quickstart's 300-step runs (bn_lstm and lstm) and the estimate's share."""
+  spent = {'s': 0.0}
+  original = train.Trainer.population_stats
+
+  def timed(self, state, kind=None):
+    t0 = time.perf_counter()
+    stats = jax.block_until_ready(original(self, state, kind))
+    spent['s'] += time.perf_counter() - t0
+    return stats
+
+  train.Trainer.population_stats = timed
+  result = {}
+  try:
+    for variant in ('lstm', 'bn_lstm'):
+      config = quickstart_config.get_config()
+      config.model.variant = variant
+      spent['s'] = 0.0
+      with tempfile.TemporaryDirectory() as workdir:
+        wall, cpu = _timed(lambda: train.train_and_evaluate(config, workdir))
+      result[variant] = {'wall_s': wall, 'cpu_s': cpu, 'population_s': spent['s']}
+  finally:
+    train.Trainer.population_stats = original
+  bn = result['bn_lstm']
+  result['bn_lstm_population_share'] = bn['population_s'] / bn['wall_s']
+  result['bn_lstm_over_lstm'] = bn['wall_s'] / result['lstm']['wall_s']
+  result['bn_lstm_over_lstm_without_population'] = (
+      (bn['wall_s'] - bn['population_s']) / result['lstm']['wall_s'])
+  result['evaluations'] = config.train.num_steps // config.eval.every
+  result['population_batches'] = config.eval.population_batches
+  return result
+
+
+def machine() -> dict:
+  return {'platform': platform.platform(), 'processor': platform.processor() or 'unknown',
+          'cpu_count': os.cpu_count(), 'backend': jax.default_backend(),
+          'device': jax.devices()[0].device_kind, 'jax': jax.__version__,
+          'note': 'a 2-core CPU VM shared with other jobs while measuring: timings are '
+                  'noisy; compare the ratios, taken in one process'}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--steps_quickstart', type=int, default=60)
+  parser.add_argument('--steps_mnist', type=int, default=8)
+  parser.add_argument('--repeats', type=int, default=3)
+  parser.add_argument('--population', action='store_true')
+  parser.add_argument('--out', default=os.path.join('benchmarks', 'results',
+                                                    'trainer_overhead_cpu.json'))
+  args = parser.parse_args()
+  rows = [measure('quickstart', args.steps_quickstart, args.repeats),
+          measure('mnist', args.steps_mnist, args.repeats)]
+  print(f'{"shape":34s} {"bare steps/s":>12s} {"loop steps/s":>12s} {"loop/bare":>9s} '
+        f'{"sync/bare":>9s}')
+  for r in rows:
+    print(f'{r["shape"]:34s} {r["bare_steps_per_s"]:12.2f} {r["loop_steps_per_s"]:12.2f} '
+          f'{r["loop_over_bare"]:9.3f} {r["sync_over_bare"]:9.3f}')
+  out = {'machine': machine(), 'command': 'python benchmarks/trainer_overhead.py ' +
+         ' '.join(sys.argv[1:]), 'shapes': rows}
+  if args.population:
+    out['quickstart_population'] = p = population_share()
+    print(f'quickstart (300 steps): lstm {p["lstm"]["wall_s"]:.1f} s, bn_lstm '
+          f'{p["bn_lstm"]["wall_s"]:.1f} s ({p["bn_lstm_over_lstm"]:.2f}x), of which the '
+          f'population estimate {p["bn_lstm"]["population_s"]:.1f} s '
+          f'({100 * p["bn_lstm_population_share"]:.0f} %)')
+  with open(args.out, 'w') as f:
+    json.dump(out, f, indent=2)
+    f.write('\n')
+
+
+if __name__ == '__main__':
+  main()

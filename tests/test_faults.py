@@ -1,0 +1,515 @@
+"""Fault injection (issue 9): kills, damaged files, NaNs, concurrent launches, bad input.
+
+Every probe ends in one of three outcomes, asserted: a final state bitwise identical to
+an uninterrupted run's, a clear one-line error, or a fallback with a warning. Runs are
+tiny (`training_fixtures`); the subprocess probes (SIGKILL, concurrent launches, the
+command line) share the tests' persistent compilation cache.
+"""
+
+import gzip
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bn_rnn_jax import checkpoint
+from bn_rnn_jax import metric_writer
+from bn_rnn_jax import recurrent
+from bn_rnn_jax import train
+from bn_rnn_jax.input_pipeline import mnist
+import training_fixtures as fx
+from training_fixtures import compilation_cache  # pylint: disable=unused-import
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# test_checkpoint.py's run (same compiled programs): h0 noise, 2 devices, 7 steps, checkpoints
+# at 2, 4, 6, 7 (all kept), logs at 3, 6, 7, a best checkpoint and a test record.
+OVERRIDES = {'model.initial_state': 'noise', 'train.num_steps': 7, 'train.log_every': 3,
+             'eval.every': 3, 'checkpoint.every': 2, 'checkpoint.keep': 4,
+             'train.num_devices': 2, 'eval.population_batches': 2, 'eval.test_at_end': True}
+
+
+def _config(**extra):
+  return fx.tiny_config('bn_lstm', **{**OVERRIDES, **extra})
+
+
+def _restore(config, workdir, dataset):
+  trainer = train.Trainer(config, workdir, dataset)
+  ckpt = checkpoint.Checkpointer(workdir, keep=config.checkpoint.keep)
+  try:
+    return ckpt.restore(trainer.initial_state())
+  finally:
+    ckpt.close()
+
+
+def _records(workdir):
+  return [{k: v for k, v in r.items() if k != 'time_s'}
+          for r in metric_writer.read_metrics(workdir)]
+
+
+def _assert_same_state(a, b):
+  for (path, x), y in zip(jax.tree.leaves_with_path(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path))
+
+
+def _one_line_error(text: str) -> str:
+  """The last line of stderr, after checking there is no traceback."""
+  assert 'Traceback' not in text, text[-3000:]
+  return text.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope='module')
+def straight(tmp_path_factory):
+  """An uninterrupted run: `(config, dataset, workdir, final state)`."""
+  config = _config()
+  dataset = fx.synthetic_dataset(config)
+  workdir = str(tmp_path_factory.mktemp('straight'))
+  train.train_and_evaluate(config, workdir, dataset)
+  state, _ = _restore(config, workdir, dataset)
+  return config, dataset, workdir, state
+
+
+def _copy(straight_run, tmp_path, name='copy'):
+  _, _, workdir, _ = straight_run
+  target = str(tmp_path / name)
+  shutil.copytree(workdir, target)
+  return target
+
+
+# ====================================================================== kills
+def _worker(workdir, overrides, *extra, wait=True):
+  env = dict(os.environ, JAX_CACHE_DIR=jax.config.jax_compilation_cache_dir,
+             PYTHONPATH=REPO)
+  args = [sys.executable, os.path.join(REPO, 'tests', 'fault_worker.py'), workdir,
+          json.dumps(overrides), *map(str, extra)]
+  proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  if not wait:
+    return proc
+  out, err = proc.communicate(timeout=300)
+  return proc.returncode, out, err
+
+
+def test_concurrent_launches_then_sigkills_inside_a_save_and_at_random_resume_exactly(
+    straight, tmp_path):
+  config, dataset, workdir, state = straight
+  run = str(tmp_path / 'killed')
+  # 1. Two launches at once, each set to die while writing the checkpoint of step 4 (its
+  #    folder half-written): one holds the workdir, the other fails at once naming it.
+  procs = [_worker(run, OVERRIDES, 4, wait=False) for _ in range(2)]
+  results = sorted((p.wait(timeout=300), p.communicate()[1]) for p in procs)
+  (killed, _), (refused, refused_err) = results
+  assert (killed, refused) == (-signal.SIGKILL, 1), [err[-2000:] for _, err in results]
+  assert 'is in use by another run (pid' in _one_line_error(refused_err)
+  assert '4' not in os.listdir(os.path.join(run, 'checkpoints'))
+  # 2. Restarted (taking over the dead run's lock), killed again at a random moment.
+  proc = _worker(run, OVERRIDES, wait=False)
+  time.sleep(random.Random(0).uniform(2.0, 6.0))
+  proc.send_signal(signal.SIGKILL)
+  proc.communicate(timeout=60)
+  # 3. Restarted to the end: the same final state and the same metrics records.
+  code, _, err = _worker(run, OVERRIDES)
+  assert code == 0, err[-3000:]
+  assert 'Took over the lock of a run that is no longer running' in err
+  final, _ = _restore(config, run, dataset)
+  _assert_same_state(state, final)
+  assert _records(run) == _records(workdir)
+  assert sorted(os.listdir(os.path.join(run, 'checkpoints'))) == ['2', '4', '6', '7']
+
+
+def test_resume_from_an_older_checkpoint_logs_what_the_straight_run_logged(straight, tmp_path):
+  # The issue's reproduction of the shallow-copied meta: a checkpoint with a partial
+  # metric window (step 4: one step since the log at 3), resumed after deleting the newer
+  # ones. The window saved must be the one of step 4, not one the loop mutated later.
+  config, dataset, workdir, state = straight
+  run = _copy(straight, tmp_path)
+  for step in ('6', '7'):
+    shutil.rmtree(os.path.join(run, 'checkpoints', step))
+  _, meta4 = _restore(config, run, dataset)
+  assert meta4['window_steps'] == 1 and meta4['window']  # step 4's own metrics
+  train.train_and_evaluate(config, run, dataset)
+  final, _ = _restore(config, run, dataset)
+  _assert_same_state(state, final)
+  assert _records(run) == _records(workdir)
+
+
+# ====================================================================== NaN
+def test_nan_learning_rate_is_a_config_error():
+  config = _config(**{'optimizer.learning_rate': float('nan')})
+  with pytest.raises(ValueError, match='learning_rate must be a positive finite number; got nan'):
+    train.validate_config(config)
+
+
+def test_first_non_finite_step_is_named_and_the_last_good_state_is_replayed(tmp_path):
+  # Metrics are fetched only every 6 steps here; NaN inputs at step 5 (batch index 4). The
+  # run must name step 5 and save the state of step 4, recomputed from the last fetched
+  # state (step 0): bitwise the state a plain 4-step run ends with.
+  sparse = {'train.log_every': 6, 'eval.every': 100, 'checkpoint.every': 100,
+            'eval.test_at_end': False}
+  config = _config(**sparse)
+  dataset = fx.synthetic_dataset(config)
+
+  class NaNAtIndex4:
+    def __getattr__(self, name):
+      return getattr(dataset, name)
+
+    def train_batch(self, step):
+      batch = dataset.train_batch(step)
+      return dict(batch, inputs=np.full_like(batch['inputs'], np.nan)) if step == 4 else batch
+
+  with pytest.raises(FloatingPointError, match=r'at step 5 .*last good state \(step 4\)'):
+    train.train_and_evaluate(config, str(tmp_path / 'nan'), NaNAtIndex4())
+  saved, _ = _restore(config, str(tmp_path / 'nan'), dataset)
+  train.train_and_evaluate(_config(**sparse, **{'train.num_steps': 4}), str(tmp_path / 'four'),
+                           dataset)
+  four, _ = _restore(config, str(tmp_path / 'four'), dataset)
+  assert int(saved.step) == 4
+  _assert_same_state(four, saved)
+
+
+def test_huge_learning_rate_never_evicts_the_good_checkpoint(straight, tmp_path):
+  # keep=1: the good checkpoint of step 7 is the only one. Resumed with a learning rate
+  # that overflows the state, the run stops; what is on disk is still finite.
+  config, dataset, _, _ = straight
+  run = _copy(straight, tmp_path)
+  bad = _config(**{'checkpoint.keep': 1, 'train.num_steps': 12,
+                   'optimizer.learning_rate': 1e35})
+  with pytest.raises(FloatingPointError, match='Non-finite state or training metrics at step'):
+    train.train_and_evaluate(bad, run, dataset)
+  ckpt = checkpoint.Checkpointer(run, keep=1)
+  template = train.Trainer(config, run, dataset).initial_state()
+  try:
+    for step in ckpt.latest.all_steps():
+      state, _ = ckpt.restore(template, step=step)
+      assert all(np.isfinite(x).all() for x in jax.tree.leaves(state)
+                 if np.issubdtype(np.asarray(x).dtype, np.floating))
+    assert ckpt.latest_step() >= 7
+  finally:
+    ckpt.close()
+
+
+def test_checkpointer_refuses_a_non_finite_state(tmp_path):
+  ckpt = checkpoint.Checkpointer(str(tmp_path), keep=1)
+  state = {'params': {'w': np.ones(3, np.float32)}, 'batch_stats': {'var': np.array([np.inf])}}
+  with pytest.raises(FloatingPointError, match='non-finite values in batch_stats/var'):
+    ckpt.save(1, state, {})
+  ckpt.close()
+  assert not os.path.exists(os.path.join(tmp_path, 'checkpoints', '1'))
+
+
+# ====================================================================== concurrent launches
+def test_second_launch_in_a_busy_workdir_fails_at_once_naming_the_holder(tmp_path):
+  config = _config()
+  workdir = str(tmp_path / 'busy')
+  os.makedirs(workdir)
+  with checkpoint.WorkdirLock(workdir):  # another open file: flock conflicts in-process too
+    with pytest.raises(checkpoint.WorkdirInUse,
+                       match=f'is in use by another run \\(pid {os.getpid()} on '):
+      train.train_and_evaluate(config, workdir, fx.synthetic_dataset(config))
+  assert not os.path.exists(os.path.join(workdir, 'metrics.jsonl'))
+
+
+def test_stale_lock_of_a_dead_run_is_taken_over_with_a_warning(tmp_path, caplog):
+  workdir = str(tmp_path / 'stale')
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, 'lock'), 'w') as f:  # a SIGKILLed run's file, unlocked
+    json.dump({'pid': 999999, 'host': 'here', 'start': '2026-01-01T00:00:00+00:00'}, f)
+  with caplog.at_level(logging.WARNING):
+    lock = checkpoint.WorkdirLock(workdir).acquire()
+  lock.release()
+  assert 'Took over the lock of a run that is no longer running (pid 999999' in caplog.text
+
+
+# ====================================================================== damaged checkpoints
+def _damage_files(step_dir, how):
+  """Damage every data file of a checkpoint's state (which of them hold a tiny state's
+  arrays after orbax merged its per-process store is orbax's business)."""
+  if how == 'empty_folder':
+    shutil.rmtree(step_dir)
+    os.makedirs(step_dir)
+    return
+  # Orbax's ocdbt store: data files in state/d/ and state/ocdbt.process_0/d/.
+  targets = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(step_dir, 'state'))
+             for f in fs if os.path.basename(d) == 'd']
+  assert targets
+  for target in targets:
+    if how == 'missing_file':
+      os.remove(target)
+      continue
+    with open(target, 'rb') as f:
+      data = bytearray(f.read())
+    if how == 'truncated':
+      data = data[:len(data) // 2]
+    else:  # flipped bytes, in the middle of the file
+      for i in range(len(data) // 2, len(data) // 2 + 8):
+        data[i] ^= 0xFF
+    with open(target, 'wb') as f:
+      f.write(bytes(data))
+
+
+def _damage(run, how):
+  _damage_files(os.path.join(run, 'checkpoints', '7'), how)
+
+
+def test_flipped_bytes_that_orbax_reads_back_are_caught_by_the_content_hash(tmp_path, caplog):
+  # One large array: its data file is the largest, and flipping bytes inside it still
+  # reads back (the issue's silent case): only the hash tells.
+  state = {'w': np.arange(5000, dtype=np.float32), 'step': np.array(1, np.int32)}
+  ckpt = checkpoint.Checkpointer(str(tmp_path), keep=2)
+  ckpt.save(1, state, {})
+  ckpt.save(2, {**state, 'step': np.array(2, np.int32)}, {})
+  ckpt.wait()
+  state_dir = os.path.join(tmp_path, 'checkpoints', '2', 'state')
+  target = max((os.path.join(d, f) for d, _, fs in os.walk(state_dir) for f in fs
+                if os.path.basename(d) == 'd'), key=os.path.getsize)
+  with open(target, 'r+b') as f:
+    f.seek(os.path.getsize(target) // 2)
+    byte = f.read(1)
+    f.seek(-1, 1)
+    f.write(bytes([byte[0] ^ 0xFF]))
+  with caplog.at_level(logging.WARNING):
+    restored, _ = ckpt.restore(state)
+  ckpt.close()
+  assert int(restored['step']) == 1
+  assert 'does not match the hash saved with it' in caplog.text
+
+
+# Unraisable exceptions fail the test: a damaged file once printed a screen of "Event loop
+# is closed" tracebacks from orbax's callbacks.
+@pytest.mark.filterwarnings('error::pytest.PytestUnraisableExceptionWarning')
+@pytest.mark.parametrize('how, rerun', [('flipped_bytes', True), ('truncated', True),
+                                       ('missing_file', False), ('empty_folder', False)])
+def test_damaged_checkpoint_falls_back_to_the_newest_intact_one(straight, tmp_path, caplog,
+                                                                capfd, how, rerun):
+  config, dataset, workdir, state = straight
+  run = _copy(straight, tmp_path)
+  _damage(run, how)
+  with caplog.at_level(logging.WARNING):
+    restored, _ = _restore(config, run, dataset)
+  assert int(restored.step) == 6
+  damaged = os.path.join(run, 'checkpoints', '7')
+  assert f'Checkpoint {damaged} is damaged' in caplog.text
+  assert os.path.isdir(os.path.join(run, 'damaged', 'checkpoints_7'))
+  if not rerun:  # the same path as above from here on; two of the four re-run it
+    return
+  # The run redoes step 7 from step 6: the same final state, no traceback on stderr.
+  train.train_and_evaluate(config, run, dataset)
+  final, _ = _restore(config, run, dataset)
+  _assert_same_state(state, final)
+  assert _records(run) == _records(workdir)
+  assert 'Traceback' not in capfd.readouterr().err
+
+
+def test_every_checkpoint_damaged_is_one_clear_error(straight, tmp_path):
+  config, dataset, _, _ = straight
+  run = _copy(straight, tmp_path)
+  for step in ('2', '4', '6', '7'):
+    shutil.rmtree(os.path.join(run, 'checkpoints', step))
+    os.makedirs(os.path.join(run, 'checkpoints', step))
+  with pytest.raises(ValueError, match=r'No checkpoint in .* reads back \(steps \[7, 6, 4, 2\]'):
+    _restore(config, run, dataset)
+  assert not os.path.exists(os.path.join(run, 'damaged'))  # nothing moved: not provably damage
+
+
+def test_checkpoint_of_another_model_is_a_clear_error(straight, tmp_path):
+  _, _, workdir, state = straight
+  wider = state.replace(params={**state.params, 'classifier': {
+      'bias': np.zeros(4, np.float32), 'kernel': np.zeros((12, 4), np.float32)}})
+  ckpt = checkpoint.Checkpointer(workdir, keep=4)
+  try:
+    with pytest.raises(ValueError, match=r'holds params/classifier/kernel of shape \(8, 4\), '
+                       r'this config needs \(12, 4\)'):
+      ckpt.restore(wider)
+  finally:
+    ckpt.close()
+
+
+def test_carry_saved_on_two_devices_resumes_on_one(tmp_path, caplog):
+  # A language model's carried state ([devices, batch / devices, H]) saved at step 2 on 2
+  # devices is read back on 1 device as the same global rows, and the run goes on.
+  dataset = fx.LanguageModelDataset()
+  lm = {'model.initial_state': 'zeros', 'optimizer.name': 'adam', 'train.num_steps': 2,
+        'checkpoint.every': 1, 'eval.every': 10, 'train.log_every': 1,
+        'eval.population_stats': 'running', 'checkpoint.best_metric': 'valid/loss',
+        'checkpoint.best_mode': 'min'}
+  two = fx.tiny_config('bn_lstm', **{**lm, 'train.num_devices': 2})
+  one = fx.tiny_config('bn_lstm', **{**lm, 'train.num_devices': 1, 'train.num_steps': 3})
+  run = str(tmp_path / 'run')
+  train.train_and_evaluate(two, run, dataset)
+  saved, _ = _restore(two, run, dataset)
+  with caplog.at_level(logging.WARNING):
+    resharded, _ = _restore(one, run, dataset)
+  assert 'Resharded the carried state of step 2' in caplog.text
+  assert saved.carry[0][1].shape == (2, 8, 8) and resharded.carry[0][1].shape == (1, 16, 8)
+  for a, b in zip(jax.tree.leaves(saved.carry), jax.tree.leaves(resharded.carry)):
+    np.testing.assert_array_equal(a.reshape(b.shape), b)
+  train.train_and_evaluate(one, run, dataset)
+  final, _ = _restore(one, run, dataset)
+  assert int(final.step) == 3
+
+
+# ====================================================================== metrics.jsonl
+def _metrics_file(tmp_path, text):
+  path = tmp_path / 'metrics.jsonl'
+  path.write_text(text)
+  return str(tmp_path)
+
+
+def test_partial_last_metrics_line_is_skipped_with_a_warning_and_the_run_resumes(
+    straight, tmp_path, caplog):
+  config, dataset, workdir, state = straight
+  run = _copy(straight, tmp_path)
+  shutil.rmtree(os.path.join(run, 'checkpoints', '7'))  # killed while writing record 7
+  with open(os.path.join(run, 'metrics.jsonl'), 'a') as f:
+    f.write('{"step": 7, "split": "tra')
+  with caplog.at_level(logging.WARNING):
+    train.train_and_evaluate(config, run, dataset)
+  assert 'skipped its partial last line' in caplog.text
+  assert _records(run) == _records(workdir)
+
+
+@pytest.mark.parametrize('text, message', [
+    ('{"step": 1, "split": "train"}\nnot json\n{"step": 2, "split": "train"}\n',
+     r'metrics.jsonl line 2 is not a JSON record'),
+    ('{"split": "train", "loss": 1.0}\n',
+     r'metrics.jsonl line 1 is not a metrics record \(needs an integer "step"'),
+])
+def test_bad_metrics_lines_are_one_clear_error(tmp_path, text, message):
+  with pytest.raises(ValueError, match=message):
+    metric_writer.read_metrics(_metrics_file(tmp_path, text))
+
+
+def test_metrics_file_that_is_a_folder_is_one_clear_error(tmp_path):
+  os.makedirs(tmp_path / 'metrics.jsonl')
+  with pytest.raises(ValueError, match='metrics.jsonl is a directory'):
+    metric_writer.read_metrics(str(tmp_path))
+
+
+# ====================================================================== bad input
+def test_workdir_that_is_a_file_or_not_writable_is_one_clear_error(tmp_path):
+  config = _config()
+  dataset = fx.synthetic_dataset(config)
+  path = tmp_path / 'a_file'
+  path.write_text('')
+  with pytest.raises(ValueError, match=f'--workdir {path} is a file, not a directory'):
+    train.train_and_evaluate(config, str(path), dataset)
+  # /sys is read-only even for root (chmod does not stop root, so a test cannot use it).
+  with pytest.raises(ValueError, match=r'Cannot write in the workdir /sys \('):
+    train.train_and_evaluate(config, '/sys', dataset)
+
+
+@pytest.mark.parametrize('content', [b'not gzip at all', 'truncated'])
+def test_bad_mnist_archive_is_one_clear_error(tmp_path, content):
+  path = str(tmp_path / 'train-images-idx3-ubyte.gz')
+  if content == 'truncated':
+    header = bytes([0, 0, 8, 3]) + b''.join(n.to_bytes(4, 'big') for n in (10, 28, 28))
+    content = gzip.compress(header + bytes(10 * 28 * 28))[:40]
+  with open(path, 'wb') as f:
+    f.write(content)
+  with pytest.raises(ValueError, match=f'{path} is not a complete gzip file'):
+    mnist.read_idx(path)
+
+
+def test_empty_validation_split_is_found_at_load_time():
+  splits = fx.synthetic_splits()
+  splits['valid'] = (splits['valid'][0][:0], splits['valid'][1][:0])
+  with pytest.raises(ValueError, match="The 'valid' split has no examples"):
+    mnist.SequenceDataset(splits, seed=0, batch_size=16, eval_batch_size=8, num_classes=4)
+
+
+def test_unknown_config_field_is_one_line_with_did_you_mean(tmp_path):
+  result = subprocess.run(
+      [sys.executable, 'experiments/main.py', '--config', 'experiments/configs/seq_mnist.py',
+       '--workdir', str(tmp_path), '--config.model.hiden_size=5'],
+      cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True,
+      timeout=120)
+  assert result.returncode == 1
+  line = _one_line_error(result.stderr)
+  assert line == ('error: unknown config field in --config.model.hiden_size: \'hiden_size\' '
+                  'Did you mean "hidden_size" instead of "hiden_size"?')
+
+
+def test_mask_with_holes_is_a_clear_error():
+  x = jnp.ones((2, 4, 3))
+  holes = jnp.array([[1, 0, 1, 0], [1, 1, 0, 0]], jnp.float32)
+  with pytest.raises(ValueError, match='mask row 0 has a valid step at t=2 after padding'):
+    recurrent.reverse_valid(x, holes)
+  layer = recurrent.make_layer('lstm', 4)
+  with pytest.raises(ValueError, match='mask row 0 has a valid step at t=2 after padding'):
+    layer.init(jax.random.key(0), x, holes, train=False)
+
+
+# ====================================================================== junk in the padding
+_LENGTHS = (5, 3, 1, 4)
+
+
+def _padded_batch(junk):
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(len(_LENGTHS), 5, 3)).astype(np.float32)
+  mask = (np.arange(5)[None, :] < np.array(_LENGTHS)[:, None]).astype(np.float32)
+  return np.where(mask[..., None] > 0, x, np.float32(junk)), mask
+
+
+# The two variants that leaked (sequence-wise input statistics, shared statistics), and one
+# per other code path (per-step BN everywhere; the tanh RNN); compile time is the budget.
+@pytest.mark.parametrize('variant', ['bn_input_only_seq', 'bn_lstm_shared', 'bn_lstm',
+                                     'rnn_bn_recurrence'])
+def test_junk_in_the_padding_reaches_nothing(variant):
+  layer = recurrent.make_layer(variant, 4, max_length=5, initial_state='zeros')
+  x, mask = _padded_batch(0.0)
+  variables = layer.init(jax.random.key(0), x, mask, train=False)
+  w = jax.random.normal(jax.random.key(1), (len(_LENGTHS), 5, 4))
+
+  @jax.jit
+  def everything(x):
+    def loss(params, x):
+      (carry, out), mutated = layer.apply({**variables, 'params': params}, x, mask,
+                                          train=True, mutable=['batch_stats'])
+      return jnp.sum(out * w), (carry, out, mutated)
+    grads, aux = jax.grad(loss, argnums=(0, 1), has_aux=True)(variables['params'], x)
+    _, eval_out = layer.apply(variables, x, mask, train=False)
+    return grads, aux, eval_out
+
+  clean = everything(x)
+  for junk in (np.nan, np.inf, 1e30):
+    dirty = everything(_padded_batch(junk)[0])
+    for (path, a), b in zip(jax.tree.leaves_with_path(clean), jax.tree.leaves(dirty)):
+      np.testing.assert_array_equal(a, b, err_msg=f'{variant}, padding {junk}: '
+                                    f'{jax.tree_util.keystr(path)}')
+  (_, g_x), _, _ = clean
+  assert not np.any(np.asarray(g_x)[mask == 0])  # no gradient into the padding
+
+
+# ====================================================================== N devices == 1
+def test_eight_devices_equal_one_with_noise_and_dropout():
+  # One layer: dropout on its input and on its output; one step.
+  config = fx.tiny_config('bn_lstm', **{'model.initial_state': 'noise',
+                                        'model.dropout_rate': 0.3})
+  dataset = fx.synthetic_dataset(config)
+  results = {}
+  for n in (8, 1):
+    cfg = config.copy_and_resolve_references()
+    cfg.train.num_devices = n
+    trainer = train.Trainer(cfg, None, dataset)
+    init = trainer.to_devices(trainer.initial_state())
+    state, metrics = trainer.p_train_step(init, trainer.train_batch(0))
+    results[n] = trainer.to_host(state), float(metrics['loss'][0])
+    if n == 1:  # the randomness matters: another key gives another step
+      other, _ = trainer.p_train_step(init.replace(rng=init.rng + 1), trainer.train_batch(0))
+      assert not np.allclose(trainer.to_host(other).params['rnn']['layer_0']['bias'],
+                             trainer.to_host(state).params['rnn']['layer_0']['bias'])
+  (s8, loss8), (s1, loss1) = results[8], results[1]
+  np.testing.assert_allclose(loss8, loss1, rtol=2e-6)
+  for (path, a), b in zip(jax.tree.leaves_with_path((s8.params, s8.batch_stats)),
+                          jax.tree.leaves((s1.params, s1.batch_stats))):
+    np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6, err_msg=jax.tree_util.keystr(path))
