@@ -451,11 +451,12 @@ class Trainer:
     carry = None if state.carry is None else jax.tree.map(np.asarray, state.carry)
     return parallel.unreplicate(state.replace(carry=None)).replace(carry=carry)
 
-  def shard(self, batch):
-    """A host batch `[B, ...]` split over the devices: `[D, B / D, ...]`, placed where the
-    steps read it (the shard_map backend's sharding; pmap splits host arrays itself)."""
+  def shard(self, batch, place: bool = False):
+    """A host batch `[B, ...]` split over the devices: `[D, B / D, ...]`. Placed on the
+    devices when `place` (the loop's prefetch) or when the backend reads only placed
+    arrays well (shard_map); pmap splits host arrays itself."""
     batch = parallel.shard(batch, self.num_devices)
-    if self.backend == 'pmap':
+    if self.backend == 'pmap' and not place:
       return batch
     return parallel.put_sharded(batch, self.devices, self.backend)
 
@@ -464,7 +465,7 @@ class Trainer:
 
   def device_batch(self, step: int):
     """`train_batch(step)` already placed on the devices (the loop's prefetch)."""
-    return parallel.put_sharded(self.train_batch(step), self.devices)
+    return self.shard(self.dataset.train_batch(step), place=True)
 
   # ---------------------------------------------------------------- evaluation
   def population_stats(self, state: TrainState, kind: Optional[str] = None):

@@ -80,15 +80,7 @@ def _assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
 
 
 # ------------------------------------------------------------------ model and metrics
-# NaN in the padding still leaks on this branch (lstm: into the gradients; the BN variants:
-# into the loss, through 0 * NaN in the masked moments): DESIGN.md decision 10 says padded
-# inputs are zeroed before any product, which another branch adds to the layers. Strict:
-# once that lands, these pass and pytest reports it, so the marker must go.
-NAN_LEAKS = pytest.mark.xfail(strict=True, reason='NaN padding leaks until the layers zero '
-                              'padded inputs (DESIGN.md decision 10)')
-
-
-@pytest.mark.parametrize('junk', ['large', pytest.param('nan', marks=NAN_LEAKS)])
+@pytest.mark.parametrize('junk', ['large', 'nan'])
 @pytest.mark.parametrize('variant', VARIANTS)
 def test_padding_changes_no_loss_gradient_or_statistic(variant, junk):
   x, labels = _frames()
