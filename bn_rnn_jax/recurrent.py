@@ -37,6 +37,7 @@ from flax import linen as nn
 
 from bn_rnn_jax import cells
 from bn_rnn_jax import initializers
+from bn_rnn_jax import layer_vjp
 from bn_rnn_jax import normalization
 
 Array = jax.Array
@@ -114,6 +115,13 @@ class RecurrentLayer(nn.Module):
       and no slower at B64 T100 H1000; benchmarks/rnn_speed.py), else 'none'. True and
       False mean 'full' and 'none'.
     unroll: steps per scan iteration (`lax.scan(unroll=)`).
+    backward: how the gradient of the scan is formed. 'scan': the autodiff of `lax.scan`
+      (weight gradients summed step by step, T small products). 'layer': the whole-layer
+      backward pass of `layer_vjp` (a reverse scan of the per-step cotangents only, then
+      one `[H, B*T] x [B*T, G*H]` product for W_h and one for W_x); `remat` then says
+      what its forward scan stores. 'auto': chosen by backend and shape from the
+      measurements of `benchmarks/rnn_speed.py` (see `_layer_backward`). Both compute
+      the same gradients; 'layer' defines no forward-mode derivative (`jax.jvp`).
     dtype: compute dtype of the matmuls (e.g. jnp.bfloat16); statistics stay float32.
     axis_name: pmap axis name for cross-device batch moments.
   """
@@ -135,6 +143,7 @@ class RecurrentLayer(nn.Module):
   hoist_input: Optional[bool] = None
   remat: Any = 'auto'
   unroll: int = 1
+  backward: str = 'auto'
   dtype: Any = jnp.float32
   axis_name: Optional[str] = None
 
@@ -164,6 +173,9 @@ class RecurrentLayer(nn.Module):
                        f'{inputs.shape}.')
     if mask is not None and mask.shape != inputs.shape[:2]:
       raise ValueError(f'mask must be [batch, time] = {inputs.shape[:2]}; got {mask.shape}.')
+    if self.backward not in ('auto', 'scan', 'layer'):
+      raise ValueError("backward must be 'auto', 'scan' or 'layer'; got "
+                       f'{self.backward!r}.')
 
   def _hoisted(self, input_size: int) -> bool:
     if self.input_norm == 'batch' and self.input_statistics == 'sequence':
@@ -187,6 +199,37 @@ class RecurrentLayer(nn.Module):
     policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable
               if mode == 'dots' else None)
     return jax.checkpoint(step, prevent_cse=False, policy=policy)
+
+  # ------------------------------------------------------------------ whole-layer backward
+  def _remat_mode(self) -> str:
+    mode = {True: 'full', False: 'none'}.get(self.remat, self.remat)
+    if mode not in ('auto', 'none', 'dots', 'full'):
+      raise ValueError("remat must be 'auto', 'none', 'dots', 'full' or a bool; got "
+                       f'{self.remat!r}.')
+    return mode
+
+  def _layer_backward(self, batch: int, input_size: int) -> bool:
+    """`backward='auto'`: measured with `benchmarks/rnn_speed.py` (README, Speed)."""
+    if self.backward != 'auto':
+      return self.backward == 'layer'
+    return True
+
+  def _scan_with_layer_backward(self, params, cfg, carry, xs, loop_sites):
+    """`lax.scan` of the step with the whole-layer backward pass (`layer_vjp`)."""
+    cell_fn = cells.lstm_cell if self.cell == 'lstm' else cells.rnn_cell
+
+    def cell(pointwise_params, carry, terms, inputs):
+      carry, outputs = cell_fn(pointwise_params, cfg, carry, terms, inputs)
+      return carry, _packed_outputs(outputs, loop_sites)
+
+    def terms_fn(params, carry, inputs):
+      return cells.step_terms(params, cfg, carry, inputs)
+
+    mode = self._remat_mode()
+    if mode == 'auto':
+      mode = 'dots'
+    return layer_vjp.scan_layer(cell, terms_fn, params, carry, xs, compute_dtype=self.dtype,
+                                mode=mode, unroll=self.unroll)
 
   def _rows(self, site: str) -> int:
     if site == 'input':
@@ -289,12 +332,15 @@ class RecurrentLayer(nn.Module):
       xs['stats'] = {site: self._population_rows(stats[site].value, site, length)
                      for site in sites if not (site == 'input' and 'input_term' in xs)}
 
-    step = functools.partial(cells.lstm_step if self.cell == 'lstm' else cells.rnn_step,
-                             params, cfg)
     loop_sites = tuple(site for site in sites if site not in moments) if train else ()
-    step = _pack_moments(step, loop_sites)
-    step = self._rematerialized(step)
-    final_carry, ys = jax.lax.scan(step, carry, xs, unroll=self.unroll)
+    if self._layer_backward(batch, input_size):
+      final_carry, ys = self._scan_with_layer_backward(params, cfg, carry, xs, loop_sites)
+    else:
+      step = functools.partial(
+          cells.lstm_step if self.cell == 'lstm' else cells.rnn_step, params, cfg)
+      step = _pack_moments(step, loop_sites)
+      step = self._rematerialized(step)
+      final_carry, ys = jax.lax.scan(step, carry, xs, unroll=self.unroll)
 
     if train and sites and not self.is_initializing():
       counts = self._step_counts(batch, length, mask_tm)
@@ -362,9 +408,14 @@ def _pack_moments(step, sites: tuple[str, ...]):
   """
   def packed(carry, inputs):
     carry, outputs = step(carry, inputs)
-    flat = [v for site in sites for v in outputs['moments'][site][:2]]
-    return carry, {'h': outputs['h'], 'moments': jnp.concatenate(flat) if flat else None}
+    return carry, _packed_outputs(outputs, sites)
   return packed
+
+
+def _packed_outputs(outputs, sites: tuple[str, ...]):
+  """A step's outputs with its sites' moments packed as in `_pack_moments`."""
+  flat = [v for site in sites for v in outputs['moments'][site][:2]]
+  return {'h': outputs['h'], 'moments': jnp.concatenate(flat) if flat else None}
 
 
 def _unpack_moments(packed: Optional[Array], sites: tuple[str, ...], features, counts):
