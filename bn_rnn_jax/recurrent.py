@@ -270,17 +270,20 @@ class RecurrentLayer(nn.Module):
                                        (self.hidden_size,))
     return params
 
-  def initial_carry(self, batch_size: int, train: bool):
-    """Zeros, a learned vector, or zeros plus Gaussian noise on h_0 (training only)."""
+  def initial_carry(self, batch_size: int, train: bool, dtype=jnp.float32):
+    """Zeros, a learned vector, or zeros plus Gaussian noise on h_0 (training only).
+
+    `dtype`: of the state (float32, or float64 for a float64 layer under x64)."""
     shape = (batch_size, self.hidden_size)
-    h = jnp.zeros(shape, jnp.float32)
-    c = jnp.zeros(shape, jnp.float32)
+    h = jnp.zeros(shape, dtype)
+    c = jnp.zeros(shape, dtype)
     if self.initial_state == 'learned':
       h = h + self.param('initial_hidden', nn.initializers.zeros, (self.hidden_size,))
       if self.cell == 'lstm':
         c = c + self.param('initial_cell', nn.initializers.zeros, (self.hidden_size,))
     elif self.initial_state == 'noise' and train:
-      h = h + self.initial_state_noise * jax.random.normal(self.make_rng('noise'), shape)
+      h = h + self.initial_state_noise * jax.random.normal(self.make_rng('noise'), shape,
+                                                           dtype)
     return (c, h) if self.cell == 'lstm' else h
 
   # ------------------------------------------------------------------ forward
@@ -310,7 +313,11 @@ class RecurrentLayer(nn.Module):
                                  self._rows(site), self._site_features(site))
              for site in sites}
     params = self._params(input_size)
-    carry = self.initial_carry(batch, train) if initial_carry is None else initial_carry
+    # The state is float32, or float64 when the inputs or weights are (under x64).
+    state_dtype = jnp.promote_types(
+        jnp.result_type(inputs, params['recurrent_kernel']), jnp.float32)
+    carry = (self.initial_carry(batch, train, state_dtype) if initial_carry is None
+             else initial_carry)
 
     time_major = jnp.swapaxes(inputs, 0, 1)                                 # [T, B, I]
     mask_tm = None if mask is None else jnp.swapaxes(mask, 0, 1)[..., None].astype(
