@@ -194,6 +194,7 @@ def machine() -> dict:
     pass
   return {'backend': jax.default_backend(), 'devices': jax.device_count(), 'cpu': cpu,
           'cpu_count': os.cpu_count(), 'jax': jax.__version__,
+          'xla_flags': os.environ.get('XLA_FLAGS', ''),
           'note': 'shared machine: other jobs ran at the same time; compare ratios'}
 
 

@@ -69,7 +69,8 @@ def _times_transpose(d: jax.Array, kernel: jax.Array, compute_dtype) -> jax.Arra
 
 
 def scan_layer(cell: Callable, terms_fn: Callable, params: dict[str, jax.Array], carry: Any,
-               xs: dict[str, Any], *, compute_dtype, mode: str, unroll: int = 1):
+               xs: dict[str, Any], *, compute_dtype, mode: str, unroll: int = 1,
+               tied_terms: bool = False):
   """`lax.scan` of one recurrent layer, with the whole-layer backward pass.
 
   Args:
@@ -87,6 +88,10 @@ def scan_layer(cell: Callable, terms_fn: Callable, params: dict[str, jax.Array],
     compute_dtype: dtype of the backward pass's matmuls (as the forward's).
     mode: 'none' | 'dots' | 'full': what the forward pass stores (module docstring).
     unroll: steps per iteration of both scans.
+    tied_terms: the cell adds the in-step input term and the recurrent term before any
+      normalisation (plain LSTM, tanh RNN without input norm), so their cotangents are
+      equal: the reverse scan then stores one `[T, B, G*H]` cotangent instead of two,
+      and W_x and W_h get theirs from one product of `[x_t, h_{t-1}]`.
 
   Returns:
     `(final_carry, outputs)` as `lax.scan` of the whole step would, outputs stacked over
@@ -94,6 +99,7 @@ def scan_layer(cell: Callable, terms_fn: Callable, params: dict[str, jax.Array],
   """
   if mode not in MODES:
     raise ValueError(f'mode must be one of {MODES}; got {mode!r}.')
+  tied = tied_terms and 'x' in xs
 
   def split(params):
     kernels = {k: v for k, v in params.items() if k in KERNELS}
@@ -165,6 +171,8 @@ def scan_layer(cell: Callable, terms_fn: Callable, params: dict[str, jax.Array],
           d_terms['recurrent'], w_h, compute_dtype).astype(_h(d_carry_prev).dtype)
       d_carry_prev = _with_h(d_carry_prev, h_prev_cotangent)
       d_pointwise = jax.tree.map(jnp.add, d_pointwise, d_pointwise_t)
+      if tied and 'input' in d_terms:
+        d_terms = {'recurrent': d_terms['recurrent']}
       return (d_carry_prev, d_pointwise), d_terms
 
     zeros = jax.tree.map(jnp.zeros_like, pointwise_params)
@@ -175,9 +183,19 @@ def scan_layer(cell: Callable, terms_fn: Callable, params: dict[str, jax.Array],
     # The weight gradients, each one product over the whole sequence.
     h_prev = saved['h'] if mode == 'none' else _h(saved['carry'])         # [T, B, H]
     d_params = dict(d_pointwise)
+    d_xs = jax.tree.map(jnp.zeros_like, xs)
+    if tied and 'x' in xs:
+      # One product for both kernels: [x_t, h_{t-1}]^T dZ.
+      w_x = kernels['input_kernel']
+      both = _sequence_matmul(jnp.concatenate([xs['x'].astype(h_prev.dtype), h_prev], -1),
+                              d_terms['recurrent'], compute_dtype, w_h.dtype)
+      d_params['input_kernel'] = both[:w_x.shape[0]].astype(w_x.dtype)
+      d_params['recurrent_kernel'] = both[w_x.shape[0]:]
+      d_xs['x'] = _times_transpose(d_terms['recurrent'], w_x, compute_dtype).astype(
+          xs['x'].dtype)
+      return d_params, d_carry0, d_xs
     d_params['recurrent_kernel'] = _sequence_matmul(h_prev, d_terms['recurrent'],
                                                     compute_dtype, w_h.dtype)
-    d_xs = jax.tree.map(jnp.zeros_like, xs)
     if 'input' in d_terms:
       w_x = kernels['input_kernel']
       d_params['input_kernel'] = _sequence_matmul(xs['x'], d_terms['input'],

@@ -227,9 +227,13 @@ class RecurrentLayer(nn.Module):
 
     mode = self._remat_mode()
     if mode == 'auto':
-      mode = 'dots'
+      # Storing the pointwise vjp's residuals was as fast as recomputing them at (a) and
+      # faster at (c) (benchmarks/rnn_speed.py, bn_lstm:layer:none vs :dots).
+      mode = 'none'
+    # The input and recurrent terms meet as a plain sum (no separate normalisation).
+    tied = self.input_norm is None and (self.cell == 'rnn' or self.recurrent_norm is None)
     return layer_vjp.scan_layer(cell, terms_fn, params, carry, xs, compute_dtype=self.dtype,
-                                mode=mode, unroll=self.unroll)
+                                mode=mode, unroll=self.unroll, tied_terms=tied)
 
   def _rows(self, site: str) -> int:
     if site == 'input':
