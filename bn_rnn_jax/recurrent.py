@@ -113,15 +113,17 @@ class RecurrentLayer(nn.Module):
       least memory, for long sequences); 'auto' = 'dots' on CPU for layers with batch
       norm (fewer stored residuals made BN-LSTM fwd+bwd 1.15x faster at B64 T784 H100,
       and no slower at B64 T100 H1000; benchmarks/rnn_speed.py), else 'none'. True and
-      False mean 'full' and 'none'.
+      False mean 'full' and 'none'. With `backward='layer'` the same names say what its
+      forward scan stores (`layer_vjp`), with the same 'auto'.
     unroll: steps per scan iteration (`lax.scan(unroll=)`).
     backward: how the gradient of the scan is formed. 'scan': the autodiff of `lax.scan`
       (weight gradients summed step by step, T small products). 'layer': the whole-layer
       backward pass of `layer_vjp` (a reverse scan of the per-step cotangents only, then
       one `[H, B*T] x [B*T, G*H]` product for W_h and one for W_x); `remat` then says
-      what its forward scan stores. 'auto': chosen by backend and shape from the
-      measurements of `benchmarks/rnn_speed.py` (see `_layer_backward`). Both compute
-      the same gradients; 'layer' defines no forward-mode derivative (`jax.jvp`).
+      what its forward scan stores, and it keeps those cotangents (more memory). 'auto':
+      'scan', the faster one on every shape measured on CPU (`benchmarks/rnn_speed.py`,
+      README Speed; no accelerator was measured). Both compute the same gradients;
+      'layer' defines no forward-mode derivative (`jax.jvp`).
     dtype: compute dtype of the matmuls (e.g. jnp.bfloat16); statistics stay float32.
     axis_name: pmap axis name for cross-device batch moments.
   """
@@ -187,32 +189,36 @@ class RecurrentLayer(nn.Module):
     return jax.default_backend() != 'cpu'
 
   def _rematerialized(self, step):
-    mode = {True: 'full', False: 'none'}.get(self.remat, self.remat)
-    if mode == 'auto':
-      cpu_with_batch_norm = jax.default_backend() == 'cpu' and self._batch_sites()
-      mode = 'dots' if cpu_with_batch_norm else 'none'
+    mode = self._remat_mode()
     if mode == 'none':
       return step
-    if mode not in ('dots', 'full'):
-      raise ValueError("remat must be 'auto', 'none', 'dots', 'full' or a bool; got "
-                       f'{self.remat!r}.')
     policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable
               if mode == 'dots' else None)
     return jax.checkpoint(step, prevent_cse=False, policy=policy)
 
   # ------------------------------------------------------------------ whole-layer backward
   def _remat_mode(self) -> str:
+    """'none', 'dots' or 'full', with 'auto' resolved (the same rule for both backward
+    passes: at B64 T784 H100 BN-LSTM's whole-layer backward was also fastest with 'dots',
+    900 ms CPU with 'none', 733 with 'dots')."""
     mode = {True: 'full', False: 'none'}.get(self.remat, self.remat)
-    if mode not in ('auto', 'none', 'dots', 'full'):
+    if mode == 'auto':
+      cpu_with_batch_norm = jax.default_backend() == 'cpu' and self._batch_sites()
+      mode = 'dots' if cpu_with_batch_norm else 'none'
+    if mode not in ('none', 'dots', 'full'):
       raise ValueError("remat must be 'auto', 'none', 'dots', 'full' or a bool; got "
                        f'{self.remat!r}.')
     return mode
 
-  def _layer_backward(self, batch: int, input_size: int) -> bool:
-    """`backward='auto'`: measured with `benchmarks/rnn_speed.py` (README, Speed)."""
-    if self.backward != 'auto':
-      return self.backward == 'layer'
-    return True
+  def _layer_backward(self) -> bool:
+    """`backward='auto'` is 'scan' (measured with `benchmarks/rnn_speed.py`, README Speed).
+
+    On the 2-core CPU it was measured on, the whole-layer pass was not clearly faster in
+    process CPU time at any shape (plain LSTM within 3 % either way, BN-LSTM from 2 %
+    faster to 20 % slower), and it keeps the `[T, B, G*H]` cotangents (1.25-1.7x the
+    peak memory). Accelerators were not measured, so they keep the autodiff path too.
+    """
+    return self.backward == 'layer'
 
   def _scan_with_layer_backward(self, params, cfg, carry, xs, loop_sites):
     """`lax.scan` of the step with the whole-layer backward pass (`layer_vjp`)."""
@@ -226,10 +232,6 @@ class RecurrentLayer(nn.Module):
       return cells.step_terms(params, cfg, carry, inputs)
 
     mode = self._remat_mode()
-    if mode == 'auto':
-      # Storing the pointwise vjp's residuals was as fast as recomputing them at (a) and
-      # faster at (c) (benchmarks/rnn_speed.py, bn_lstm:layer:none vs :dots).
-      mode = 'none'
     # The input and recurrent terms meet as a plain sum (no separate normalisation).
     tied = self.input_norm is None and (self.cell == 'rnn' or self.recurrent_norm is None)
     return layer_vjp.scan_layer(cell, terms_fn, params, carry, xs, compute_dtype=self.dtype,
@@ -344,7 +346,7 @@ class RecurrentLayer(nn.Module):
                      for site in sites if not (site == 'input' and 'input_term' in xs)}
 
     loop_sites = tuple(site for site in sites if site not in moments) if train else ()
-    if self._layer_backward(batch, input_size):
+    if self._layer_backward():
       final_carry, ys = self._scan_with_layer_backward(params, cfg, carry, xs, loop_sites)
     else:
       step = functools.partial(
