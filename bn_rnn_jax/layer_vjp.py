@@ -2,9 +2,9 @@
 
 The autodiff of `lax.scan` accumulates the weight gradients step by step: T small
 `[H, B] x [B, G*H]` products inside the reverse loop, each followed by an add into the
-accumulator. Fused RNN libraries (cuDNN, Flax's own OptimizedLSTMCell does not) instead
-run a reverse scan that only carries the per-step cotangents, and form the weight
-gradients after it from the whole sequence:
+accumulator. Fused RNN libraries (cuDNN's RNN, for one) instead run a reverse scan that
+only carries the per-step cotangents, and form the weight gradients after it from the
+whole sequence:
 
     dW_h = H_prev^T dZ_h     one [H, B*T] x [B*T, G*H] product
     dW_x = X^T dZ_x          one [I, B*T] x [B*T, G*H] product (input term in the step)
@@ -22,6 +22,12 @@ What the forward scan stores for the reverse one is the layer's `remat` option:
   'none'  the residuals of the pointwise vjp (no recomputation), plus h_{t-1};
   'dots'  the step's carry and matmul outputs; the pointwise part is recomputed;
   'full'  the step's carry only; the matmuls and the pointwise part are recomputed.
+
+Measured on a 2-core CPU (README, Speed) this was not faster than the autodiff of the
+scan: there the small per-step products stay in cache, while the whole-sequence products
+stream the stored `[T, B, G*H]` cotangents from memory. `RecurrentLayer(backward='auto')`
+therefore keeps the autodiff path; the whole-layer pass is there for accelerators (not
+measured) and for experiments.
 
 Batch moments are outputs without a gradient (the cells stop it), so they take no part
 in the backward pass; forward-mode differentiation (`jax.jvp`) of this path is not
