@@ -1,20 +1,33 @@
-"""Forward+backward speed of our recurrent layers against Flax's OptimizedLSTMCell.
+"""Forward+backward speed and memory of our recurrent layers against Flax's LSTM.
 
-Median wall time of one jitted `value_and_grad` (loss = mean of squared outputs, gradient
-w.r.t. every parameter), after a warm-up call, with `block_until_ready`. All
-implementations run in one process, interleaved repetition by repetition, so that they see
-the same machine load (timings drift 10-25 % between processes here).
+Median wall time and median process CPU time of one jitted `value_and_grad` (loss = mean
+of squared outputs, gradient w.r.t. every parameter), after warm-up calls, with
+`block_until_ready`. All implementations run in one process, interleaved repetition by
+repetition, so that they see the same machine load (timings drift 10-25 % between
+processes here); the table gives each one's ratio to Flax's
+`nn.RNN(nn.OptimizedLSTMCell)` in the same run. Peak memory of the same compiled
+fwd+bwd comes from XLA's buffer assignment (`jit(f).lower(...).compile()
+.memory_analysis()`), not from a measurement of the process.
 
   python benchmarks/rnn_speed.py            # full table
-  python benchmarks/rnn_speed.py --quick    # fewer repetitions (< 1 minute)
+  python benchmarks/rnn_speed.py --quick    # fewer repetitions
   python benchmarks/rnn_speed.py --json benchmarks/results/rnn_speed_cpu.json
+  python benchmarks/rnn_speed.py --report benchmarks/results/rnn_speed_cpu.json  # table
 
-Shapes: (a) B64 T784 I1 H100 (sequential MNIST); (c) B64 T100 I50 H1000.
+Implementations: `flax_optimized_lstm`, and `VARIANT[:BACKWARD[:REMAT]]` for our layer,
+e.g. `bn_lstm:layer` (whole-layer backward pass) or `bn_lstm:scan:dots` (autodiff of
+the scan, storing matmul outputs); without a backward, the layer's 'auto'.
+
+Shapes: (a) B64 T784 I1 H100 (sequential MNIST); (b) B40 T320 I240 H240, bidirectional,
+lengths spread evenly over [T/2, T] (25 % of the steps are padding, masked; Flax gets the
+same `seq_lengths`); (c) B64 T100 I50 H1000.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import platform
 import statistics
 import time
 from typing import Callable
@@ -23,57 +36,100 @@ from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from bn_rnn_jax import recurrent
 
 SHAPES = {
-    'a': dict(batch=64, time=784, features=1, hidden=100),
-    'c': dict(batch=64, time=100, features=50, hidden=1000),
+    'a': dict(batch=64, time=784, features=1, hidden=100, bidirectional=False, padding=0.0),
+    'b': dict(batch=40, time=320, features=240, hidden=240, bidirectional=True,
+              padding=0.25),
+    'c': dict(batch=64, time=100, features=50, hidden=1000, bidirectional=False,
+              padding=0.0),
 }
-IMPLS = ('flax_optimized_lstm', 'lstm', 'bn_lstm', 'ln_lstm')
+REFERENCE = 'flax_optimized_lstm'
+IMPLS = (REFERENCE, 'lstm:scan', 'lstm:layer', 'bn_lstm:scan', 'bn_lstm:layer')
 
-_SHAPES = flags.DEFINE_list('shapes', ['a', 'c'], 'Shapes to run (a, c).')
+_SHAPES = flags.DEFINE_list('shapes', ['a', 'b', 'c'], 'Shapes to run (a, b, c).')
 _IMPLS = flags.DEFINE_list('impls', list(IMPLS), 'Implementations to run.')
-_REPEATS = flags.DEFINE_integer('repeats', 15, 'Timed repetitions per implementation.')
-_QUICK = flags.DEFINE_bool('quick', False, 'Few repetitions (under a minute in all).')
-_JSON = flags.DEFINE_string('json', None, 'Write {"results": [...]} to this path.')
+_REPEATS = flags.DEFINE_integer('repeats', 9, 'Timed repetitions per implementation.')
+_QUICK = flags.DEFINE_bool('quick', False, 'Three repetitions.')
+_JSON = flags.DEFINE_string('json', None, 'Write the results to this path.')
+_REPORT = flags.DEFINE_string('report', None, 'Print the table of this JSON and exit.')
 _UNROLL = flags.DEFINE_integer('unroll', None, 'Override RecurrentLayer.unroll.')
 _HOIST = flags.DEFINE_enum('hoist', None, ['true', 'false'],
                            'Override RecurrentLayer.hoist_input (default: the layer\'s auto).')
 
 
 class FlaxLSTM(nn.Module):
-  """The reference: `nn.RNN(nn.OptimizedLSTMCell)`."""
+  """The reference: `nn.RNN(nn.OptimizedLSTMCell)`, bidirectional if asked."""
   hidden: int
+  bidirectional: bool = False
 
   @nn.compact
-  def __call__(self, x):
-    return nn.RNN(nn.OptimizedLSTMCell(self.hidden))(x)
+  def __call__(self, x, seq_lengths=None):
+    rnn = lambda: nn.RNN(nn.OptimizedLSTMCell(self.hidden))
+    if self.bidirectional:
+      return nn.Bidirectional(rnn(), rnn())(x, seq_lengths=seq_lengths)
+    return rnn()(x, seq_lengths=seq_lengths)
 
 
-def _build(impl: str, shape: dict) -> Callable:
-  """A jitted `params -> (loss, grads)` closure and its parameters."""
+def lengths_and_mask(shape: dict):
+  """`[B]` lengths spread evenly over [T (1 - 2 padding), T] and the `[B, T]` mask."""
+  batch, length = shape['batch'], shape['time']
+  shortest = round(length * (1.0 - 2.0 * shape['padding']))
+  lengths = np.round(np.linspace(shortest, length, batch)).astype(np.int32)
+  mask = (np.arange(length)[None, :] < lengths[:, None]).astype(np.float32)
+  return jnp.asarray(lengths), jnp.asarray(mask)
+
+
+def _layer(impl: str, shape: dict) -> nn.Module:
+  variant, *rest = impl.split(':')
+  overrides = {}
+  if rest:
+    overrides['backward'] = rest[0]
+  if len(rest) > 1:
+    overrides['remat'] = rest[1]
+  if _UNROLL.value is not None:
+    overrides['unroll'] = _UNROLL.value
+  if _HOIST.value is not None:
+    overrides['hoist_input'] = _HOIST.value == 'true'
+  make = lambda: recurrent.make_layer(variant, shape['hidden'], max_length=shape['time'],
+                                      **overrides)
+  if shape['bidirectional']:
+    return recurrent.Bidirectional(make(), make())
+  return make()
+
+
+def _build(impl: str, shape: dict):
+  """A jitted `params -> (loss, grads)` function and its parameters."""
   x = jax.random.normal(jax.random.key(0), (shape['batch'], shape['time'], shape['features']))
-  if impl == 'flax_optimized_lstm':
-    model = FlaxLSTM(shape['hidden'])
-    variables = model.init(jax.random.key(1), x)
+  lengths, mask = lengths_and_mask(shape) if shape['padding'] else (None, None)
+  if impl == REFERENCE:
+    model = FlaxLSTM(shape['hidden'], shape['bidirectional'])
+    variables = model.init(jax.random.key(1), x, lengths)
     def loss_fn(params):
-      return jnp.mean(jnp.square(model.apply({'params': params}, x)))
+      return jnp.mean(jnp.square(model.apply({'params': params}, x, lengths)))
   else:
-    overrides = {}
-    if _UNROLL.value is not None:
-      overrides['unroll'] = _UNROLL.value
-    if _HOIST.value is not None:
-      overrides['hoist_input'] = _HOIST.value == 'true'
-    model = recurrent.make_layer(impl, shape['hidden'], max_length=shape['time'], **overrides)
-    variables = model.init(jax.random.key(1), x, train=True)
+    model = _layer(impl, shape)
+    variables = model.init(jax.random.key(1), x, mask, train=True)
     def loss_fn(params):
-      (_, y), _ = model.apply({**variables, 'params': params}, x, train=True,
+      (_, y), _ = model.apply({**variables, 'params': params}, x, mask, train=True,
                               mutable=['batch_stats'])
       return jnp.mean(jnp.square(y))
   step = jax.jit(jax.value_and_grad(loss_fn))
   return step, variables['params']
+
+
+def peak_memory_bytes(step, params) -> dict:
+  """XLA's buffer assignment of the compiled fwd+bwd, in bytes: arguments + outputs +
+  temporaries - aliased (the CPU client's `peak_memory_in_bytes` leaves the temporaries
+  out), and the temporaries alone (the activations the backward pass keeps)."""
+  stats = step.lower(params).compile().memory_analysis()
+  peak = (stats.argument_size_in_bytes + stats.output_size_in_bytes
+          + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
+  return {'peak_bytes': int(peak), 'temp_bytes': int(stats.temp_size_in_bytes)}
 
 
 def _time_once(step, params) -> tuple[float, float]:
@@ -88,6 +144,7 @@ def run(shapes, impls, repeats) -> list[dict]:
   for shape_name in shapes:
     shape = SHAPES[shape_name]
     built = {impl: _build(impl, shape) for impl in impls}
+    memory = {impl: peak_memory_bytes(*built[impl]) for impl in impls}
     for step, params in built.values():  # compile + warm up
       _time_once(step, params)
       _time_once(step, params)
@@ -98,39 +155,72 @@ def run(shapes, impls, repeats) -> list[dict]:
     for impl in impls:
       wall, cpu = zip(*times[impl])
       results.append({'shape': shape_name, 'impl': impl, 'ms': statistics.median(wall),
-                      'cpu_ms': statistics.median(cpu), 'repeats': repeats})
+                      'cpu_ms': statistics.median(cpu), 'repeats': repeats,
+                      **memory[impl]})
   return results
 
 
+def shape_label(name: str) -> str:
+  s = SHAPES[name]
+  label = f"({name}) B{s['batch']} T{s['time']} I{s['features']} H{s['hidden']}"
+  if s['bidirectional']:
+    label += f", bidir., {round(100 * s['padding'])} % padding"
+  return label
+
+
 def format_table(results: list[dict]) -> str:
-  lines = ['| shape | impl | median fwd+bwd (ms) | ratio to flax_optimized_lstm '
-           '| CPU ms | CPU ratio |', '|---|---|---|---|---|---|']
-  reference = {r['shape']: r for r in results if r['impl'] == 'flax_optimized_lstm'}
+  """Markdown: times and their ratios to Flax, and peak memory with its ratio to our lstm
+  of the same backward mode."""
+  lines = ['| shape | impl | wall ms | wall / Flax | CPU ms | CPU / Flax | peak MiB '
+           '| peak / lstm |', '|---|---|---|---|---|---|---|---|']
+  by_key = {(r['shape'], r['impl']): r for r in results}
   for r in results:
-    shape = SHAPES[r['shape']]
-    label = (f"({r['shape']}) B{shape['batch']} T{shape['time']} I{shape['features']} "
-             f"H{shape['hidden']}")
-    ref = reference.get(r['shape'])
-    ratio = r['ms'] / ref['ms'] if ref else float('nan')
-    cpu_ratio = r['cpu_ms'] / ref['cpu_ms'] if ref else float('nan')
-    lines.append(f"| {label} | {r['impl']} | {r['ms']:.1f} | {ratio:.2f} | "
-                 f"{r['cpu_ms']:.0f} | {cpu_ratio:.2f} |")
+    ref = by_key.get((r['shape'], REFERENCE))
+    variant, _, mode = r['impl'].partition(':')
+    plain = by_key.get((r['shape'], ':'.join(['lstm', mode]) if mode else 'lstm'))
+    ratio = lambda key, base: f'{r[key] / base[key]:.2f}' if base else '-'
+    lines.append(
+        f"| {shape_label(r['shape'])} | {r['impl']} | {r['ms']:.0f} | {ratio('ms', ref)} | "
+        f"{r['cpu_ms']:.0f} | {ratio('cpu_ms', ref)} | {r['peak_bytes'] / 2**20:.1f} | "
+        f"{ratio('peak_bytes', plain) if variant != REFERENCE else '-'} |")
   return '\n'.join(lines)
+
+
+def machine() -> dict:
+  """What the numbers came from (no paths)."""
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open('/proc/cpuinfo') as f:
+      names = [line.split(':', 1)[1].strip() for line in f if line.startswith('model name')]
+    cpu = names[0] if names else cpu
+  except OSError:
+    pass
+  return {'backend': jax.default_backend(), 'devices': jax.device_count(), 'cpu': cpu,
+          'cpu_count': os.cpu_count(), 'jax': jax.__version__,
+          'xla_flags': os.environ.get('XLA_FLAGS', ''),
+          'note': 'shared machine: other jobs ran at the same time; compare ratios'}
 
 
 def main(argv):
   del argv
-  unknown = set(_IMPLS.value) - set(IMPLS) - set(recurrent.VARIANTS)
+  if _REPORT.value:
+    with open(_REPORT.value) as f:
+      saved = json.load(f)
+    print(saved.get('machine'))
+    print(format_table(saved['results']))
+    return
+  known = set(recurrent.VARIANTS)
+  unknown = [i for i in _IMPLS.value if i != REFERENCE and i.split(':')[0] not in known]
   if unknown or set(_SHAPES.value) - set(SHAPES):
-    raise app.UsageError(f'Unknown impls {sorted(unknown)} or shapes {_SHAPES.value}; '
-                         f'impls: {IMPLS}, shapes: {sorted(SHAPES)}.')
+    raise app.UsageError(f'Unknown impls {unknown} or shapes {_SHAPES.value}; impls: '
+                         f'{REFERENCE} or VARIANT[:BACKWARD[:REMAT]], shapes: {sorted(SHAPES)}.')
   repeats = 3 if _QUICK.value else _REPEATS.value
   results = run(_SHAPES.value, _IMPLS.value, repeats)
-  print(f'backend={jax.default_backend()} devices={jax.device_count()} repeats={repeats}')
+  print(f'{machine()} repeats={repeats}')
   print(format_table(results))
   if _JSON.value:
     with open(_JSON.value, 'w') as f:
-      json.dump({'backend': jax.default_backend(), 'results': results}, f, indent=1)
+      json.dump({'machine': machine(), 'results': results}, f, indent=1)
 
 
 if __name__ == '__main__':

@@ -58,10 +58,18 @@ class StepConfig:
 
 
 def matmul(x: Array, kernel: Array, compute_dtype) -> Array:
-  """`x @ kernel` in `compute_dtype`, returned in float32 for the statistics."""
+  """`x @ kernel` in `compute_dtype`, returned in (at least) float32 for the statistics.
+
+  With `jax_enable_x64` on and float64 inputs or kernel, a float32 `compute_dtype` (the
+  default) follows them: the product is computed and returned in float64, so a float64
+  layer stays float64 end to end. A narrower compute dtype (bfloat16) is kept as asked.
+  """
+  wide = jnp.promote_types(jnp.result_type(x, kernel), jnp.float32)
+  if jnp.dtype(compute_dtype) == jnp.float32:
+    compute_dtype = wide
   out = jnp.dot(x.astype(compute_dtype), kernel.astype(compute_dtype),
-                preferred_element_type=jnp.float32)
-  return out.astype(jnp.float32)
+                preferred_element_type=wide)
+  return out.astype(wide)
 
 
 def apply_norm(kind: Optional[str], z: Array, scale: Optional[Array], bias: Optional[Array],
@@ -104,30 +112,45 @@ def _zero_padded(mask: Optional[Array], value: Array) -> Array:
   return value if mask is None else jnp.where(mask > 0, value, jnp.zeros_like(value))
 
 
-def _step_input_term(params: Params, cfg: StepConfig, inputs: dict[str, Any]):
-  """The input term of one step: precomputed outside the scan, or projected here."""
+def step_terms(params: Params, cfg: StepConfig, carry, inputs: dict[str, Any]):
+  """The matmuls of one step: `{'recurrent': W_h h_{t-1} [B, G*H]}` and, when the input
+  term is computed in the step, `'input': W_x x_t`; else `'input_term'`, the normalised
+  input term computed outside the scan. The rest of the step (`lstm_cell`, `rnn_cell`) is
+  pointwise math and normalisations of these terms; `layer_vjp` differentiates it apart
+  from the matmuls."""
+  h_prev = carry[1] if isinstance(carry, tuple) else carry
+  terms = {'recurrent': matmul(h_prev, params['recurrent_kernel'], cfg.compute_dtype)}
   if 'input_term' in inputs:
-    return inputs['input_term'], None
-  z = matmul(inputs['x'], params['input_kernel'], cfg.compute_dtype)
-  return apply_norm(cfg.input_norm, z, params.get('input_scale'), None, train=cfg.train,
-                    mask=inputs.get('mask'), stats=inputs.get('stats', {}).get('input'),
-                    epsilon=cfg.epsilon, axis_name=cfg.axis_name)
+    terms['input_term'] = inputs['input_term']
+  else:
+    terms['input'] = matmul(inputs['x'], params['input_kernel'], cfg.compute_dtype)
+  return terms
 
 
-def _fuse_batch_norms(cfg: StepConfig, inputs) -> bool:
-  return (cfg.train and 'x' in inputs and cfg.input_norm == 'batch'
+def _step_input_term(params: Params, cfg: StepConfig, terms: dict[str, Array],
+                     inputs: dict[str, Any]):
+  """The (normalised) input term of one step and its batch moments (or None)."""
+  if 'input_term' in terms:
+    return terms['input_term'], None
+  return apply_norm(cfg.input_norm, terms['input'], params.get('input_scale'), None,
+                    train=cfg.train, mask=inputs.get('mask'),
+                    stats=inputs.get('stats', {}).get('input'), epsilon=cfg.epsilon,
+                    axis_name=cfg.axis_name)
+
+
+def _fuse_batch_norms(cfg: StepConfig, terms) -> bool:
+  return (cfg.train and 'input' in terms and cfg.input_norm == 'batch'
           and cfg.recurrent_norm == 'batch')
 
 
-def _fused_batch_norm_terms(params: Params, cfg: StepConfig, h_prev, x, mask):
+def _fused_batch_norm_terms(params: Params, cfg: StepConfig, terms, mask):
   """BN(W_x x) + BN(W_h h) as one batch norm over a stacked `[B, 2, 4H]` array.
 
   The two terms keep separate statistics and gammas (the stacked axis is not reduced);
   one call instead of two halves the kernels the scanned step launches, which is what
   the time goes to at small sizes (benchmarks/rnn_speed.py).
   """
-  z = jnp.stack([matmul(x, params['input_kernel'], cfg.compute_dtype),
-                 matmul(h_prev, params['recurrent_kernel'], cfg.compute_dtype)], axis=1)
+  z = jnp.stack([terms['input'], terms['recurrent']], axis=1)
   scale = jnp.stack([params['input_scale'], params['recurrent_scale']])
   y, (mean, var, count) = apply_norm(
       'batch', z, scale, None, train=True, mask=None if mask is None else mask[:, None],
@@ -158,22 +181,29 @@ def lstm_step(params: Params, cfg: StepConfig, carry: tuple[Array, Array],
     `(carry, outputs)`: the new `(c, h)` (padded rows keep the old state) and
     `{'h': [B, H] (0 on padded rows), 'moments': {site: (mean, var, count)}}`.
   """
+  return lstm_cell(params, cfg, carry, step_terms(params, cfg, carry, inputs), inputs)
+
+
+def lstm_cell(params: Params, cfg: StepConfig, carry: tuple[Array, Array],
+              terms: dict[str, Array], inputs: dict[str, Any]):
+  """`lstm_step` after its matmuls: `terms` as returned by `step_terms`; reads only the
+  pointwise parameters (biases and gammas) of `params`, and `mask` / `stats` of `inputs`."""
   c_prev, h_prev = carry
   mask = inputs.get('mask')
   stats = inputs.get('stats', {})
   moments = {}
   kw = dict(train=cfg.train, mask=mask, epsilon=cfg.epsilon, axis_name=cfg.axis_name)
 
-  if _fuse_batch_norms(cfg, inputs):
-    gates, moments = _fused_batch_norm_terms(params, cfg, h_prev, inputs['x'], mask)
+  if _fuse_batch_norms(cfg, terms):
+    gates, moments = _fused_batch_norm_terms(params, cfg, terms, mask)
     gates = gates + params['bias']
   else:
-    input_term, input_moments = _step_input_term(params, cfg, inputs)
+    input_term, input_moments = _step_input_term(params, cfg, terms, inputs)
     if input_moments is not None:
       moments['input'] = input_moments
     recurrent_term, recurrent_moments = apply_norm(
-        cfg.recurrent_norm, matmul(h_prev, params['recurrent_kernel'], cfg.compute_dtype),
-        params.get('recurrent_scale'), None, stats=stats.get('recurrent'), **kw)
+        cfg.recurrent_norm, terms['recurrent'], params.get('recurrent_scale'), None,
+        stats=stats.get('recurrent'), **kw)
     if recurrent_moments is not None:
       moments['recurrent'] = recurrent_moments
     gates = recurrent_term + input_term + params['bias']
@@ -198,14 +228,20 @@ def rnn_step(params: Params, cfg: StepConfig, carry: Array, inputs: dict[str, An
   `cfg.recurrent_norm` normalises the *sum* (the appendix-A form); `cfg.input_norm` only
   the input term. Arguments and outputs as in `lstm_step`, with carry `h [B, H]`.
   """
+  return rnn_cell(params, cfg, carry, step_terms(params, cfg, carry, inputs), inputs)
+
+
+def rnn_cell(params: Params, cfg: StepConfig, carry: Array, terms: dict[str, Array],
+             inputs: dict[str, Any]):
+  """`rnn_step` after its matmuls (see `lstm_cell`)."""
   h_prev = carry
   mask = inputs.get('mask')
   stats = inputs.get('stats', {})
   moments = {}
-  input_term, input_moments = _step_input_term(params, cfg, inputs)
+  input_term, input_moments = _step_input_term(params, cfg, terms, inputs)
   if input_moments is not None:
     moments['input'] = input_moments
-  pre = matmul(h_prev, params['recurrent_kernel'], cfg.compute_dtype) + input_term
+  pre = terms['recurrent'] + input_term
   if cfg.recurrent_norm is None:
     pre = pre + params['bias']
   else:

@@ -38,6 +38,7 @@ from flax import linen as nn
 
 from bn_rnn_jax import cells
 from bn_rnn_jax import initializers
+from bn_rnn_jax import layer_vjp
 from bn_rnn_jax import normalization
 
 Array = jax.Array
@@ -159,8 +160,17 @@ class RecurrentLayer(nn.Module):
       least memory, for long sequences); 'auto' = 'dots' on CPU for layers with batch
       norm (fewer stored residuals made BN-LSTM fwd+bwd 1.15x faster at B64 T784 H100,
       and no slower at B64 T100 H1000; benchmarks/rnn_speed.py), else 'none'. True and
-      False mean 'full' and 'none'.
+      False mean 'full' and 'none'. With `backward='layer'` the same names say what its
+      forward scan stores (`layer_vjp`), with the same 'auto'.
     unroll: steps per scan iteration (`lax.scan(unroll=)`).
+    backward: how the gradient of the scan is formed. 'scan': the autodiff of `lax.scan`
+      (weight gradients summed step by step, T small products). 'layer': the whole-layer
+      backward pass of `layer_vjp` (a reverse scan of the per-step cotangents only, then
+      one `[H, B*T] x [B*T, G*H]` product for W_h and one for W_x); `remat` then says
+      what its forward scan stores, and it keeps those cotangents (more memory). 'auto':
+      'scan', the faster one on every shape measured on CPU (`benchmarks/rnn_speed.py`,
+      README Speed; no accelerator was measured). Both compute the same gradients;
+      'layer' defines no forward-mode derivative (`jax.jvp`).
     dtype: compute dtype of the matmuls (e.g. jnp.bfloat16); statistics stay float32.
     axis_name: pmap axis name for cross-device batch moments.
   """
@@ -183,6 +193,7 @@ class RecurrentLayer(nn.Module):
   hoist_input: Optional[bool] = None
   remat: Any = 'auto'
   unroll: int = 1
+  backward: str = 'auto'
   dtype: Any = jnp.float32
   axis_name: Optional[str] = None
 
@@ -216,6 +227,9 @@ class RecurrentLayer(nn.Module):
     if mask is not None and mask.shape != inputs.shape[:2]:
       raise ValueError(f'mask must be [batch, time] = {inputs.shape[:2]}; got {mask.shape}.')
     check_mask_prefix(mask)
+    if self.backward not in ('auto', 'scan', 'layer'):
+      raise ValueError("backward must be 'auto', 'scan' or 'layer'; got "
+                       f'{self.backward!r}.')
 
   def _hoisted(self, input_size: int) -> bool:
     if self.input_norm == 'batch' and self.input_statistics == 'sequence':
@@ -227,18 +241,53 @@ class RecurrentLayer(nn.Module):
     return jax.default_backend() != 'cpu'
 
   def _rematerialized(self, step):
+    mode = self._remat_mode()
+    if mode == 'none':
+      return step
+    policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+              if mode == 'dots' else None)
+    return jax.checkpoint(step, prevent_cse=False, policy=policy)
+
+  # ------------------------------------------------------------------ whole-layer backward
+  def _remat_mode(self) -> str:
+    """'none', 'dots' or 'full', with 'auto' resolved (the same rule for both backward
+    passes: at B64 T784 H100 BN-LSTM's whole-layer backward was also fastest with 'dots',
+    900 ms CPU with 'none', 733 with 'dots')."""
     mode = {True: 'full', False: 'none'}.get(self.remat, self.remat)
     if mode == 'auto':
       cpu_with_batch_norm = jax.default_backend() == 'cpu' and self._batch_sites()
       mode = 'dots' if cpu_with_batch_norm else 'none'
-    if mode == 'none':
-      return step
-    if mode not in ('dots', 'full'):
+    if mode not in ('none', 'dots', 'full'):
       raise ValueError("remat must be 'auto', 'none', 'dots', 'full' or a bool; got "
                        f'{self.remat!r}.')
-    policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-              if mode == 'dots' else None)
-    return jax.checkpoint(step, prevent_cse=False, policy=policy)
+    return mode
+
+  def _layer_backward(self) -> bool:
+    """`backward='auto'` is 'scan' (measured with `benchmarks/rnn_speed.py`, README Speed).
+
+    On the 2-core CPU it was measured on, the whole-layer pass was not clearly faster in
+    process CPU time at any shape (plain LSTM within 3 % either way, BN-LSTM from 2 %
+    faster to 20 % slower), and it keeps the `[T, B, G*H]` cotangents (1.25-1.7x the
+    peak memory). Accelerators were not measured, so they keep the autodiff path too.
+    """
+    return self.backward == 'layer'
+
+  def _scan_with_layer_backward(self, params, cfg, carry, xs, loop_sites):
+    """`lax.scan` of the step with the whole-layer backward pass (`layer_vjp`)."""
+    cell_fn = cells.lstm_cell if self.cell == 'lstm' else cells.rnn_cell
+
+    def cell(pointwise_params, carry, terms, inputs):
+      carry, outputs = cell_fn(pointwise_params, cfg, carry, terms, inputs)
+      return carry, _packed_outputs(outputs, loop_sites)
+
+    def terms_fn(params, carry, inputs):
+      return cells.step_terms(params, cfg, carry, inputs)
+
+    mode = self._remat_mode()
+    # The input and recurrent terms meet as a plain sum (no separate normalisation).
+    tied = self.input_norm is None and (self.cell == 'rnn' or self.recurrent_norm is None)
+    return layer_vjp.scan_layer(cell, terms_fn, params, carry, xs, compute_dtype=self.dtype,
+                                mode=mode, unroll=self.unroll, tied_terms=tied)
 
   def _rows(self, site: str) -> int:
     if site == 'input':
@@ -279,11 +328,13 @@ class RecurrentLayer(nn.Module):
                                        (self.hidden_size,))
     return params
 
-  def initial_carry(self, batch_size: int, train: bool):
-    """Zeros, a learned vector, or zeros plus Gaussian noise on h_0 (training only)."""
+  def initial_carry(self, batch_size: int, train: bool, dtype=jnp.float32):
+    """Zeros, a learned vector, or zeros plus Gaussian noise on h_0 (training only).
+
+    `dtype`: of the state (float32, or float64 for a float64 layer under x64)."""
     shape = (batch_size, self.hidden_size)
-    h = jnp.zeros(shape, jnp.float32)
-    c = jnp.zeros(shape, jnp.float32)
+    h = jnp.zeros(shape, dtype)
+    c = jnp.zeros(shape, dtype)
     if self.initial_state == 'learned':
       h = h + self.param('initial_hidden', nn.initializers.zeros, (self.hidden_size,))
       if self.cell == 'lstm':
@@ -291,7 +342,7 @@ class RecurrentLayer(nn.Module):
     elif self.initial_state == 'noise' and train:
       # One key per global example (DESIGN.md decision 8): N devices draw what 1 draws.
       keys = per_example_keys(self.make_rng('noise'), batch_size, self.axis_name)
-      noise = jax.vmap(lambda k: jax.random.normal(k, (self.hidden_size,)))(keys)
+      noise = jax.vmap(lambda k: jax.random.normal(k, (self.hidden_size,), dtype))(keys)
       h = h + self.initial_state_noise * noise
     return (c, h) if self.cell == 'lstm' else h
 
@@ -326,7 +377,11 @@ class RecurrentLayer(nn.Module):
                                  self._rows(site), self._site_features(site))
              for site in sites}
     params = self._params(input_size)
-    carry = self.initial_carry(batch, train) if initial_carry is None else initial_carry
+    # The state is float32, or float64 when the inputs or weights are (under x64).
+    state_dtype = jnp.promote_types(
+        jnp.result_type(inputs, params['recurrent_kernel']), jnp.float32)
+    carry = (self.initial_carry(batch, train, state_dtype) if initial_carry is None
+             else initial_carry)
 
     time_major = jnp.swapaxes(inputs, 0, 1)                                 # [T, B, I]
     mask_tm = None if mask is None else jnp.swapaxes(mask, 0, 1)[..., None].astype(
@@ -348,12 +403,15 @@ class RecurrentLayer(nn.Module):
       xs['stats'] = {site: self._population_rows(stats[site].value, site, length)
                      for site in sites if not (site == 'input' and 'input_term' in xs)}
 
-    step = functools.partial(cells.lstm_step if self.cell == 'lstm' else cells.rnn_step,
-                             params, cfg)
     loop_sites = tuple(site for site in sites if site not in moments) if train else ()
-    step = _pack_moments(step, loop_sites)
-    step = self._rematerialized(step)
-    final_carry, ys = jax.lax.scan(step, carry, xs, unroll=self.unroll)
+    if self._layer_backward():
+      final_carry, ys = self._scan_with_layer_backward(params, cfg, carry, xs, loop_sites)
+    else:
+      step = functools.partial(
+          cells.lstm_step if self.cell == 'lstm' else cells.rnn_step, params, cfg)
+      step = _pack_moments(step, loop_sites)
+      step = self._rematerialized(step)
+      final_carry, ys = jax.lax.scan(step, carry, xs, unroll=self.unroll)
 
     if train and sites and not self.is_initializing():
       counts = self._step_counts(batch, length, mask_tm)
@@ -421,9 +479,14 @@ def _pack_moments(step, sites: tuple[str, ...]):
   """
   def packed(carry, inputs):
     carry, outputs = step(carry, inputs)
-    flat = [v for site in sites for v in outputs['moments'][site][:2]]
-    return carry, {'h': outputs['h'], 'moments': jnp.concatenate(flat) if flat else None}
+    return carry, _packed_outputs(outputs, sites)
   return packed
+
+
+def _packed_outputs(outputs, sites: tuple[str, ...]):
+  """A step's outputs with its sites' moments packed as in `_pack_moments`."""
+  flat = [v for site in sites for v in outputs['moments'][site][:2]]
+  return {'h': outputs['h'], 'moments': jnp.concatenate(flat) if flat else None}
 
 
 def _unpack_moments(packed: Optional[Array], sites: tuple[str, ...], features, counts):

@@ -37,6 +37,9 @@ NUM_VALID = float(MASK.sum())
 # variants use the same `batch_norm` calls (tests/test_recurrent.py checks them on one
 # device); they are left out to keep compile time down.
 FORMS = [('bn_lstm', False), ('bn_lstm', True), ('bn_lstm_shared', True)]
+# The whole-layer backward pass (`backward='layer'`) psums the batch-norm cotangent sums
+# inside its own reverse scan: one in-step form checks it.
+FORMS_BACKWARD = [form + ('scan',) for form in FORMS] + [('bn_lstm', False, 'layer')]
 
 
 @pytest.fixture(scope='module', autouse=True)
@@ -56,9 +59,9 @@ def unshard(a):
   return a.reshape((-1,) + a.shape[2:])
 
 
-def _layer(variant, hoist, axis_name=None):
+def _layer(variant, hoist, axis_name=None, backward='scan'):
   return recurrent.make_layer(variant, H, max_length=T + 2, momentum=0.9,
-                              hoist_input=hoist, axis_name=axis_name)
+                              hoist_input=hoist, axis_name=axis_name, backward=backward)
 
 
 def _params(variant):
@@ -85,9 +88,9 @@ def single_device(variant, hoist):
 
 
 @functools.cache
-def eight_devices(variant, hoist):
+def eight_devices(variant, hoist, backward='scan'):
   params, stats = _params(variant)
-  grad_fn = _loss_fn(_layer(variant, hoist, axis_name='batch'))
+  grad_fn = _loss_fn(_layer(variant, hoist, axis_name='batch', backward=backward))
 
   def step(params, stats, x, mask, w):
     (value, aux), (g_params, g_x) = grad_fn(params, stats, x, mask, w)
@@ -103,10 +106,11 @@ def _close(a, b, rtol=1e-5, what=''):
   np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * scale, err_msg=what)
 
 
-@pytest.mark.parametrize('variant,hoist', FORMS)
-def test_pmap_equals_single_device(variant, hoist):
+@pytest.mark.parametrize('variant,hoist,backward', FORMS_BACKWARD)
+def test_pmap_equals_single_device(variant, hoist, backward):
   (value, (out, carry, new)), (g_params, g_x) = single_device(variant, hoist)
-  (p_value, (p_out, p_carry, p_new)), (p_g_params, p_g_x) = eight_devices(variant, hoist)
+  (p_value, (p_out, p_carry, p_new)), (p_g_params, p_g_x) = eight_devices(variant, hoist,
+                                                                          backward)
   _close(p_value[0], value, what='loss')
   _close(unshard(p_out), out, what='outputs')
   for a, b in zip(jax.tree.leaves(p_carry), jax.tree.leaves(carry)):

@@ -33,6 +33,8 @@ BATCH_VARIANTS = tuple(v for v in VARIANTS if ref.batch_sites(v))
 ALWAYS_HOISTED = tuple(v for v in VARIANTS if ref.spec(v)['input_stats'] == 'sequence')
 FORMS = tuple((v, hoist) for v in VARIANTS for hoist in (False, True)
               if not (hoist is False and v in ALWAYS_HOISTED))
+# `RecurrentLayer.backward`: autodiff of the scan, or the whole-layer backward pass.
+BACKWARDS = ('scan', 'layer')
 
 
 def _mask(lengths, length):
@@ -117,8 +119,8 @@ def run_train(variant, hoist, x=X, mask=MASK, stats=None, w_out=W_OUT, overrides
 
 
 @functools.cache
-def cached_train(variant, hoist):
-  return run_train(variant, hoist)
+def cached_train(variant, hoist, backward='scan'):
+  return run_train(variant, hoist, overrides=(('backward', backward),))
 
 
 def ref_loss(variant, params, x, mask, w_out=W_OUT, **kw):
@@ -159,10 +161,11 @@ def ref_records(variant, moments):
 # ----------------------------------------------------------------------------- training
 
 
+@pytest.mark.parametrize('backward', BACKWARDS)
 @pytest.mark.parametrize('variant,hoist', FORMS)
-def test_training_matches_reference(variant, hoist):
+def test_training_matches_reference(variant, hoist, backward):
   """Outputs, final state, gradients and statistics in training mode, uneven mask."""
-  got = cached_train(variant, hoist)
+  got = cached_train(variant, hoist, backward)
   want = reference_train(variant)
   assert_close(got['out'], want['out'], what='outputs')
   assert np.all(got['out'][MASK == 0] == 0.0), 'padded outputs must be exactly 0'
@@ -204,10 +207,12 @@ def test_hoisted_equals_in_step(variant):
       assert_close(a['stats'][site][key], b['stats'][site][key], rtol=1e-5, what=site)
 
 
-def test_remat_and_unroll_match_reference():
+@pytest.mark.parametrize('backward', BACKWARDS)
+def test_remat_and_unroll_match_reference(backward):
   """The other forms of the scan (recomputed activations, unrolled steps) compute the
   same function, gradients included."""
-  got = run_train('bn_lstm', False, overrides=(('remat', True), ('unroll', 2)))
+  got = run_train('bn_lstm', False,
+                  overrides=(('remat', True), ('unroll', 2), ('backward', backward)))
   want = reference_train('bn_lstm')
   assert_close(got['out'], want['out'], what='outputs')
   for name, g in got['g_params'].items():
@@ -215,10 +220,11 @@ def test_remat_and_unroll_match_reference():
   assert_close(got['g_x'], want['g_x'], rtol=2e-4, what='d loss / d x')
 
 
-def test_initial_carry_and_its_gradient():
+@pytest.mark.parametrize('backward', BACKWARDS)
+def test_initial_carry_and_its_gradient(backward):
   """A given initial state (e.g. carried over truncated-BPTT segments) is used as h_0, c_0."""
   variant = 'bn_lstm'
-  layer = _layer(variant)
+  layer = _layer(variant, backward=backward)
   params, fresh = variant_params(variant)
   rng = np.random.default_rng(5)
   c0, h0 = rng.normal(size=(B, H)), rng.normal(size=(B, H))

@@ -1,6 +1,8 @@
 """StackedRNN (depth, dropout, bidirectional), learned initial state, bfloat16 compute
 and the remat modes, against the float64 reference in tests/reference.py."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,12 +15,20 @@ B, T, I, H = 4, 6, 3, 5
 LENGTHS = np.array([6, 4, 2, 5])
 
 
-@pytest.fixture(scope='module')
-def data():
+def _make_data():
   rng = np.random.default_rng(0)
   x = rng.normal(size=(B, T, I)).astype(np.float32)
   mask = (np.arange(T)[None] < LENGTHS[:, None]).astype(np.float32)
   return x, mask
+
+
+_DATA = _make_data()
+W64 = np.random.default_rng(4).normal(size=(B, T, H))   # loss weights of the float64 test
+
+
+@pytest.fixture(scope='module')
+def data():
+  return _DATA
 
 
 def _np(tree):
@@ -113,11 +123,12 @@ def test_bfloat16_compute_keeps_float32_statistics(data):
                              np.asarray(stats32['batch_stats']['cell']['mean']), atol=3e-2)
 
 
+@pytest.mark.parametrize('backward', ['scan', 'layer'])
 @pytest.mark.parametrize('remat', ['none', 'dots', 'full'])
-def test_remat_modes_give_the_same_gradients(data, remat):
+def test_remat_modes_give_the_same_gradients(data, remat, backward):
   x, mask = data
-  base = br.make_layer('bn_lstm', H, max_length=T, remat='none')
-  layer = br.make_layer('bn_lstm', H, max_length=T, remat=remat)
+  base = br.make_layer('bn_lstm', H, max_length=T, remat='none', backward='scan')
+  layer = br.make_layer('bn_lstm', H, max_length=T, remat=remat, backward=backward)
   variables = base.init(jax.random.key(0), x, mask, train=True)
 
   def loss(module, p):
@@ -128,6 +139,62 @@ def test_remat_modes_give_the_same_gradients(data, remat):
   got = jax.grad(lambda p: loss(layer, p))(variables['params'])
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def _float64_layer(variant, backward):
+  return br.make_layer(variant, H, max_length=T, backward=backward)
+
+
+@functools.cache
+def _float64_reference(variant):
+  """Float64 parameters (the layer's init, cast), and the reference's outputs and
+  finite-difference gradients of `sum(outputs * W64)` for them."""
+  x, mask = (np.asarray(a, np.float64) for a in _DATA)
+  with jax.enable_x64(True):
+    variables = _float64_layer(variant, 'scan').init(jax.random.key(0), jnp.asarray(x),
+                                                     jnp.asarray(mask), train=True)
+  params = _np(variables['params'])
+  _, want_out, _ = reference.run_layer(params, x, mask, variant)
+  ref_loss = lambda a: np.sum(reference.run_layer(
+      {k: v for k, v in a.items() if k != '__x'}, a['__x'], mask, variant)[1] * W64)
+  return variables, want_out, reference.numerical_grad(ref_loss, {**params, '__x': x})
+
+
+@pytest.mark.parametrize('variant', ['bn_lstm', 'rnn_bn_recurrence'])
+@pytest.mark.parametrize('backward', ['scan', 'layer'])
+def test_float64_end_to_end(variant, backward):
+  """With `jax_enable_x64`, float64 parameters and inputs keep every matmul, output and
+  gradient in float64: the layer then matches the float64 reference far below float32's
+  precision (outputs to 1e-12, gradients to central finite differences' own ~1e-7)."""
+  x, mask = (np.asarray(a, np.float64) for a in _DATA)
+  variables, want_out, want = _float64_reference(variant)
+  with jax.enable_x64(True):
+    layer = _float64_layer(variant, backward)
+    # Flax creates float32 parameters; a float64 model casts them.
+    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), variables['params'])
+
+    def loss(p, x):
+      (_, y), _ = layer.apply({**variables, 'params': p}, x, mask, train=True,
+                              mutable=['batch_stats'])
+      return jnp.sum(y * W64), y
+    (_, out), (g_params, g_x) = jax.jit(jax.value_and_grad(
+        loss, argnums=(0, 1), has_aux=True))(params, jnp.asarray(x))
+  assert out.dtype == jnp.float64 and g_x.dtype == jnp.float64
+  assert all(a.dtype == jnp.float64 for a in jax.tree.leaves(g_params))
+  np.testing.assert_allclose(np.asarray(out), want_out, rtol=1e-12, atol=1e-12)
+  for name, g in {**_np(g_params), '__x': np.asarray(g_x)}.items():
+    scale = np.max(np.abs(want[name]))
+    np.testing.assert_allclose(g, want[name], rtol=1e-6, atol=1e-6 * scale, err_msg=name)
+
+
+def test_matmul_follows_float64_operands():
+  with jax.enable_x64(True):
+    a64, k64 = jnp.ones((2, 3), jnp.float64), jnp.ones((3, 4), jnp.float64)
+    assert br.cells.matmul(a64, k64, jnp.float32).dtype == jnp.float64
+    assert br.cells.matmul(a64.astype(jnp.float32), k64.astype(jnp.float32),
+                           jnp.float32).dtype == jnp.float32
+    # A narrower compute dtype is kept; the result is float32 or wider.
+    assert br.cells.matmul(a64, k64, jnp.bfloat16).dtype == jnp.float64
 
 
 def test_bad_remat_mode_is_a_clear_error(data):
