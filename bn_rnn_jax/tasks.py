@@ -128,3 +128,38 @@ register('classification', Task(_build_classifier, _apply_classifier,
                                 _classification_sums))
 register('language_model', Task(_build_language_model, _apply_language_model,
                                 _language_model_sums, _language_model_finalize))
+
+
+# ---------------------------------------------------------------------- reading comprehension
+def _build_reader(config, model_kwargs, layer_options):
+  return models.AttentiveReader(**model_kwargs, embed_size=config.model.get('embed_size'),
+                                **model_fields(config), layer_options=layer_options)
+
+
+def _apply_reader(model, variables, batch, train, carry, **kwargs):
+  del carry  # every question starts afresh
+  logits, mutated = apply_model(model, variables, (batch['inputs'], None), train, kwargs)
+  return (None, logits), mutated
+
+
+def _reader_sums(logits, batch):
+  """Sums of cross-entropy and accuracy over weighted questions.
+
+  A question whose answer is not a candidate (only when `data.top_k_sentences` stripped it
+  from the document) is always wrong and adds 0 to the loss, which would otherwise be
+  ~|NON_CANDIDATE_LOGIT|.
+  """
+  labels = batch['labels']
+  answerable = jnp.take_along_axis(batch['inputs']['candidates'], labels[:, None], 1)[:, 0]
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  ce = jnp.where(answerable > 0, ce, 0.0)
+  sums, count = example_sums(ce, jnp.argmax(logits, -1) == labels, batch['weights'])
+  return sums, count
+
+
+def _reader_finalize(means):
+  return {**means, 'error': 1.0 - means['accuracy']}
+
+
+register('reading_comprehension', Task(_build_reader, _apply_reader, _reader_sums,
+                                       _reader_finalize))

@@ -42,9 +42,9 @@ run reads. `config.data.length_groups > 1` turns on length bucketing: the traini
 examples are sorted by document length into that many groups of equal size, each step
 draws a group (probability by size) and samples its batch inside it (less padding).
 
-Evaluation: `eval_batches(split)` covers 'valid' or 'test' once, in file-name order, in
-batches of `config.eval.batch_size` padded with weight-0 examples; entities are not
-shuffled.
+Evaluation: `eval_batches(split)` covers 'valid' or 'test' once, in order of document
+length (shortest first; ties in file-name order), in batches of `config.eval.batch_size`
+padded with weight-0 examples; entities are not shuffled.
 
 The paper's CNN shortcut (App. C) is `config.data.top_k_sentences = k` (they used 4; 0 =
 off, the default): only the k context sentences that share the most distinct tokens with
@@ -417,10 +417,12 @@ class ReadingDataset:
     if f'{split}/answer' not in self.arrays:
       raise ValueError(f"Unknown split {split!r}; have 'train', 'valid', 'test'.")
     n = self.num_examples(split)
+    # Shortest documents first: batches of similar lengths carry little padding.
+    order = np.argsort(self.lengths(split, 'document'), kind='stable')
     for start in range(0, n, self.eval_batch_size):
       index = np.arange(start, start + self.eval_batch_size)
       weights = (index < n).astype(np.float32)
-      batch = self.batch(split, np.where(index < n, index, 0))
+      batch = self.batch(split, order[np.where(index < n, index, 0)])
       batch['weights'] = weights
       local = self.eval_batch_size // self.process_count
       part = slice(self.process_index * local, (self.process_index + 1) * local)
