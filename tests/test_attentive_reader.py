@@ -298,16 +298,41 @@ def test_padding_gets_zero_attention_and_never_changes_the_loss(arrays, compiled
     np.testing.assert_allclose(np.asarray(attention).sum(1), 1.0, rtol=1e-5)
     junk_logits, junk_attention, _ = apply(variables, _with_junk_padding(batch['inputs'], rng))
     np.testing.assert_array_equal(np.asarray(junk_logits), np.asarray(logits), err_msg=variant)
-  # Longer padding: no change with masked statistics; the paper's padding-biased BN-LSTM
-  # statistics (bn_lstm) do change, which is the effect BN-e* removes.
+  # Longer padding (more all-padding steps at the end) changes nothing either.
   for variant in ('lstm', 'bn_e_star_star', 'bn_lstm'):
     model, variables, _ = compiled[variant]
     logits, _, _ = _apply(model, variables, batch['inputs'])
     longer, attention, _ = _apply(model, variables,
                                   _with_junk_padding(batch['inputs'], rng, extra=7))
     assert np.all(np.asarray(attention)[:, -7:] == 0.0)
-    same = np.allclose(np.asarray(longer), np.asarray(logits), rtol=1e-5, atol=1e-6)
-    assert same == (variant != 'bn_lstm'), variant
+    np.testing.assert_allclose(np.asarray(longer), np.asarray(logits), rtol=1e-5, atol=1e-6,
+                               err_msg=variant)
+
+
+def test_bn_lstm_statistics_count_the_zero_padding_as_the_paper_did(arrays, compiled):
+  """bn_lstm's input-term moments at step t are those of all B rows, the padded ones
+  being zeros (Cooijmans sec. 5.4), against the masked moments of BN-e*; steps that no
+  document reached are not written."""
+  batch = _batch(arrays)
+  model, variables, apply = compiled['bn_lstm']
+  _, _, stats = apply(variables, batch['inputs'])
+  x = batch['inputs']
+  mask = x['document_mask']
+  embed = np.asarray(variables['params']['embed']['embedding'], np.float64)
+  kernel = np.asarray(variables['params']['document_encoder']['layer_0']['input_kernel'],
+                      np.float64)
+  z = (embed[x['document']] * mask[..., None]) @ kernel           # [B, T, 4H], 0 on padding
+  longest = int(mask.sum(1).max())
+  assert mask[:, :longest].min() == 0                            # some rows are padded
+  site = stats['document_encoder']['layer_0']['input']
+  np.testing.assert_allclose(np.asarray(site['mean'])[:longest], z.mean(0)[:longest],
+                             rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(site['var'])[:longest], z.var(0)[:longest],
+                             rtol=1e-3, atol=1e-6)
+  masked_mean = (z * mask[..., None]).sum(0) / np.maximum(mask.sum(0), 1)[:, None]
+  assert not np.allclose(masked_mean[:longest], z.mean(0)[:longest], atol=1e-4)
+  assert np.all(np.asarray(site['count'])[:longest] == 1)
+  assert np.all(np.asarray(site['count'])[longest:] == 0)
 
 
 def test_non_candidates_are_never_predicted_and_gradients_stay_finite(arrays, compiled):
@@ -354,7 +379,7 @@ def test_late_steps_with_few_or_no_valid_documents(arrays, compiled):
     for path, leaf in jax.tree_util.tree_flatten_with_path(stats)[0]:
       name = jax.tree_util.keystr(path)
       assert np.all(np.isfinite(leaf)), name
-      if name.endswith("['count']") and leaf.shape[0] == MAX_LENGTH:
+      if 'document' in name and name.endswith("['count']") and leaf.shape[0] == MAX_LENGTH:
         assert np.all(leaf[:20] == 1) and np.all(leaf[20:] == 0), name
     def loss(p, m=model, v=variables):
       out, _ = m.apply({**v, 'params': p}, inputs, train=True, mutable=['batch_stats'])
@@ -390,7 +415,7 @@ def test_matches_the_float64_reference(arrays, compiled, variant, spec):
 # ====================================================================== training
 def _config(**overrides):
   config = fx.tiny_config('bn_e_star', **{
-      'model.hidden_size': 4, 'model.embed_size': 3, 'model.remat': 'none',
+      'model.hidden_size': 4, 'model.embed_size': 3, 'model.remat': False,
       'optimizer.name': 'adam', 'optimizer.clip_norm': 10.0, 'optimizer.learning_rate': 1e-2,
       'train.batch_size': 16, 'eval.batch_size': 8, 'eval.population_batches': 2,
       'checkpoint.best_metric': 'valid/error', 'checkpoint.best_mode': 'min', **overrides})
