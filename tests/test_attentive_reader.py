@@ -466,7 +466,7 @@ class _KillAt:
 
 def test_kill_and_resume_is_exact(arrays, tmp_path):
   config = _config(**{'train.num_steps': 5, 'train.log_every': 2, 'eval.every': 2,
-                      'checkpoint.every': 2, 'train.num_devices': 2,
+                      'checkpoint.every': 2, 'train.num_devices': 1,
                       'eval.test_at_end': True})
   dataset = reading.ReadingDataset(arrays, batch_size=16, seed=0, eval_batch_size=8,
                                    length_multiple=32)
