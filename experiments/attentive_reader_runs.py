@@ -7,8 +7,8 @@ Each run is `experiments/main.py --config experiments/configs/attentive_reader.p
 in `<runs_dir>/<variant>_s<seed>` (checkpoints stay there, outside the repository), started
 with `nice -n 5` and single-threaded XLA, `--parallel` runs at a time. A finished run is
 skipped; an interrupted one resumes. Its `metrics.jsonl` is copied to
-`experiments/results/attentive_reader/<variant>_s<seed>.jsonl` (the provenance of the
-report). `--report` reads those copies and writes `experiments/results/attentive_reader.json`
+`experiments/results/attentive_reader/<variant>_s<seed>/metrics.jsonl` (the provenance of
+the report). `--report` reads those copies and writes `experiments/results/attentive_reader.json`
 and `.png`: training cost and validation error against steps for every variant (the
 manner of Fig. 4a), a table of the best validation error and the test error of the
 best-validation checkpoint beside the data's frequency baselines (computed here from the
@@ -35,9 +35,14 @@ from bn_rnn_jax.metric_writer import read_metrics  # pylint: disable=wrong-impor
 
 VARIANTS = ('lstm', 'bn_lstm', 'bn_everywhere', 'bn_e_star', 'bn_e_star_star',
             'lstm_bidirectional')
+# Runs beyond the six variants: name -> (variant, extra flags). The control separates the
+# effect of BN-e*'s learning rate and batch (8e-4, 40) from that of batch norm.
+CONTROLS = {'lstm_lr8e-4_b40': ('lstm', ['--config.optimizer.learning_rate=8e-4',
+                                         '--config.train.batch_size=40'])}
 LABELS = {'lstm': 'LSTM', 'bn_lstm': 'BN-LSTM', 'bn_everywhere': 'BN-everywhere',
           'bn_e_star': 'BN-e*', 'bn_e_star_star': 'BN-e**',
-          'lstm_bidirectional': 'LSTM bidirectional'}
+          'lstm_bidirectional': 'LSTM bidirectional',
+          'lstm_lr8e-4_b40': 'LSTM, lr 8e-4, batch 40 (control)'}
 # Cooijmans et al. 2016: Fig. 4a validation-error minima (CNN, 4-sentence contexts), and
 # Table 4 test errors on the full CNN task.
 PAPER_FIG4A_MIN_VALID_ERROR = {'lstm': 0.503, 'bn_lstm': 0.495, 'bn_everywhere': 0.500,
@@ -53,10 +58,11 @@ def run_name(variant: str, seed: int) -> str:
   return f'{variant}_s{seed}'
 
 
-def command(variant: str, seed: int, workdir: str, cache_dir: str, extra) -> list[str]:
+def command(name: str, seed: int, workdir: str, cache_dir: str, extra) -> list[str]:
+  variant, flags = CONTROLS.get(name, (name, []))
   return ['nice', '-n', '5', sys.executable, os.path.join(ROOT, 'experiments', 'main.py'),
           f'--config={CONFIG}:{variant},cpu', f'--workdir={workdir}', f'--config.seed={seed}',
-          f'--config.data.cache_dir={cache_dir}', *extra]
+          f'--config.data.cache_dir={cache_dir}', *flags, *extra]
 
 
 def launch(args) -> None:
@@ -93,19 +99,31 @@ def launch(args) -> None:
         print(f'{run_name(variant, seed)} exited with {process.returncode}', flush=True)
         source = os.path.join(workdir, 'metrics.jsonl')
         if os.path.exists(source):
-          shutil.copy(source, os.path.join(LOGS, run_name(variant, seed) + '.jsonl'))
+          os.makedirs(os.path.join(LOGS, run_name(variant, seed)), exist_ok=True)
+          shutil.copy(source, os.path.join(LOGS, run_name(variant, seed), 'metrics.jsonl'))
 
 
 # ====================================================================== report
-def baselines(config_arg: str = 'lstm,cpu') -> dict:
+def baselines(cache_dir: str, config_arg: str = 'lstm,cpu') -> dict:
   """The data's frequency baselines per split, computed from the data."""
   from bn_rnn_jax.input_pipeline import reading  # pylint: disable=g-import-not-at-top
   from experiments.configs import attentive_reader  # pylint: disable=g-import-not-at-top
   data = attentive_reader.get_config(config_arg).data
-  arrays = reading.load(os.path.join(ROOT, data.path) if not os.path.isabs(data.path)
-                        else data.path, data.vocab_size, data.top_k_sentences)
+  arrays = reading.load(os.path.join(ROOT, data.path), data.vocab_size, data.top_k_sentences,
+                        cache_dir)
   return {split: reading.frequency_baselines(arrays, split)
           for split in ('train', 'valid', 'test')}
+
+
+SMOOTH = 5   # training-cost curves: running mean over this many logged windows
+
+
+def smooth(values, window: int = SMOOTH) -> np.ndarray:
+  """Running mean over the last `window` values (fewer at the start)."""
+  values = np.asarray(values, np.float64)
+  sums = np.cumsum(np.concatenate([[0.0], values]))
+  starts = np.maximum(np.arange(1, len(values) + 1) - window, 0)
+  return (sums[1:] - sums[starts]) / (np.arange(1, len(values) + 1) - starts)
 
 
 def first_pass(steps, values, threshold: float):
@@ -142,7 +160,7 @@ def summarize_run(records: list[dict], most_frequent_train: float) -> dict:
         rates.append((record['step'] - previous['step']) / seconds)
   out['steps_per_second'] = float(np.median(rates)) if rates else None
   out['step_train_accuracy_passes_most_frequent'] = first_pass(
-      out['train_steps'], out['train_accuracy'], most_frequent_train)
+      out['train_steps'], smooth(out['train_accuracy']), most_frequent_train)
   out['step_valid_error_below_most_frequent'] = None
   return out
 
@@ -152,15 +170,15 @@ def report(args) -> None:
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  base = baselines()
+  base = baselines(os.path.join(args.runs_dir, 'data_cache'))
   runs = {}
-  for variant in args.variants:
+  for variant in list(args.variants) + [c for c in CONTROLS if c not in args.variants]:
     for seed in args.seeds:
-      file = os.path.join(LOGS, run_name(variant, seed) + '.jsonl')
-      if not os.path.exists(file):
-        print(f'missing {os.path.relpath(file, ROOT)}; skipped', flush=True)
+      folder = os.path.join(LOGS, run_name(variant, seed))
+      if not os.path.exists(os.path.join(folder, 'metrics.jsonl')):
+        print(f'missing {os.path.relpath(folder, ROOT)}/metrics.jsonl; skipped', flush=True)
         continue
-      summary = summarize_run(read_metrics(file), base['train']['most_frequent'])
+      summary = summarize_run(read_metrics(folder), base['train']['most_frequent'])
       valid_mf_error = 1.0 - base['valid']['most_frequent']
       for step, error in zip(summary['valid_steps'], summary['valid_error']):
         if error < valid_mf_error:
@@ -201,21 +219,23 @@ def report(args) -> None:
     f.write('\n')
 
   fig, (ax_cost, ax_valid) = plt.subplots(1, 2, figsize=(12, 4.5))
-  colors = dict(zip(VARIANTS, plt.rcParams['axes.prop_cycle'].by_key()['color']))
+  colors = dict(zip(VARIANTS + tuple(CONTROLS),
+                    plt.rcParams['axes.prop_cycle'].by_key()['color']))
   for variant, seeds in runs.items():
     for i, (seed, s) in enumerate(sorted(seeds.items())):
       style = dict(color=colors[variant], alpha=0.9 if i == 0 else 0.5,
                    linestyle='-' if i == 0 else '--',
                    label=LABELS[variant] if i == 0 else None)
-      ax_cost.plot(s['train_steps'], s['train_loss'], **style)
+      ax_cost.plot(s['train_steps'], smooth(s['train_loss']), **style)
       ax_valid.plot(s['valid_steps'], s['valid_error'], marker='.', **style)
   for split, ls in (('valid', ':'),):
-    for name, label in (('most_frequent', 'most frequent entity'),
-                        ('exclusive_frequency', 'exclusive frequency')):
-      ax_valid.axhline(1.0 - base[split][name], color='gray',
-                       linestyle=':' if name == 'most_frequent' else '-.', linewidth=1,
+    for name, label, style in (('most_frequent', 'most frequent entity', ':'),
+                               ('exclusive_frequency', 'exclusive frequency', '-.'),
+                               ('random_candidate', 'random candidate', '--')):
+      ax_valid.axhline(1.0 - base[split][name], color='gray', linestyle=style, linewidth=1,
                        label=f'{label} ({split})')
-  ax_cost.set(xlabel='training step', ylabel='training cost (cross-entropy, nats)',
+  ax_cost.set(xlabel='training step',
+              ylabel=f'training cost (nats; mean of the last {SMOOTH} logs of 10 steps)',
               title='Training cost (seed 0 solid, seed 1 dashed)')
   ax_valid.set(xlabel='training step', ylabel='validation error',
                title='Validation error (population statistics)')
@@ -226,21 +246,158 @@ def report(args) -> None:
   fig.tight_layout()
   fig.savefig(os.path.join(RESULTS, 'attentive_reader.png'), dpi=110)
   plt.close(fig)
-  print(json.dumps(table, indent=1))
+  print(markdown_table(result))
+
+
+def markdown_table(result: dict) -> str:
+  """The README table of a report JSON."""
+  pct = lambda v: '–' if v is None else f'{100 * v:.1f}'
+  lines = ['| variant | seeds | best valid error % (per seed) | test error % of the best-valid '
+           'checkpoint | steps/s | train acc. passes most-frequent (step, per seed) | '
+           'paper Fig. 4a min valid % | paper Table 4 test % |',
+           '|---|---|---|---|---|---|---|---|']
+  for row in result['table']:
+    runs = result['runs'][row['variant']]
+    passes = ', '.join(str(runs[s]['step_train_accuracy_passes_most_frequent'] or 'never')
+                       for s in row['seeds'])
+    lines.append(
+        f"| {LABELS[row['variant']]} | {len(row['seeds'])} | "
+        f"{' / '.join(pct(v) for v in row['best_valid_error'])} | "
+        f"{' / '.join(pct(v) for v in row['test_error_of_best_valid'])} | "
+        f"{row['steps_per_second']:.2f} | {passes} | "
+        f"{pct(row['paper_fig4a_min_valid_error'])} | {pct(row['paper_table4_test_error'])} |")
+  base = result['baselines_error']
+  for name, label in (('most_frequent', 'most frequent entity'),
+                      ('exclusive_frequency', 'exclusive frequency'),
+                      ('random_candidate', 'random candidate (expected)')):
+    lines.append(f"| *{label}* | – | {pct(base['valid'][name])} | {pct(base['test'][name])} "
+                 '| – | – | – | – |')
+  return '\n'.join(lines)
+
+
+# ====================================================================== gradient probe
+def probe_gradients(args) -> None:
+  """Gradient norms at initialisation, batches drawn from all documents vs within one of
+  8 length groups: per-step BN moments of late steps that only a few long documents reach
+  blow the BN-LSTM gradients up. Writes `experiments/results/attentive_reader_gradients.json`.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax import models, tasks  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax.input_pipeline import reading  # pylint: disable=g-import-not-at-top
+  from experiments.configs import attentive_reader  # pylint: disable=g-import-not-at-top
+  config = attentive_reader.get_config('bn_e_star,cpu')
+  arrays = reading.load(os.path.join(ROOT, config.data.path), config.data.vocab_size, 0,
+                        os.path.join(args.runs_dir, 'data_cache'))
+  out = {'what': 'global gradient norm of the document encoder at initialisation (64 '
+                 'units, batch 40), per training batch',
+         'machine': '2-core shared CPU VM', 'runs': []}
+  for variant in ('lstm', 'bn_e_star'):
+    for groups in (1, 8):
+      dataset = reading.ReadingDataset(arrays, batch_size=40, seed=0, length_multiple=64,
+                                       length_groups=groups)
+      model = models.AttentiveReader(vocab_size=len(dataset.vocab),
+                                     num_entities=dataset.num_entities, variant=variant,
+                                     hidden_size=64,
+                                     layer_options=dict(max_length=dataset.train_length))
+      batches = [dataset.train_batch(step) for step in range(4)]
+      variables = model.init(jax.random.PRNGKey(0), batches[0]['inputs'], train=False)
+      def loss(params, batch, variables=variables, model=model):
+        logits, _ = model.apply({**variables, 'params': params}, batch['inputs'], train=True,
+                                mutable=['batch_stats'])
+        sums, count = tasks.get('reading_comprehension').loss_sums(logits, batch)
+        return sums['loss'] / count
+      grad = jax.jit(jax.grad(loss))
+      for step, batch in enumerate(batches):
+        g = grad(variables['params'], batch)
+        norm = lambda tree: float(jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree.leaves(tree))))
+        lengths = batch['inputs']['document_mask'].sum(1)
+        out['runs'].append({'variant': variant, 'length_groups': groups, 'step': step,
+                            'document_encoder_grad_norm': norm(g['document_encoder']),
+                            'output_grad_norm': norm(g['output']),
+                            'longest_document': int(lengths.max()),
+                            'shortest_document': int(lengths.min())})
+        print(out['runs'][-1], flush=True)
+  with open(os.path.join(RESULTS, 'attentive_reader_gradients.json'), 'w') as f:
+    json.dump(out, f, indent=1)
+    f.write('\n')
+
+
+# ====================================================================== speed
+def measure_speed(args) -> None:
+  """Train steps/s of every variant in one process (same batch: the first 40 questions of
+  one length group, T = 128), wall and process CPU time, after a warm-up. Writes
+  `experiments/results/attentive_reader_speed.json`."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax import models, tasks  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax.input_pipeline import reading  # pylint: disable=g-import-not-at-top
+  from experiments.configs import attentive_reader  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  config = attentive_reader.get_config('lstm,cpu')
+  arrays = reading.load(os.path.join(ROOT, config.data.path), config.data.vocab_size, 0,
+                        os.path.join(args.runs_dir, 'data_cache'))
+  dataset = reading.ReadingDataset(arrays, batch_size=40, seed=0, length_multiple=64,
+                                   length_groups=8)
+  batch = next(b for b in (dataset.train_batch(s) for s in range(100))
+               if b['inputs']['document'].shape[1] == 128)
+  out = {'what': 'one Adam step (fwd + bwd + update), batch 40, document T = 128, 64 units',
+         'machine': '2-core shared CPU VM under load from other jobs; single-threaded XLA',
+         'variants': {}}
+  tx = optax.adam(1e-4)
+  for variant in VARIANTS:
+    model = models.AttentiveReader(vocab_size=len(dataset.vocab),
+                                   num_entities=dataset.num_entities, variant=variant,
+                                   hidden_size=64, layer_options=dict(max_length=384))
+    variables = model.init(jax.random.PRNGKey(0), batch['inputs'], train=False)
+    def step(params, opt_state, batch_stats, batch, model=model):
+      def loss(p):
+        logits, mutated = model.apply({'params': p, 'batch_stats': batch_stats},
+                                      batch['inputs'], train=True, mutable=['batch_stats'])
+        sums, count = tasks.get('reading_comprehension').loss_sums(logits, batch)
+        return sums['loss'] / count, mutated
+      grads, mutated = jax.grad(loss, has_aux=True)(params)
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state, mutated.get('batch_stats', {})
+    step = jax.jit(step)
+    state = (variables['params'], tx.init(variables['params']),
+             variables.get('batch_stats', {}))
+    state = jax.block_until_ready(step(*state, batch))
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(args.speed_steps):
+      state = jax.block_until_ready(step(*state, batch))
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    out['variants'][variant] = {'steps_per_second_wall': args.speed_steps / wall,
+                                'steps_per_cpu_second': args.speed_steps / cpu}
+    print(variant, out['variants'][variant], flush=True)
+  lstm = out['variants']['lstm']['steps_per_cpu_second']
+  for record in out['variants'].values():
+    record['cpu_time_vs_lstm'] = lstm / record['steps_per_cpu_second']
+  with open(os.path.join(RESULTS, 'attentive_reader_speed.json'), 'w') as f:
+    json.dump(out, f, indent=1)
+    f.write('\n')
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--report', action='store_true', help='write the JSON and PNG only')
+  parser.add_argument('--speed', action='store_true', help='steps/s of every variant')
+  parser.add_argument('--speed_steps', type=int, default=10)
+  parser.add_argument('--probe_gradients', action='store_true',
+                      help='gradient norms at initialisation with and without length groups')
   parser.add_argument('--runs_dir', default=os.path.join(ROOT, 'runs', 'attentive_reader'))
-  parser.add_argument('--variants', nargs='+', default=list(VARIANTS))
+  parser.add_argument('--variants', nargs='+', default=list(VARIANTS),
+                      help=f'names of {VARIANTS} or of the controls {tuple(CONTROLS)}')
   parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1])
   parser.add_argument('--parallel', type=int, default=3, help='runs at a time')
   parser.add_argument('--parallel_note', default='3 runs at a time beside other jobs (load average 15-20)',
                       help='what the report says about the machine load')
   parser.add_argument('extra', nargs='*', help='more --config.x=y flags for every run')
   args = parser.parse_args()
-  if args.report:
+  if args.speed:
+    measure_speed(args)
+  elif args.probe_gradients:
+    probe_gradients(args)
+  elif args.report:
     report(args)
   else:
     launch(args)

@@ -189,7 +189,7 @@ def test_top_k_sentences_keeps_the_best_matching_in_order():
 
 def test_frequency_baselines_match_a_count_over_the_files(data_dir, arrays):
   """The baselines recounted from the raw text of the validation files."""
-  hits = {'most_frequent': 0, 'exclusive_frequency': 0}
+  hits = {'most_frequent': 0, 'exclusive_frequency': 0, 'random_candidate': 0.0}
   folder = data_dir / 'cloze' / 'questions' / 'validation'
   for name in sorted(os.listdir(folder)):
     url, context, query, answer, _ = open(folder / name).read().split('\n\n')
@@ -201,6 +201,7 @@ def test_frequency_baselines_match_a_count_over_the_files(data_dir, arrays):
     hits['most_frequent'] += ranked[0] == answer
     rest = [e for e in ranked if e not in query.split()] or ranked
     hits['exclusive_frequency'] += rest[0] == answer
+    hits['random_candidate'] += 1 / len(counts)
   expected = {k: v / SPLITS['validation'] for k, v in hits.items()}
   assert reading.frequency_baselines(arrays, 'valid') == pytest.approx(expected)
 

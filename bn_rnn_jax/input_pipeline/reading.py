@@ -434,17 +434,19 @@ class ReadingDataset:
 def frequency_baselines(arrays: dict[str, np.ndarray], split: str) -> dict[str, float]:
   """Accuracy of the data's salience baselines on `split` (Hermann et al. 2015 sec. 4):
   most frequent context entity, and exclusive frequency (the most frequent context entity
-  that does not occur in the query); ties go to the lowest id (the earliest mention)."""
+  that does not occur in the query); ties go to the lowest id (the earliest mention). Also
+  the expected accuracy of a random candidate (mean of 1 / #entities in the context)."""
   num_entities = int(arrays['num_entities'])
   document, query = arrays[f'{split}/document'], arrays[f'{split}/query']
   doc_off, query_off = arrays[f'{split}/document_offsets'], arrays[f'{split}/query_offsets']
   answers = arrays[f'{split}/answer']
-  hits = {'most_frequent': 0, 'exclusive_frequency': 0}
+  hits = {'most_frequent': 0, 'exclusive_frequency': 0, 'random_candidate': 0.0}
   for i, answer in enumerate(answers):
     entity = document[doc_off[i]:doc_off[i + 1]] - ENTITY_OFFSET
     counts = np.bincount(entity[(entity >= 0) & (entity < num_entities)],
                          minlength=num_entities)
     hits['most_frequent'] += int(np.argmax(counts) == answer)
+    hits['random_candidate'] += 1.0 / max(int(np.count_nonzero(counts)), 1)
     in_query = query[query_off[i]:query_off[i + 1]] - ENTITY_OFFSET
     exclusive = counts.copy()
     exclusive[in_query[(in_query >= 0) & (in_query < num_entities)]] = 0
