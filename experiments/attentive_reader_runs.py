@@ -159,6 +159,10 @@ def summarize_run(records: list[dict], most_frequent_train: float) -> dict:
       if seconds > 0:
         rates.append((record['step'] - previous['step']) / seconds)
   out['steps_per_second'] = float(np.median(rates)) if rates else None
+  grad_norms = [r['grad_norm'] for r in train]
+  out['median_logged_grad_norm'] = float(np.median(grad_norms)) if grad_norms else None
+  out['max_logged_grad_norm'] = float(np.max(grad_norms)) if grad_norms else None
+  out['complete'] = bool(test)
   out['step_train_accuracy_passes_most_frequent'] = first_pass(
       out['train_steps'], smooth(out['train_accuracy']), most_frequent_train)
   out['step_valid_error_below_most_frequent'] = None
@@ -175,6 +179,10 @@ def report(args) -> None:
   for variant in list(args.variants) + [c for c in CONTROLS if c not in args.variants]:
     for seed in args.seeds:
       folder = os.path.join(LOGS, run_name(variant, seed))
+      source = os.path.join(args.runs_dir, run_name(variant, seed), 'metrics.jsonl')
+      if os.path.exists(source):   # the run's own log, when this machine has it
+        os.makedirs(folder, exist_ok=True)
+        shutil.copy(source, os.path.join(folder, 'metrics.jsonl'))
       if not os.path.exists(os.path.join(folder, 'metrics.jsonl')):
         print(f'missing {os.path.relpath(folder, ROOT)}/metrics.jsonl; skipped', flush=True)
         continue
@@ -254,73 +262,28 @@ def markdown_table(result: dict) -> str:
   pct = lambda v: '–' if v is None else f'{100 * v:.1f}'
   lines = ['| variant | seeds | best valid error % (per seed) | test error % of the best-valid '
            'checkpoint | steps/s | train acc. passes most-frequent (step, per seed) | '
+           'gradient norm before clipping (median / max of the 10-step means) | '
            'paper Fig. 4a min valid % | paper Table 4 test % |',
-           '|---|---|---|---|---|---|---|---|']
+           '|---|---|---|---|---|---|---|---|---|']
   for row in result['table']:
     runs = result['runs'][row['variant']]
     passes = ', '.join(str(runs[s]['step_train_accuracy_passes_most_frequent'] or 'never')
                        for s in row['seeds'])
+    norms = ', '.join(f"{runs[s]['median_logged_grad_norm']:.2g} / "
+                      f"{runs[s]['max_logged_grad_norm']:.2g}" for s in row['seeds'])
     lines.append(
         f"| {LABELS[row['variant']]} | {len(row['seeds'])} | "
         f"{' / '.join(pct(v) for v in row['best_valid_error'])} | "
         f"{' / '.join(pct(v) for v in row['test_error_of_best_valid'])} | "
-        f"{row['steps_per_second']:.2f} | {passes} | "
+        f"{row['steps_per_second']:.2f} | {passes} | {norms} | "
         f"{pct(row['paper_fig4a_min_valid_error'])} | {pct(row['paper_table4_test_error'])} |")
   base = result['baselines_error']
   for name, label in (('most_frequent', 'most frequent entity'),
                       ('exclusive_frequency', 'exclusive frequency'),
                       ('random_candidate', 'random candidate (expected)')):
     lines.append(f"| *{label}* | – | {pct(base['valid'][name])} | {pct(base['test'][name])} "
-                 '| – | – | – | – |')
+                 '| – | – | – | – | – |')
   return '\n'.join(lines)
-
-
-# ====================================================================== gradient probe
-def probe_gradients(args) -> None:
-  """Gradient norms at initialisation, batches drawn from all documents vs within one of
-  8 length groups: per-step BN moments of late steps that only a few long documents reach
-  blow the BN-LSTM gradients up. Writes `experiments/results/attentive_reader_gradients.json`.
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bn_rnn_jax import models, tasks  # pylint: disable=g-import-not-at-top
-  from bn_rnn_jax.input_pipeline import reading  # pylint: disable=g-import-not-at-top
-  from experiments.configs import attentive_reader  # pylint: disable=g-import-not-at-top
-  config = attentive_reader.get_config('bn_e_star,cpu')
-  arrays = reading.load(os.path.join(ROOT, config.data.path), config.data.vocab_size, 0,
-                        os.path.join(args.runs_dir, 'data_cache'))
-  out = {'what': 'global gradient norm of the document encoder at initialisation (64 '
-                 'units, batch 40), per training batch',
-         'machine': '2-core shared CPU VM', 'runs': []}
-  for variant in ('lstm', 'bn_e_star'):
-    for groups in (1, 8):
-      dataset = reading.ReadingDataset(arrays, batch_size=40, seed=0, length_multiple=64,
-                                       length_groups=groups)
-      model = models.AttentiveReader(vocab_size=len(dataset.vocab),
-                                     num_entities=dataset.num_entities, variant=variant,
-                                     hidden_size=64,
-                                     layer_options=dict(max_length=dataset.train_length))
-      batches = [dataset.train_batch(step) for step in range(4)]
-      variables = model.init(jax.random.PRNGKey(0), batches[0]['inputs'], train=False)
-      def loss(params, batch, variables=variables, model=model):
-        logits, _ = model.apply({**variables, 'params': params}, batch['inputs'], train=True,
-                                mutable=['batch_stats'])
-        sums, count = tasks.get('reading_comprehension').loss_sums(logits, batch)
-        return sums['loss'] / count
-      grad = jax.jit(jax.grad(loss))
-      for step, batch in enumerate(batches):
-        g = grad(variables['params'], batch)
-        norm = lambda tree: float(jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree.leaves(tree))))
-        lengths = batch['inputs']['document_mask'].sum(1)
-        out['runs'].append({'variant': variant, 'length_groups': groups, 'step': step,
-                            'document_encoder_grad_norm': norm(g['document_encoder']),
-                            'output_grad_norm': norm(g['output']),
-                            'longest_document': int(lengths.max()),
-                            'shortest_document': int(lengths.min())})
-        print(out['runs'][-1], flush=True)
-  with open(os.path.join(RESULTS, 'attentive_reader_gradients.json'), 'w') as f:
-    json.dump(out, f, indent=1)
-    f.write('\n')
 
 
 # ====================================================================== speed
@@ -382,8 +345,6 @@ def main():
   parser.add_argument('--report', action='store_true', help='write the JSON and PNG only')
   parser.add_argument('--speed', action='store_true', help='steps/s of every variant')
   parser.add_argument('--speed_steps', type=int, default=10)
-  parser.add_argument('--probe_gradients', action='store_true',
-                      help='gradient norms at initialisation with and without length groups')
   parser.add_argument('--runs_dir', default=os.path.join(ROOT, 'runs', 'attentive_reader'))
   parser.add_argument('--variants', nargs='+', default=list(VARIANTS),
                       help=f'names of {VARIANTS} or of the controls {tuple(CONTROLS)}')
@@ -395,8 +356,6 @@ def main():
   args = parser.parse_args()
   if args.speed:
     measure_speed(args)
-  elif args.probe_gradients:
-    probe_gradients(args)
   elif args.report:
     report(args)
   else:
