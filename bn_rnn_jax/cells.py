@@ -222,7 +222,8 @@ def rnn_step(params: Params, cfg: StepConfig, carry: Array, inputs: dict[str, An
   else:
     pre, recurrent_moments = apply_norm(
         cfg.recurrent_norm, pre, params['scale'], params['bias'], train=cfg.train,
-        mask=_statistics_mask(cfg, mask), stats=stats.get('recurrent'), epsilon=cfg.epsilon, axis_name=cfg.axis_name)
+        mask=_statistics_mask(cfg, mask), stats=stats.get('recurrent'), epsilon=cfg.epsilon,
+        axis_name=cfg.axis_name)
     if recurrent_moments is not None:
       moments['recurrent'] = recurrent_moments
   h = jnp.tanh(pre)

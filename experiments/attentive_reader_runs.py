@@ -350,7 +350,9 @@ def main():
                       help=f'names of {VARIANTS} or of the controls {tuple(CONTROLS)}')
   parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1])
   parser.add_argument('--parallel', type=int, default=3, help='runs at a time')
-  parser.add_argument('--parallel_note', default='3 runs at a time beside other jobs (load average 15-20)',
+  parser.add_argument('--parallel_note',
+                      default='up to 8 runs at a time beside the jobs of 5 other sessions '
+                              '(load average 20-27)',
                       help='what the report says about the machine load')
   parser.add_argument('extra', nargs='*', help='more --config.x=y flags for every run')
   args = parser.parse_args()
