@@ -163,6 +163,7 @@ def summarize_run(records: list[dict], most_frequent_train: float) -> dict:
   out['median_logged_grad_norm'] = float(np.median(grad_norms)) if grad_norms else None
   out['max_logged_grad_norm'] = float(np.max(grad_norms)) if grad_norms else None
   out['complete'] = bool(test)
+  out['last_train_step'] = out['train_steps'][-1] if train else 0
   out['step_train_accuracy_passes_most_frequent'] = first_pass(
       out['train_steps'], smooth(out['train_accuracy']), most_frequent_train)
   out['step_valid_error_below_most_frequent'] = None
@@ -267,12 +268,15 @@ def markdown_table(result: dict) -> str:
            '|---|---|---|---|---|---|---|---|---|']
   for row in result['table']:
     runs = result['runs'][row['variant']]
+    stopped = [f"seed {s} stopped; last log at step {runs[s]['last_train_step']}"
+               for s in row['seeds'] if not runs[s]['complete']]
     passes = ', '.join(str(runs[s]['step_train_accuracy_passes_most_frequent'] or 'never')
                        for s in row['seeds'])
     norms = ', '.join(f"{runs[s]['median_logged_grad_norm']:.2g} / "
                       f"{runs[s]['max_logged_grad_norm']:.2g}" for s in row['seeds'])
     lines.append(
-        f"| {LABELS[row['variant']]} | {len(row['seeds'])} | "
+        f"| {LABELS[row['variant']]} | {len(row['seeds'])}"
+        f"{' (' + '; '.join(stopped) + ')' if stopped else ''} | "
         f"{' / '.join(pct(v) for v in row['best_valid_error'])} | "
         f"{' / '.join(pct(v) for v in row['test_error_of_best_valid'])} | "
         f"{row['steps_per_second']:.2f} | {passes} | {norms} | "
