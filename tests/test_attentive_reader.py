@@ -511,3 +511,25 @@ def test_real_brown_cloze_folder():
     assert np.all(doc[batch['inputs']['document_mask'] == 0] == 0)
   baselines = reading.frequency_baselines(data, 'valid')
   assert 0.0 < baselines['most_frequent'] <= baselines['exclusive_frequency'] + 0.05
+
+
+# ====================================================================== config
+def test_config_file_builds_every_variant_and_the_cpu_preset():
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'experiments',
+                      'configs', 'attentive_reader.py')
+  spec = importlib.util.spec_from_file_location('attentive_reader_config', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for variant in models.READER_VARIANTS:
+    for arg in (variant, f'{variant},cpu'):
+      config = module.get_config(arg)
+      train.validate_config(config)
+      fast = variant in ('bn_e_star', 'bn_e_star_star')
+      assert (config.train.batch_size, config.optimizer.learning_rate) == (
+          (40, 8e-4) if fast else (64, 8e-5))
+      assert config.model.hidden_size == (64 if arg.endswith(',cpu') else 240)
+  with pytest.raises(ValueError, match='variant must be one of'):
+    module.get_config('gru')
+  with pytest.raises(ValueError, match="only preset is 'cpu'"):
+    module.get_config('lstm,gpu')
