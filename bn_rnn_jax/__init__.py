@@ -8,7 +8,8 @@ from bn_rnn_jax import cells
 from bn_rnn_jax import initializers
 from bn_rnn_jax import normalization
 from bn_rnn_jax import recurrent
-from bn_rnn_jax.models import LanguageModel, SequenceClassifier
+from bn_rnn_jax.models import (AttentiveReader, LanguageModel, SequenceClassifier,
+                               SequenceTagger)
 from bn_rnn_jax.normalization import (average_moment_records, batch_moments, batch_norm,
                                       layer_norm, normalize, population_rows)
 from bn_rnn_jax.recurrent import (VARIANTS, Bidirectional, RecurrentLayer, StackedRNN,

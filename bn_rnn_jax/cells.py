@@ -47,6 +47,8 @@ class StepConfig:
     epsilon: variance epsilon of every normalisation.
     axis_name: pmap axis for cross-device batch moments.
     compute_dtype: dtype of the matmuls (e.g. bfloat16); normalisation runs in float32.
+    padded_statistics: batch moments count padded entries too (see
+      `RecurrentLayer.padded_statistics`); the state still ignores padding.
   """
   recurrent_norm: Optional[str] = None
   input_norm: Optional[str] = None
@@ -55,6 +57,12 @@ class StepConfig:
   epsilon: float = normalization.DEFAULT_EPSILON
   axis_name: Optional[str] = None
   compute_dtype: Any = jnp.float32
+  padded_statistics: bool = False
+
+
+def _statistics_mask(cfg: StepConfig, mask: Optional[Array]) -> Optional[Array]:
+  """The mask the batch moments use: none when padded entries count."""
+  return None if cfg.padded_statistics else mask
 
 
 def matmul(x: Array, kernel: Array, compute_dtype) -> Array:
@@ -133,7 +141,7 @@ def _step_input_term(params: Params, cfg: StepConfig, terms: dict[str, Array],
   if 'input_term' in terms:
     return terms['input_term'], None
   return apply_norm(cfg.input_norm, terms['input'], params.get('input_scale'), None,
-                    train=cfg.train, mask=inputs.get('mask'),
+                    train=cfg.train, mask=_statistics_mask(cfg, inputs.get('mask')),
                     stats=inputs.get('stats', {}).get('input'), epsilon=cfg.epsilon,
                     axis_name=cfg.axis_name)
 
@@ -192,10 +200,11 @@ def lstm_cell(params: Params, cfg: StepConfig, carry: tuple[Array, Array],
   mask = inputs.get('mask')
   stats = inputs.get('stats', {})
   moments = {}
-  kw = dict(train=cfg.train, mask=mask, epsilon=cfg.epsilon, axis_name=cfg.axis_name)
+  kw = dict(train=cfg.train, mask=_statistics_mask(cfg, mask), epsilon=cfg.epsilon,
+            axis_name=cfg.axis_name)
 
   if _fuse_batch_norms(cfg, terms):
-    gates, moments = _fused_batch_norm_terms(params, cfg, terms, mask)
+    gates, moments = _fused_batch_norm_terms(params, cfg, terms, _statistics_mask(cfg, mask))
     gates = gates + params['bias']
   else:
     input_term, input_moments = _step_input_term(params, cfg, terms, inputs)
@@ -246,8 +255,9 @@ def rnn_cell(params: Params, cfg: StepConfig, carry: Array, terms: dict[str, Arr
     pre = pre + params['bias']
   else:
     pre, recurrent_moments = apply_norm(
-        cfg.recurrent_norm, pre, params['scale'], params['bias'], train=cfg.train, mask=mask,
-        stats=stats.get('recurrent'), epsilon=cfg.epsilon, axis_name=cfg.axis_name)
+        cfg.recurrent_norm, pre, params['scale'], params['bias'], train=cfg.train,
+        mask=_statistics_mask(cfg, mask), stats=stats.get('recurrent'), epsilon=cfg.epsilon,
+        axis_name=cfg.axis_name)
     if recurrent_moments is not None:
       moments['recurrent'] = recurrent_moments
   h = jnp.tanh(pre)

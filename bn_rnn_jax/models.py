@@ -1,6 +1,7 @@
-"""Models built from the recurrent layers: sequence classifier and language model.
+"""Models built from the recurrent layers: sequence classifier, language model, frame
+tagger (Laurent et al. sec. 5.1) and Attentive Reader (Cooijmans et al. sec. 5.4).
 
-Modules only; losses and training live in `train.py`.
+Modules only; losses and metrics live in `tasks.py`, training in `train.py`.
 """
 
 from __future__ import annotations
@@ -158,3 +159,194 @@ class SequenceTagger(nn.Module):
         dropout_rate=self.dropout_rate, bidirectional=self.bidirectional,
         layer_options=self.layer_options, name='rnn')(x, mask, train=train)
     return nn.Dense(self.num_classes, kernel_init=kernel_init, name='softmax')(h)
+
+
+# ==================================================================== attentive reader
+import functools  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from bn_rnn_jax import normalization  # pylint: disable=g-import-not-at-top
+
+# Cooijmans et al. sec. 5.4 / App. C, after Hermann et al. 2015. The reader variants:
+# the recurrent layers' `VARIANTS` preset, their overrides, bidirectional encoders, and the
+# statistics of the batch norms in the attention (None = no batch norm there).
+READER_VARIANTS: dict[str, dict[str, Any]] = {
+    'lstm': dict(layer='lstm'),
+    # BN-LSTM and BN-everywhere as the paper ran them: moments biased by zero padding.
+    'bn_lstm': dict(layer='bn_lstm', overrides=dict(padded_statistics=True)),
+    'bn_everywhere': dict(layer='bn_lstm', overrides=dict(padded_statistics=True),
+                          attention_norm='frame'),
+    # BN-e*: sequence-wise masked statistics for the input terms (Laurent eq. 20-21), per-step
+    # masked ones for the recurrent terms and the cell.
+    'bn_e_star': dict(layer='bn_lstm', overrides=dict(input_statistics='sequence'),
+                      attention_norm='sequence'),
+    # BN-e**: BN-e*, bidirectional; the backward layers reverse each sequence's valid part.
+    'bn_e_star_star': dict(layer='bn_lstm', overrides=dict(input_statistics='sequence'),
+                           attention_norm='sequence', bidirectional=True),
+    'lstm_bidirectional': dict(layer='lstm', bidirectional=True),
+}
+
+# Logit of an entity that is not a candidate: finite, so that log-softmax and its gradient
+# stay NaN-free, and exp(NON_CANDIDATE_LOGIT - max) is exactly 0 in float32.
+NON_CANDIDATE_LOGIT = -1e30
+
+
+class MaskedBatchNorm(nn.Module):
+  """`BN(x; gamma, beta)` of one term of the attention (Cooijmans sec. 5.4, BN-everywhere),
+  built on `normalization` (masked, cross-device moments; population statistics in
+  `batch_stats` as `{'mean', 'var', 'count'}` like the recurrent layers' sites).
+
+  Attributes:
+    statistics: 'batch' for x `[B, F]`; for x `[B, T, F]` with a mask `[B, T]`, 'frame'
+      (one row of statistics per step, `max_length` rows; inference past the last
+      trained row reuses it) or 'sequence' (one row over batch and valid steps).
+    max_length, momentum, epsilon, gamma_init, axis_name: as `RecurrentLayer`.
+
+  Call: `(x, mask | None, train=...)` -> x normalised (float32).
+  """
+  statistics: str = 'batch'
+  max_length: int = 1000
+  momentum: float = 0.99
+  epsilon: float = 1e-5
+  gamma_init: float = 0.1
+  axis_name: Optional[str] = None
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Optional[Array] = None, *, train: bool) -> Array:
+    if self.statistics not in ('batch', 'frame', 'sequence'):
+      raise ValueError("MaskedBatchNorm.statistics must be 'batch', 'frame' or 'sequence'; "
+                       f'got {self.statistics!r}.')
+    if (x.ndim == 3) == (self.statistics == 'batch'):
+      raise ValueError(f'statistics={self.statistics!r} does not fit x of shape {x.shape}.')
+    features = x.shape[-1]
+    rows = self.max_length if self.statistics == 'frame' else 1
+    stats = self.variable('batch_stats', 'stats', normalization.init_population_stats, rows,
+                          features)
+    scale = self.param('scale', nn.initializers.constant(self.gamma_init), (features,))
+    bias = self.param('bias', nn.initializers.zeros, (features,))
+    if not train:
+      if self.statistics == 'frame':
+        mean, var = normalization.population_rows(stats.value, x.shape[1])   # [T, F]
+      else:
+        mean, var = stats.value['mean'][0], stats.value['var'][0]
+      return normalization.normalize(x, mean, var, scale, bias, self.epsilon)
+    if self.statistics == 'frame':
+      normalization.check_length(x.shape[1], self.max_length, 'document')
+    reduce_axes = (0, 1) if self.statistics == 'sequence' else (0,)
+    y, mean, var, count = normalization.batch_norm(
+        x, scale, bias, mask=None if mask is None else mask[..., None],
+        reduce_axes=reduce_axes, axis_name=self.axis_name, epsilon=self.epsilon)
+    if not self.is_initializing():
+      record = normalization.minibatch_moments_record(
+          *jax.lax.stop_gradient((mean, var, count)), rows)
+      if self.is_mutable_collection('batch_stats'):
+        stats.value = normalization.update_running_stats(stats.value, record, self.momentum)
+      if self.is_mutable_collection('batch_moments'):
+        self.put_variable('batch_moments', 'stats', record)
+    return y
+
+
+def _final_hidden(carry: Any) -> Array:
+  """u: the last valid hidden state `[B, H]`, or `[B, 2H]` (forward, backward) of a
+  bidirectional layer (the backward one ends at each sequence's first step)."""
+  if isinstance(carry, tuple) and len(carry) == 2 and isinstance(carry[0], tuple):
+    return jnp.concatenate([last_hidden(carry[0]), last_hidden(carry[1])], axis=-1)
+  return last_hidden(carry)
+
+
+class AttentiveReader(nn.Module):
+  """The Attentive Reader (Hermann et al. 2015) with the BN variants of Cooijmans sec. 5.4.
+
+    y_d(t) = document encoder (uni- or bidirectional stacked (BN-)LSTM), u = the query
+    encoder's final state;  m(t) = tanh(N(W_ym y_d(t)) + N(W_um u));
+    s(t) = softmax_t(w^T m(t)) over the valid document steps (padding: exactly 0);
+    r = sum_t s(t) y_d(t);  g = tanh(N(W_rg r) + N(W_ug u));
+    logits = W_g g + b over the entity vocabulary, non-candidates set to
+    `NON_CANDIDATE_LOGIT` (never predicted).
+  N is the identity, or a batch norm with its own gamma, beta (`MaskedBatchNorm`) in the
+  BN-everywhere variants: per-step masked statistics for W_ym y_d ('frame', BN-everywhere)
+  or sequence-wise masked ones ('sequence', BN-e*, BN-e**); batch statistics for the
+  `[B, F]` terms.
+
+  Attributes:
+    vocab_size, num_entities: from the dataset (`input_pipeline/reading.py`).
+    variant: a name in `READER_VARIANTS`.
+    hidden_size: units per encoder direction (App. C: 240).
+    embed_size: word embedding width (None = hidden_size).
+    num_layers, dropout_rate, layer_options: as `StackedRNN` (max_length, axis_name, ...).
+
+  Call: `(inputs, mask=None, train=...)`, inputs the dict of `reading.py`'s batches
+  (`document`, `document_mask` `[B, T]`, `query`, `query_mask` `[B, Q]`, `candidates`
+  `[B, E]`); `mask` is unused (both masks are in `inputs`). Returns logits `[B, E]`; the
+  attention `s [B, T]` is sown as `intermediates/attention`.
+  """
+  vocab_size: int
+  num_entities: int
+  variant: str = 'lstm'
+  hidden_size: int = 240
+  embed_size: Optional[int] = None
+  num_layers: int = 1
+  dropout_rate: float = 0.0
+  layer_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def _spec(self) -> dict[str, Any]:
+    if self.variant not in READER_VARIANTS:
+      raise ValueError(f'Unknown attentive-reader variant {self.variant!r}; choose one of '
+                       f'{sorted(READER_VARIANTS)}.')
+    return READER_VARIANTS[self.variant]
+
+  def _norm(self, statistics: Optional[str], name: str):
+    """`N(x, mask, train=...)` of one attention term: identity or `MaskedBatchNorm`."""
+    if statistics is None:
+      return lambda x, mask, *, train: x
+    o = self.layer_options
+    keep = {k: o[k] for k in ('max_length', 'momentum', 'epsilon', 'axis_name', 'gamma_init')
+            if o.get(k) is not None}
+    return MaskedBatchNorm(statistics=statistics, name=name, **keep)
+
+  @nn.compact
+  def __call__(self, inputs: Mapping[str, Array], mask: Optional[Array] = None, *,
+               train: bool) -> Array:
+    del mask
+    spec = self._spec()
+    document, query = inputs['document'], inputs['query']
+    document_mask = inputs['document_mask'].astype(jnp.float32)
+    query_mask = inputs['query_mask'].astype(jnp.float32)
+    if document.ndim != 2 or document_mask.shape != document.shape:
+      raise ValueError(f'AttentiveReader expects document and document_mask [batch, time]; '
+                       f'got {document.shape} and {document_mask.shape}.')
+    embed = nn.Embed(self.vocab_size, self.embed_size or self.hidden_size, name='embed')
+    # Padded steps read zeros whatever their ids: the padding-biased statistics of
+    # 'bn_lstm' then see the paper's zero padding, and junk in the padding changes nothing.
+    x_d = jnp.where(document_mask[..., None] > 0, embed(document), 0.0)
+    x_q = jnp.where(query_mask[..., None] > 0, embed(query), 0.0)
+    options = {**dict(self.layer_options), **spec.get('overrides', {})}
+    encoder = functools.partial(
+        recurrent.StackedRNN, variant=spec['layer'], hidden_size=self.hidden_size,
+        num_layers=self.num_layers, dropout_rate=self.dropout_rate,
+        bidirectional=spec.get('bidirectional', False), layer_options=options)
+    _, y_d = encoder(name='document_encoder')(x_d, document_mask, train=train)  # [B, T, D]
+    query_carries, _ = encoder(name='query_encoder')(x_q, query_mask, train=train)
+    u = _final_hidden(query_carries[-1])                                      # [B, D]
+    width = y_d.shape[-1]
+
+    term_norm = spec.get('attention_norm')
+    flat_norm = None if term_norm is None else 'batch'
+    dense = lambda name: nn.Dense(width, use_bias=False, name=name)
+    y_m = self._norm(term_norm, 'document_attention_norm')(
+        dense('document_attention')(y_d), document_mask, train=train)             # W_ym y_d(t)
+    u_m = self._norm(flat_norm, 'query_attention_norm')(
+        dense('query_attention')(u), None, train=train)                           # W_um u
+    m = jnp.tanh(y_m + u_m[:, None, :])
+    scores = nn.Dense(1, use_bias=False, name='attention_score')(m)[..., 0]  # w^T m(t)
+    valid = document_mask > 0
+    scores = jnp.where(valid, scores, NON_CANDIDATE_LOGIT)
+    attention = jnp.where(valid, jax.nn.softmax(scores, axis=-1), 0.0)      # s(t)
+    self.sow('intermediates', 'attention', attention)
+    r = jnp.einsum('bt,btd->bd', attention, y_d)
+    r_g = self._norm(flat_norm, 'read_combination_norm')(
+        dense('read_combination')(r), None, train=train)                         # W_rg r
+    u_g = self._norm(flat_norm, 'query_combination_norm')(
+        dense('query_combination')(u), None, train=train)                        # W_ug u
+    g = jnp.tanh(r_g + u_g)
+    logits = nn.Dense(self.num_entities, name='output')(g)
+    return jnp.where(inputs['candidates'] > 0, logits, NON_CANDIDATE_LOGIT)

@@ -173,6 +173,11 @@ class RecurrentLayer(nn.Module):
       'layer' defines no forward-mode derivative (`jax.jvp`).
     dtype: compute dtype of the matmuls (e.g. jnp.bfloat16); statistics stay float32.
     axis_name: pmap axis name for cross-device batch moments.
+    padded_statistics: count padded entries in the batch moments, as the implementation
+      of Cooijmans et al. sec. 5.4 did (zero-padded batches; their BN-LSTM and
+      BN-everywhere readers), which biases mean and variance toward the padding. Off by
+      default: moments count valid entries only. Either way the state ignores padding,
+      and population rows that no sequence reached are not written.
   """
   hidden_size: int
   cell: str = 'lstm'
@@ -196,6 +201,7 @@ class RecurrentLayer(nn.Module):
   backward: str = 'auto'
   dtype: Any = jnp.float32
   axis_name: Optional[str] = None
+  padded_statistics: bool = False
 
   # ------------------------------------------------------------------ configuration
   def _validate(self, inputs: Array, mask: Optional[Array]) -> None:
@@ -389,14 +395,15 @@ class RecurrentLayer(nn.Module):
     cfg = cells.StepConfig(
         recurrent_norm=self.recurrent_norm, input_norm=self.input_norm,
         cell_norm=self.cell_norm, train=train, epsilon=self.epsilon,
-        axis_name=self.axis_name, compute_dtype=self.dtype)
+        axis_name=self.axis_name, compute_dtype=self.dtype,
+        padded_statistics=self.padded_statistics)
     xs = {} if mask_tm is None else {'mask': mask_tm}
     moments = {}
     if self._hoisted(input_size):
       xs['input_term'], input_moments = self._hoisted_input_term(
           params, time_major, mask_tm, train, stats.get('input'))
       if input_moments is not None:
-        moments['input'] = input_moments
+        moments['input'] = self._valid_counts(input_moments, batch, length, mask_tm)
     else:
       xs['x'] = time_major
     if not train:
@@ -427,6 +434,14 @@ class RecurrentLayer(nn.Module):
       count = jnp.sum(mask_tm[..., 0], axis=1)
     return count if self.axis_name is None else jax.lax.psum(count, self.axis_name)
 
+  def _valid_counts(self, moments, batch: int, length: int, mask_tm: Optional[Array]):
+    """With `padded_statistics` the moments' counts include padding; the record must
+    still mark as seen only the steps some sequence reached."""
+    if not self.padded_statistics or mask_tm is None:
+      return moments
+    counts = self._step_counts(batch, length, mask_tm)
+    return moments[:2] + (counts if self.input_statistics == 'frame' else jnp.sum(counts),)
+
   def _hoisted_input_term(self, params, time_major, mask_tm, train, input_stats):
     """W_x x for all steps `[T, B, G*H]` and its normalisation, outside the scan."""
     z = cells.matmul(time_major, params['input_kernel'], self.dtype)
@@ -436,7 +451,8 @@ class RecurrentLayer(nn.Module):
       mean, var = self._population_rows(input_stats.value, 'input', z.shape[0])
       stats = (mean[:, None, :], var[:, None, :])
     y, moments = cells.apply_norm(
-        self.input_norm, z, params.get('input_scale'), None, train=train, mask=mask_tm,
+        self.input_norm, z, params.get('input_scale'), None, train=train,
+        mask=None if self.padded_statistics else mask_tm,
         stats=stats, reduce_axes=reduce_axes, epsilon=self.epsilon,
         axis_name=self.axis_name)
     return y, moments

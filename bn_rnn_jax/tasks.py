@@ -19,6 +19,10 @@ your own module; the loop in `train.py` never changes.
 Registered here:
   'classification'  `SequenceClassifier`, logits `[B, C]`, labels `[B]`.
   'language_model'  `LanguageModel`, logits `[B, T, V]`, targets / mask `[B, T]`.
+  'tagging'         `SequenceTagger`, logits `[B, T, C]` at every step, labels / mask
+                    `[B, T]`; frame cross-entropy (fce) and frame error rate (fer).
+  'reading_comprehension'  `AttentiveReader`, logits `[B, E]` over the entity vocabulary
+                    masked to each question's candidates, labels `[B]`; error.
 """
 
 from __future__ import annotations
@@ -172,3 +176,38 @@ def _tagging_finalize(means):
 
 
 register('tagging', Task(_build_tagger, _apply_classifier, _tagging_sums, _tagging_finalize))
+
+
+# ---------------------------------------------------------------------- reading comprehension
+def _build_reader(config, model_kwargs, layer_options):
+  return models.AttentiveReader(**model_kwargs, embed_size=config.model.get('embed_size'),
+                                **model_fields(config), layer_options=layer_options)
+
+
+def _apply_reader(model, variables, batch, train, carry, **kwargs):
+  del carry  # every question starts afresh
+  logits, mutated = apply_model(model, variables, (batch['inputs'], None), train, kwargs)
+  return (None, logits), mutated
+
+
+def _reader_sums(logits, batch):
+  """Sums of cross-entropy and accuracy over weighted questions.
+
+  A question whose answer is not a candidate (only when `data.top_k_sentences` stripped it
+  from the document) is always wrong and adds 0 to the loss, which would otherwise be
+  ~|NON_CANDIDATE_LOGIT|.
+  """
+  labels = batch['labels']
+  answerable = jnp.take_along_axis(batch['inputs']['candidates'], labels[:, None], 1)[:, 0]
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  ce = jnp.where(answerable > 0, ce, 0.0)
+  sums, count = example_sums(ce, jnp.argmax(logits, -1) == labels, batch['weights'])
+  return sums, count
+
+
+def _reader_finalize(means):
+  return {**means, 'error': 1.0 - means['accuracy']}
+
+
+register('reading_comprehension', Task(_build_reader, _apply_reader, _reader_sums,
+                                       _reader_finalize))

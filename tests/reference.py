@@ -385,3 +385,70 @@ def frame_metrics(logits, labels, mask):
   picked = np.take_along_axis(log_probs, np.asarray(labels)[..., None], -1)[..., 0]
   errors = (logits.argmax(-1) != np.asarray(labels))
   return float(-picked[valid].mean()), float(errors[valid].mean())
+
+
+# ----------------------------------------------------------------------------- attentive reader
+# The BN-e* layer: BN-LSTM with sequence-wise statistics for the input term (Cooijmans
+# sec. 5.4), per-step ones for the recurrent term and the cell.
+VARIANT_SPECS['bn_lstm_sequence_input'] = dict(cell='lstm', recurrent='batch', input='batch',
+                                               cell_site='batch', input_stats='sequence')
+
+
+def _batch_norm_rows(z, valid, scale, shift, eps=1e-5):
+  """BN of `z [N, F]` with the moments of its valid rows."""
+  mean, var, _ = masked_moments(z, valid)
+  return normalize(z, mean, var, scale, shift, eps)
+
+
+def attentive_reader(params, document, document_mask, query, query_mask, candidates, *,
+                     layer_variant, bidirectional, attention_norm):
+  """Logits `[B, E]` and attention `[B, T]` of the Attentive Reader (Hermann et al. 2015,
+  Cooijmans sec. 5.4) in training mode, float64, step by step.
+
+    y_d(t), u from the encoders (u = last valid h; bidirectional: [forward, backward],
+    the backward layer run on each sequence's reversed valid part);
+    m(t) = tanh(N(W_ym y_d(t)) + N(W_um u)); s = softmax over valid t of w^T m(t);
+    r = sum_t s(t) y_d(t); g = tanh(N(W_rg r) + N(W_ug u)); logits = W g + b, entities
+    that are not candidates excluded (returned as -inf).
+  attention_norm None (N = identity) or 'sequence' (W_ym y_d normalised over the valid
+  (b, t) entries, the `[B, F]` terms over the batch), each N with its own scale, shift.
+  `params` is the model's parameter tree (names as the library's).
+  """
+  emb = np.asarray(params['embed']['embedding'], np.float64)
+  def encode(name, tokens, mask):
+    x = emb[tokens] * mask[..., None]
+    if not bidirectional:
+      carry, out, _ = run_layer(params[name]['layer_0'], x, mask, layer_variant)
+      return out, carry[1]
+    # A bidirectional stack's forward and backward layers (Flax's automatic names).
+    forward, backward = params[name]['RecurrentLayer_0'], params[name]['RecurrentLayer_1']
+    carry_f, out_f, _ = run_layer(forward, x, mask, layer_variant)
+    carry_b, out_b, _ = run_layer(backward, reverse_each(x, mask), mask, layer_variant)
+    return (np.concatenate([out_f, reverse_each(out_b, mask)], -1),
+            np.concatenate([carry_f[1], carry_b[1]], -1))
+  y_d, _ = encode('document_encoder', document, document_mask)
+  _, u = encode('query_encoder', query, query_mask)
+  batch, time, width = y_d.shape
+  valid = document_mask > 0
+  def norm(name, z, rows_valid):
+    if attention_norm is None:
+      return z
+    p = params[name]
+    return _batch_norm_rows(z, rows_valid, p['scale'], p['bias'])
+  kernel = lambda name: np.asarray(params[name]['kernel'], np.float64)
+  y_m = norm('document_attention_norm', y_d.reshape(-1, width) @ kernel('document_attention'),
+             valid.reshape(-1)).reshape(batch, time, -1)
+  all_rows = np.ones(batch, bool)
+  u_m = norm('query_attention_norm', u @ kernel('query_attention'), all_rows)
+  m = np.tanh(y_m + u_m[:, None, :])
+  scores = (m @ kernel('attention_score'))[..., 0]
+  attention = np.zeros((batch, time))
+  for b in range(batch):
+    n = int(valid[b].sum())
+    e = np.exp(scores[b, :n] - scores[b, :n].max())
+    attention[b, :n] = e / e.sum()
+  r = np.einsum('bt,btd->bd', attention, y_d)
+  g = np.tanh(norm('read_combination_norm', r @ kernel('read_combination'), all_rows)
+              + norm('query_combination_norm', u @ kernel('query_combination'), all_rows))
+  logits = g @ kernel('output') + np.asarray(params['output']['bias'], np.float64)
+  return np.where(candidates > 0, logits, -np.inf), attention

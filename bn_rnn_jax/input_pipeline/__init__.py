@@ -128,3 +128,8 @@ def eval_index_batches(num_examples: int, global_batch: int, process_index: int 
 
 def gather(arrays: dict[str, np.ndarray], index: np.ndarray) -> dict[str, Any]:
   return {k: v[index] for k, v in arrays.items()}
+
+
+# Reading comprehension (DeepMind Q&A .question format; `reading.py`).
+_MODULES.update({'brown_cloze_large': 'reading', 'brown_cloze': 'reading', 'cnn': 'reading',
+                 'dailymail': 'reading', 'reading': 'reading'})
