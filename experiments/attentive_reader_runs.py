@@ -3,13 +3,20 @@ r"""Attentive Reader variants on brown_cloze_large (Cooijmans et al. sec. 5.4, F
   python experiments/attentive_reader_runs.py              # 6 variants x 2 seeds, cpu preset
   python experiments/attentive_reader_runs.py --report     # JSON + PNG from the runs
 
+  # The longer budget (1,200 steps; lstm, bn_lstm, bn_e_star; seed 0) of the README:
+  python experiments/attentive_reader_runs.py --name attentive_reader_1200 --seeds 0 \
+      --variants lstm bn_lstm bn_e_star --runs_dir runs/ar_long -- \
+      --config.train.num_steps=1200 --config.eval.every=200 --config.checkpoint.every=200
+  python experiments/attentive_reader_runs.py --report --name attentive_reader_1200 \
+      --seeds 0 --variants lstm bn_lstm bn_e_star --runs_dir runs/ar_long
+
 Each run is `experiments/main.py --config experiments/configs/attentive_reader.py:<v>,cpu`
 in `<runs_dir>/<variant>_s<seed>` (checkpoints stay there, outside the repository), started
 with `nice -n 5` and single-threaded XLA, `--parallel` runs at a time. A finished run is
 skipped; an interrupted one resumes. Its `metrics.jsonl` is copied to
-`experiments/results/attentive_reader/<variant>_s<seed>/metrics.jsonl` (the provenance of
-the report). `--report` reads those copies and writes `experiments/results/attentive_reader.json`
-and `.png`: training cost and validation error against steps for every variant (the
+`experiments/results/<name>/<variant>_s<seed>/metrics.jsonl` (the provenance of the
+report; `--name` defaults to attentive_reader). `--report` reads those copies and writes
+`experiments/results/<name>.json` and `.png`: training cost and validation error against steps for every variant (the
 manner of Fig. 4a), a table of the best validation error and the test error of the
 best-validation checkpoint beside the data's frequency baselines (computed here from the
 data) and the paper's numbers, the steps/s of every variant, and the first step at which
@@ -49,7 +56,6 @@ PAPER_FIG4A_MIN_VALID_ERROR = {'lstm': 0.503, 'bn_lstm': 0.495, 'bn_everywhere':
                                'bn_e_star': 0.471, 'bn_e_star_star': 0.439}
 PAPER_TABLE4_TEST_ERROR = {'lstm': 0.450, 'bn_e_star_star': 0.363}
 RESULTS = os.path.join(ROOT, 'experiments', 'results')
-LOGS = os.path.join(RESULTS, 'attentive_reader')
 CONFIG = os.path.join(ROOT, 'experiments', 'configs', 'attentive_reader.py')
 XLA_ONE_CORE = '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'
 
@@ -67,7 +73,8 @@ def command(name: str, seed: int, workdir: str, cache_dir: str, extra) -> list[s
 
 def launch(args) -> None:
   """Run every (variant, seed), `args.parallel` at a time; copy each metrics.jsonl."""
-  os.makedirs(LOGS, exist_ok=True)
+  logs = os.path.join(RESULTS, args.name)
+  os.makedirs(logs, exist_ok=True)
   cache_dir = os.path.join(args.runs_dir, 'data_cache')
   # A persistent XLA cache: the second seed of a variant reuses the first one's programs.
   env = {**os.environ, 'XLA_FLAGS': XLA_ONE_CORE, 'PYTHONPATH': ROOT,
@@ -99,8 +106,8 @@ def launch(args) -> None:
         print(f'{run_name(variant, seed)} exited with {process.returncode}', flush=True)
         source = os.path.join(workdir, 'metrics.jsonl')
         if os.path.exists(source):
-          os.makedirs(os.path.join(LOGS, run_name(variant, seed)), exist_ok=True)
-          shutil.copy(source, os.path.join(LOGS, run_name(variant, seed), 'metrics.jsonl'))
+          os.makedirs(os.path.join(logs, run_name(variant, seed)), exist_ok=True)
+          shutil.copy(source, os.path.join(logs, run_name(variant, seed), 'metrics.jsonl'))
 
 
 # ====================================================================== report
@@ -179,7 +186,7 @@ def report(args) -> None:
   runs = {}
   for variant in list(args.variants) + [c for c in CONTROLS if c not in args.variants]:
     for seed in args.seeds:
-      folder = os.path.join(LOGS, run_name(variant, seed))
+      folder = os.path.join(RESULTS, args.name, run_name(variant, seed))
       source = os.path.join(args.runs_dir, run_name(variant, seed), 'metrics.jsonl')
       if os.path.exists(source):   # the run's own log, when this machine has it
         os.makedirs(folder, exist_ok=True)
@@ -211,8 +218,7 @@ def report(args) -> None:
   result = {
       'what': 'Attentive Reader variants (Cooijmans et al. 2016 sec. 5.4) on '
               'brown_cloze_large, reduced size (config attentive_reader.py:<variant>,cpu)',
-      'command': 'python experiments/attentive_reader_runs.py && '
-                 'python experiments/attentive_reader_runs.py --report',
+      'command': args.command,
       'machine': '2-core shared CPU VM, one core per run (single-threaded XLA), '
                  f'{args.parallel_note}',
       'baselines_error': {split: {k: 1.0 - v for k, v in b.items()}
@@ -223,7 +229,7 @@ def report(args) -> None:
                         'in level with brown_cloze_large'},
       'table': table, 'runs': runs}
   os.makedirs(RESULTS, exist_ok=True)
-  with open(os.path.join(RESULTS, 'attentive_reader.json'), 'w') as f:
+  with open(os.path.join(RESULTS, f'{args.name}.json'), 'w') as f:
     json.dump(result, f, indent=1)
     f.write('\n')
 
@@ -253,7 +259,7 @@ def report(args) -> None:
   fig.suptitle('Attentive Reader on brown_cloze_large (reduced size, CPU): manner of '
                'Cooijmans et al. Fig. 4a', fontsize=10)
   fig.tight_layout()
-  fig.savefig(os.path.join(RESULTS, 'attentive_reader.png'), dpi=110)
+  fig.savefig(os.path.join(RESULTS, f'{args.name}.png'), dpi=110)
   plt.close(fig)
   print(markdown_table(result))
 
@@ -358,6 +364,12 @@ def main():
                       default='up to 8 runs at a time beside the jobs of 5 other sessions '
                               '(load average 20-27)',
                       help='what the report says about the machine load')
+  parser.add_argument('--name', default='attentive_reader',
+                      help='--report: read experiments/results/<name>/<run>/metrics.jsonl, '
+                           'write experiments/results/<name>.json and .png')
+  parser.add_argument('--command', default='python experiments/attentive_reader_runs.py && '
+                      'python experiments/attentive_reader_runs.py --report',
+                      help='--report: the commands that made the runs, for the JSON')
   parser.add_argument('extra', nargs='*', help='more --config.x=y flags for every run')
   args = parser.parse_args()
   if args.speed:
