@@ -97,7 +97,8 @@ class RecurrentLayer(nn.Module):
     epsilon: variance epsilon.
     gamma_init: initial gamma of every normalisation (0.1, Cooijmans sec. 4).
     forget_bias: initial bias of the forget gate.
-    recurrent_init: 'orthogonal' or 'identity' (per gate block); W_x is orthogonal.
+    recurrent_init: 'orthogonal', 'identity' (per gate block) or 'identity_candidate'
+      (identity on the candidate block only; `initializers.py`); W_x is orthogonal.
     initial_state: 'zeros', 'learned', or 'noise' (zeros plus N(0, initial_state_noise^2)
       on h_0 in training, from the 'noise' rng stream: it keeps the recurrent term's batch
       variance off zero while the inputs are constant, e.g. black rows of MNIST).
