@@ -36,6 +36,10 @@ from bn_rnn_jax import checkpoint
 from bn_rnn_jax import metric_writer
 from bn_rnn_jax import train
 
+# report.py sits beside this file (importable however this script is started).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 config_flags.DEFINE_config_file('config', os.path.join(_HERE, 'configs', 'quickstart.py'),
                                 'Base config (quickstart: 14x14 MNIST with data.name=mnist).')
@@ -118,8 +122,7 @@ def main(argv):
                 f'{valid_images} of the {c.data.num_valid} validation images with the '
                 f"papers' population estimate ({c.eval.population_batches} training "
                 'batches)'),
-      'command': 'python experiments/init_options.py ' + ' '.join(
-          a for a in sys.argv[1:] if not a.startswith('--workdir')),
+      'command': report.command_line('experiments/init_options.py', sys.argv[1:]),
       'options': {name: {**OPTIONS[name][0], 'description': OPTIONS[name][1]}
                   for name in _OPTIONS.value},
       'runs': runs,

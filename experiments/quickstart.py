@@ -34,6 +34,7 @@ from bn_rnn_jax import train
 # plot.py sits beside this file (importable however this script is started).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import plot  # pylint: disable=g-import-not-at-top,wrong-import-position
+import report  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs',
                                'quickstart.py')
@@ -107,9 +108,8 @@ def main(argv):
              f'{config.model.hidden_size} units, {config.train.num_steps} steps; validation '
              f'accuracy with population statistics ({config.eval.population_stats})')
     with open(FLAGS.results, 'w') as f:
-      json.dump({'setup': setup, 'command': 'python experiments/quickstart.py ' + ' '.join(
-          a for a in sys.argv[1:] if not a.startswith('--workdir')), 'rows': rows}, f,
-                indent=1)
+      command = report.command_line('experiments/quickstart.py', sys.argv[1:])
+      json.dump({'setup': setup, 'command': command, 'rows': rows}, f, indent=1)
       f.write('\n')
     print(f'Table numbers: {FLAGS.results}')
 

@@ -10,8 +10,9 @@ one way those JSONs become tables:
 It also turns finished `experiments/main.py` runs into such a JSON (their metrics.jsonl,
 no paths of this machine):
 
-  python experiments/report.py --collect --workdirs=/tmp/runs/ptb_char_256/lstm,... \
-      --setup='...' --output=experiments/results/ptb_char_256_valid_bpc.json
+  python experiments/report.py --collect --collect_workdirs=/tmp/runs/ptb_char_256/lstm,... \
+      --collect_setup='...' --collect_command='...' \
+      --collect_output=experiments/results/ptb_char_256_valid_bpc.json
 """
 
 from __future__ import annotations
@@ -29,11 +30,29 @@ from bn_rnn_jax import metric_writer
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, 'experiments', 'results')
 
-_COLLECT = flags.DEFINE_bool('collect', False, 'Write --output from --workdirs instead.')
-_WORKDIRS = flags.DEFINE_list('workdirs', [], 'experiments/main.py runs (--collect).')
-_SETUP = flags.DEFINE_string('setup', '', 'What the runs are (--collect).')
-_COMMAND = flags.DEFINE_string('command', '', 'The command that trained them (--collect).')
-_OUTPUT = flags.DEFINE_string('output', None, 'JSON written by --collect.')
+# Prefixed names: quickstart.py and init_options.py import this module for command_line.
+_COLLECT = flags.DEFINE_bool('collect', False,
+                            'Write --collect_output from --collect_workdirs instead.')
+_WORKDIRS = flags.DEFINE_list('collect_workdirs', [], 'experiments/main.py runs.')
+_SETUP = flags.DEFINE_string('collect_setup', '', 'What the runs are.')
+_COMMAND = flags.DEFINE_string('collect_command', '', 'The command that trained them.')
+_OUTPUT = flags.DEFINE_string('collect_output', None, 'The JSON written.')
+
+
+def command_line(script: str, argv: list[str], drop: tuple[str, ...] = ('--workdir',)) -> str:
+  """`python <script> <argv>` without the flags in `drop` (and their values), which name
+  paths of this machine."""
+  kept, skip = [], False
+  for arg in argv:
+    if skip:
+      skip = False
+      continue
+    name = arg.split('=', 1)[0]
+    if name in drop:
+      skip = '=' not in arg
+      continue
+    kept.append(arg)
+  return ' '.join(['python', script] + kept)
 
 
 def _load(path: str) -> dict:
@@ -238,7 +257,7 @@ REPORTS: dict[str, Callable[[], str]] = {
 def main(argv):
   if _COLLECT.value:
     if not _WORKDIRS.value or not _OUTPUT.value:
-      raise app.UsageError('--collect needs --workdirs and --output.')
+      raise app.UsageError('--collect needs --collect_workdirs and --collect_output.')
     with open(_OUTPUT.value, 'w') as f:
       json.dump(collect(_WORKDIRS.value, _SETUP.value, _COMMAND.value), f, indent=1)
       f.write('\n')
