@@ -62,8 +62,8 @@ def get_config():
   config.eval.batch_size = 1000
   config.eval.population_stats = 'estimate'
   # The papers' estimate from training-size batches trails batch statistics early in
-  # training on this task (0.20 vs 0.33 valid accuracy after 300 steps); two batches of
-  # 1,000 match the population-mode network (0.34): see
+  # training on this task (0.19 vs 0.32 valid accuracy after 300 steps); two batches of
+  # 1,000 match the population-mode network (0.31): see
   # experiments/analysis/estimate_batch_size.py and the README.
   config.eval.population_batches = 2
   config.eval.population_batch_size = 1000
