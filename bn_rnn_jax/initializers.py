@@ -1,9 +1,18 @@
 """Initialisers Flax lacks: per-gate-block orthogonal and identity recurrent matrices.
 
 A recurrent kernel of a gated cell has shape `[H, G * H]`: G square blocks side by side,
-one per gate. Cooijmans et al. (sec. 5.1) initialise W_h to the identity for sequential
-MNIST and orthogonally elsewhere; for a gated cell that means each `[H, H]` gate block is an
-identity (or an independent orthogonal) matrix, not one `[H, 4H]` orthogonal slab.
+one per gate, in the order (f, i, o, g) of `cells.py`. Cooijmans et al. (sec. 5.1)
+initialise W_h to the identity for sequential MNIST and orthogonally elsewhere. The paper
+does not say what that means for a gated cell; `recurrent_init` names the choices:
+
+  'orthogonal'          every `[H, H]` gate block an independent orthogonal matrix (not
+                        one `[H, 4H]` orthogonal slab).
+  'identity'            every gate block the identity (ours for sequential MNIST).
+  'identity_candidate'  the candidate block g the identity, the f, i, o blocks orthogonal:
+                        the authors' released code (sequential_mnist.py builds W_h as
+                        [I | one [H, 3H] orthogonal slab]; here each of f, i, o is its own
+                        orthogonal block, as with 'orthogonal'). For the tanh RNN (one
+                        block, the candidate) it equals 'identity'.
 """
 
 from __future__ import annotations
@@ -39,11 +48,26 @@ def orthogonal_blocks(scale: float = 1.0):
   return init
 
 
+def identity_candidate_blocks(scale: float = 1.0):
+  """`[H, G*H]` kernel: the last gate block (the candidate g of the (f, i, o, g) order)
+  is `scale` times the identity, the G - 1 others independent orthogonal blocks."""
+  orthogonal = orthogonal_blocks(scale)
+  def init(key, shape, dtype=jnp.float32):
+    num_blocks = _check_blocks(shape)
+    eye = scale * jnp.eye(shape[0], dtype=dtype)
+    if num_blocks == 1:
+      return eye
+    gates = orthogonal(key, (shape[0], (num_blocks - 1) * shape[0]), dtype)
+    return jnp.concatenate([gates, eye], axis=1)
+  return init
+
+
 def recurrent_initializer(name: str):
-  """'orthogonal' | 'identity': the per-gate-block recurrent initialiser of that name;
-  'glorot_uniform': Glorot & Bengio's U(+-sqrt(6 / (H + G*H))) over the whole kernel
-  (Laurent et al. sec. 5.1)."""
+  """'orthogonal' | 'identity' | 'identity_candidate': the per-gate-block recurrent
+  initialiser of that name (see the module docstring); 'glorot_uniform': Glorot & Bengio's
+  U(+-sqrt(6 / (H + G*H))) over the whole kernel (Laurent et al. sec. 5.1)."""
   table = {'orthogonal': orthogonal_blocks(), 'identity': identity_blocks(),
+           'identity_candidate': identity_candidate_blocks(),
            'glorot_uniform': nn.initializers.glorot_uniform()}
   if name not in table:
     raise ValueError(f'recurrent_init must be one of {sorted(table)}; got {name!r}.')

@@ -144,7 +144,8 @@ class RecurrentLayer(nn.Module):
     epsilon: variance epsilon.
     gamma_init: initial gamma of every normalisation (0.1, Cooijmans sec. 4).
     forget_bias: initial bias of the forget gate.
-    recurrent_init: 'orthogonal' or 'identity' (per gate block), or 'glorot_uniform'.
+    recurrent_init: 'orthogonal', 'identity' (per gate block), 'identity_candidate'
+      (identity on the candidate block only; `initializers.py`) or 'glorot_uniform'.
     input_init: W_x's initialiser: 'orthogonal' or 'glorot_uniform' (Laurent et al.).
     initial_state: 'zeros', 'learned', or 'noise' (zeros plus N(0, initial_state_noise^2)
       on h_0 in training, from the 'noise' rng stream: it keeps the recurrent term's batch

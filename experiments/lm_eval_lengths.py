@@ -136,7 +136,8 @@ def evaluate_run(workdir: str) -> dict:
         row['batch'] = row.get('estimate', row.get('running'))
     rows.append(row)
     print(json.dumps({'workdir': workdir, **row}), flush=True)
-  return {'workdir': workdir, 'variant': config.model.variant, 'step': step,
+  # The run's last two path parts only: results carry no paths of this machine.
+  return {'run': '/'.join(os.path.normpath(workdir).split(os.sep)[-2:]), 'variant': config.model.variant, 'step': step,
           'checkpoint': FLAGS.checkpoint, 'train_length': trainer.dataset.train_length,
           'hidden_size': config.model.hidden_size, 'split': split, 'rows': rows}
 

@@ -70,7 +70,8 @@ def summarise(workdir: str) -> dict:
                if r['split'] == 'train']
   valid_ppl = [(r['step'] // epoch, r['perplexity']) for r in records
                if r['split'] == 'valid']
-  out = {'workdir': workdir, 'variant': config['model']['variant'],
+  # The run's last two path parts only: results carry no paths of this machine.
+  out = {'run': '/'.join(os.path.normpath(workdir).split(os.sep)[-2:]), 'variant': config['model']['variant'],
          'epochs_done': max([e for e, _ in train_ppl], default=0),
          'epochs_planned': config['train']['num_steps'] // epoch,
          'train_perplexity': train_ppl, 'valid_perplexity': valid_ppl}

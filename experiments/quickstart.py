@@ -12,9 +12,12 @@ minutes on 2 CPU cores. Sequential MNIST at 14x14 (196 steps) instead:
       --config.train.num_steps=600
 
 Each variant runs in `<workdir>/<variant>`; a second invocation resumes (or just
-re-reads finished runs).
+re-reads finished runs). `--results=experiments/results/quickstart_digits.json` also writes
+the table's numbers (no paths), which `python experiments/report.py quickstart_digits`
+prints as the README's table.
 """
 
+import json
 import os
 import sys
 import time
@@ -31,12 +34,15 @@ from bn_rnn_jax import train
 # plot.py sits beside this file (importable however this script is started).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import plot  # pylint: disable=g-import-not-at-top,wrong-import-position
+import report  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs',
                                'quickstart.py')
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file('config', _DEFAULT_CONFIG, 'Quickstart config file.')
 flags.DEFINE_string('workdir', '/tmp/quickstart', 'Directory for the runs and the plot.')
+flags.DEFINE_string('results', None, 'Also write the table as JSON here (e.g. under '
+                    'experiments/results/).')
 
 
 def run_variant(config, variant: str, workdir: str) -> float:
@@ -97,6 +103,15 @@ def main(argv):
         f'statistics ({config.eval.population_stats}):\n')
   print(format_table(rows))
   print(f'\nLearning curves: {png}')
+  if FLAGS.results:
+    setup = (f'sequential {data}, batch {config.train.batch_size}, '
+             f'{config.model.hidden_size} units, {config.train.num_steps} steps; validation '
+             f'accuracy with population statistics ({config.eval.population_stats})')
+    with open(FLAGS.results, 'w') as f:
+      command = report.command_line('experiments/quickstart.py', sys.argv[1:])
+      json.dump({'setup': setup, 'command': command, 'rows': rows}, f, indent=1)
+      f.write('\n')
+    print(f'Table numbers: {FLAGS.results}')
 
 
 if __name__ == '__main__':

@@ -6,6 +6,7 @@ Numbers are checked against float64 references written here (scipy quadrature, N
 moments), never against the scripts' own code. Scripts that need PTB skip without it.
 """
 
+import glob
 import json
 import os
 import sys
@@ -22,7 +23,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
-from bn_rnn_jax import models  # pylint: disable=g-import-not-at-top
+from bn_rnn_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+from bn_rnn_jax import metric_writer
+from bn_rnn_jax import parallel
+from bn_rnn_jax import train
 from experiments.analysis import common  # pylint: disable=g-import-not-at-top
 from experiments.analysis import estimate_batch_size
 from experiments.analysis import gamma_sensitivity
@@ -116,43 +120,48 @@ def test_gradient_flow_rejects_too_few_examples(tmp_path):
 
 # ---------------------------------------------------------------- common pieces
 
+def _tiny_digits_trainer(**model_fields):
+  config = common.mnist_config(None, hidden_size=4, batch_size=8, eval_examples=16,
+                               population_batches=3, variant='bn_lstm', **model_fields)
+  return train.Trainer(config)
+
+
 def test_population_estimate_matches_numpy_moments():
-  """The papers' estimate of the input-term statistics equals the float64 average of
-  the per-step batch moments of x_t W_x computed here."""
-  batch, length, features, hidden = 8, 5, 3, 4
-  rng = np.random.RandomState(0)
-  inputs = [rng.randn(batch, length, features).astype(np.float32) for _ in range(3)]
-  model = models.SequenceClassifier(num_classes=2, variant='bn_lstm', hidden_size=hidden,
-                                    layer_options=dict(max_length=length))
-  trainer = common.Trainer(model, common.adam(1e-3), common.classification_loss)
-  state = trainer.init(jax.random.PRNGKey(0), inputs[0])
-  stats = jax.device_get(trainer.estimate_population(state, inputs))
+  """The scripts' population estimate (the library's Trainer) of the input-term
+  statistics equals the float64 average of the per-step batch moments of x_t W_x over the
+  training batches it reads (those of the current step on)."""
+  trainer = _tiny_digits_trainer()
+  state = trainer.to_devices(trainer.initial_state())
+  stats = parallel.unreplicate(trainer.population_stats(state))
   site = stats['rnn']['layer_0']['input']
-  kernel = np.asarray(state['params']['rnn']['layer_0']['input_kernel'], np.float64)
-  terms = [x.astype(np.float64) @ kernel for x in inputs]  # [B, T, 4H] each.
+  kernel = np.asarray(parallel.unreplicate(state.params)['rnn']['layer_0']['input_kernel'],
+                      np.float64)
+  terms = [trainer.dataset.train_batch(i)['inputs'].astype(np.float64) @ kernel
+           for i in range(3)]  # [B, T, 4H] each.
   np.testing.assert_allclose(site['mean'], np.mean([t.mean(0) for t in terms], 0),
                              rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(site['var'], np.mean([t.var(0) for t in terms], 0),
                              rtol=1e-4, atol=1e-5)
-  np.testing.assert_allclose(site['count'], np.full(length, 3.0))
+  np.testing.assert_allclose(site['count'], np.full(64, 3.0))
 
 
-def test_trainer_reduces_loss_on_learnable_task():
-  """A tiny BN-LSTM learns to tell sequences by the sign of their mean."""
-  rng = np.random.RandomState(0)
-  y = rng.randint(0, 2, 64).astype(np.int32)
-  x = (rng.randn(64, 6, 1) + (2 * y - 1)[:, None, None]).astype(np.float32)
-  model = models.SequenceClassifier(num_classes=2, variant='bn_lstm', hidden_size=8,
-                                    layer_options=dict(max_length=6))
-  trainer = common.Trainer(model, common.adam(1e-2), common.classification_loss)
-  state = trainer.init(jax.random.PRNGKey(0), x)
-  first = None
-  for _ in range(60):
-    state, metrics = trainer.train_step(state, x, y)
-    first = float(metrics['loss']) if first is None else first
-  stats = trainer.estimate_population(state, [x])
-  loss, accuracy = trainer.evaluate(state, stats, [(x, y)])
-  assert loss < 0.5 * first and accuracy > 0.9
+def test_initial_state_changes_gamma_and_shares_the_step():
+  """`initial_state` sets the BN gammas; both states train with the one compiled step, and
+  `evaluate_with` on the state's own running statistics equals the 'running' evaluation."""
+  trainer = _tiny_digits_trainer(gamma_init=0.1)
+  histories = []
+  for gamma in (0.1, 0.7):
+    state = common.initial_state(trainer, gamma_init=gamma)
+    scale = parallel.unreplicate(state.params)['rnn']['layer_0']['recurrent_scale']
+    np.testing.assert_allclose(scale, gamma)
+    state, history = common.fit(trainer, state, 2, eval_every=1)
+    histories.append(history)
+    assert history['step'] == [1, 2] and history['eval_step'] == [1, 2]
+    assert all(0 <= e['metric'] <= 1 for e in history['eval'])
+    running = common.evaluate_with(trainer, state, parallel.unreplicate(state.batch_stats))
+    assert running == trainer.evaluate(state, 'valid', 'running')
+  # Same data and parameter seed; only gamma differs, and so does the first loss.
+  assert histories[0]['train_loss'][0] != histories[1]['train_loss'][0]
 
 
 def test_smooth_is_a_trailing_mean():
@@ -160,35 +169,31 @@ def test_smooth_is_a_trailing_mean():
   np.testing.assert_allclose(common.smooth(values, 2), [1.0, 2.0, 4.0, 6.0])
 
 
-def test_pixel_sequences_fallback_and_permutation():
-  plain = common.load_pixel_sequences(None, 'valid')
-  permuted = common.load_pixel_sequences(None, 'valid', permutation_seed=1)
-  assert 'digits' in plain.source and plain.x.shape[1:] == (64, 1)
-  assert plain.x.dtype == np.float32 and 0 <= plain.x.min() and plain.x.max() <= 1
-  np.testing.assert_array_equal(np.sort(plain.x, 1), np.sort(permuted.x, 1))
-  assert not np.array_equal(plain.x, permuted.x)
-  with pytest.raises(ValueError, match='split'):
-    common.load_pixel_sequences(None, 'dev')
+def test_configs_fall_back_to_digits_and_describe_without_paths(tmp_path):
+  config = common.mnist_config(str(tmp_path), permutation_seed=3)
+  assert config.data.name == 'digits' and config.data.permute
+  dataset = input_pipeline.get_dataset(config)
+  text = common.data_description(config, dataset)
+  assert 'digits' in text and 'permuted' in text and str(tmp_path) not in text
+  assert dataset.train_length == 64
 
 
 @pytest.mark.skipif(not os.path.isdir(MNIST_DIR), reason=f'MNIST not found at {MNIST_DIR}')
-def test_pixel_sequences_real_mnist_pooled():
-  data = common.load_pixel_sequences(MNIST_DIR, 'valid', image_size=14, limit=100)
-  assert data.x.shape == (100, 196, 1) and 'MNIST 14x14' in data.source
-  with pytest.raises(ValueError, match='divide 28'):
-    common.load_pixel_sequences(MNIST_DIR, 'valid', image_size=10, limit=1)
+def test_mnist_config_reads_pooled_mnist():
+  config = common.mnist_config(MNIST_DIR, resolution=14)
+  assert config.data.name == 'mnist' and config.data.resolution == 14
+  assert common.data_description(config, None) == 'MNIST 14x14 (196 steps; IDX files)'
 
 
-def test_char_windows_are_shifted_targets():
-  ids = np.arange(50, dtype=np.int32)
-  inputs, targets = next(common.char_batches(ids, 4, 7, np.random.RandomState(0)))
-  assert inputs.shape == targets.shape == (4, 7)
-  np.testing.assert_array_equal(targets, inputs + 1)
-  (inputs, targets), = common.contiguous_windows(ids, 2, 10, max_batches=1)
-  np.testing.assert_array_equal(inputs.ravel(), np.arange(20))
-  np.testing.assert_array_equal(targets.ravel(), np.arange(1, 21))
-  with pytest.raises(ValueError, match='too short'):
-    next(common.char_batches(ids, 1, 60, np.random.RandomState(0)))
+def test_shared_row_variances():
+  """Averaged variance mean_t v_t vs pooled mean_t v_t + var_t m_t, by hand."""
+  mean = np.array([[0.0, 1.0], [2.0, 1.0]])
+  var = np.array([[1.0, 1.0], [1.0, 3.0]])
+  out = population_stats.shared_row_variances(mean, var)
+  # Unit 0: averaged 1, pooled 1 + 1 = 2; unit 1: averaged 2, pooled 2 + 0.
+  assert out['ratio_max'] == pytest.approx(2.0)
+  assert out['ratio_median'] == pytest.approx(1.5)
+  assert out['fraction_over_1.1'] == pytest.approx(0.5)
 
 
 # ---------------------------------------------------------------- population stats (5)
@@ -215,6 +220,7 @@ def test_population_stats(tmp_path):
       assert np.all(var >= 0)
     assert len(saved['units'][site]) == 5
     assert _finite(saved['convergence'][site]['mean_shift'])
+    assert _finite(list(saved['shared_row'][site].values()))
   # h_0 = 0, so the recurrent term of step 0 is exactly 0 in every example.
   np.testing.assert_allclose(saved['population']['recurrent']['var'][0], 0.0, atol=1e-12)
   np.testing.assert_allclose(saved['population']['recurrent']['mean'][0], 0.0, atol=1e-12)
@@ -233,6 +239,7 @@ def test_gamma_sensitivity_mnist_digits(tmp_path):
   for gamma in ('0.1', '1'):
     history = saved['tasks']['mnist']['curves'][gamma]
     assert history['step'] == [1, 2, 3, 4] and history['eval_step'] == [2, 4]
+    assert 'digits' in saved['tasks']['mnist']['data']
     assert _finite(history['train_loss'])
     assert all(0 <= e['metric'] <= 1 and np.isfinite(e['loss']) for e in history['eval'])
   with pytest.raises(ValueError, match='tasks'):
@@ -284,7 +291,7 @@ def test_estimate_batch_size_digits(tmp_path, permute):
                           valid_examples=64, draws=2, image_size=8,
                           settings=((2, 1), (1, 2)), permute=permute)
   saved = _read_json(tmp_path, 'estimate_batch_size' + ('_pmnist' if permute else ''))
-  assert saved['data'].endswith('(permuted)') == permute
+  assert ('permuted' in saved['data']) == permute
   assert set(saved['estimates']) == {'2 x 16', '1 x 32'}
   scores = [s for v in saved['estimates'].values() for s in v]
   assert len(scores) == 4
@@ -295,3 +302,47 @@ def test_estimate_batch_size_digits(tmp_path, permute):
     # 64 examples in batches of 16: accuracies are multiples of 1/64.
     assert abs(value * 64 - round(value * 64)) < 1e-3
   assert saved['length'] == 64
+
+
+# ---------------------------------------------------------------- provenance (report.py)
+
+sys.path.insert(0, os.path.join(REPO, 'experiments'))
+import report  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+@pytest.mark.parametrize('name', sorted(report.REPORTS))
+def test_every_report_renders_from_the_committed_json(name):
+  """The README's tables come from these JSONs: a renamed key or a missing file fails."""
+  text = report.REPORTS[name]()
+  assert text.strip() and 'nan' not in text
+
+
+def test_results_carry_no_paths_of_this_machine():
+  paths = [p for d in ('experiments/results', 'benchmarks/results')
+           for p in glob.glob(os.path.join(REPO, d, '**', '*.json'), recursive=True)]
+  assert paths
+  for path in paths:
+    with open(path) as f:
+      content = f.read()
+    for prefix in ('/tmp/', '/work/', '/root/', '/home/'):
+      assert prefix not in content, f'{path} names {prefix}...'
+
+
+def test_command_line_drops_workdir_values():
+  assert report.command_line('x.py', ['--workdir', '/tmp/a', '--n=1', '--workdir=/b',
+                                      '--flag']) == 'python x.py --n=1 --flag'
+
+
+def test_collect_reads_runs_without_paths(tmp_path):
+  workdir = tmp_path / 'runs' / 'bn_lstm'
+  workdir.mkdir(parents=True)
+  (workdir / 'config.json').write_text(json.dumps({'model': {'variant': 'bn_lstm'}}))
+  writer = metric_writer.MetricWriter(str(workdir))
+  writer.write(10, 'train', {'loss': 2.0}, time_s=1.0)
+  writer.write(10, 'valid', {'loss': 1.5, 'bpc': 2.1}, time_s=2.0)
+  writer.write(10, 'test', {'loss': 1.4, 'bpc': 2.0}, time_s=3.0)
+  writer.close()
+  out = report.collect([str(workdir)], 'setup', 'cmd')
+  run = out['runs']['bn_lstm']
+  assert run['valid'][0]['bpc'] == 2.1 and run['test'][0]['bpc'] == 2.0
+  assert run['wall_time_s'] == 3.0 and str(tmp_path) not in json.dumps(out)

@@ -90,3 +90,19 @@ def test_layer_initial_parameters():
   # Default recurrent init: independent orthogonal gate blocks.
   for block in np.split(params['ln_lstm']['recurrent_kernel'], 4, axis=1):
     np.testing.assert_allclose(block.T @ block, np.eye(H), atol=1e-5)
+
+
+# ---------------------------------------------------------------------- identity_candidate
+def test_identity_candidate_blocks():
+  """The authors' released W_h: identity on the candidate block g (last of f, i, o, g),
+  independent orthogonal f, i, o blocks; the tanh RNN's single block is the identity."""
+  kernel = np.asarray(initializers.recurrent_initializer('identity_candidate')(
+      jax.random.key(2), (H, 4 * H)), np.float64)
+  blocks = np.split(kernel, 4, axis=1)
+  np.testing.assert_array_equal(blocks[3], np.eye(H))
+  for block in blocks[:3]:
+    np.testing.assert_allclose(block.T @ block, np.eye(H), atol=1e-5)
+    assert np.max(np.abs(block - np.eye(H))) > 0.1
+  assert np.max(np.abs(blocks[0] - blocks[1])) > 0.1
+  single = initializers.identity_candidate_blocks()(jax.random.key(2), (H, H))
+  np.testing.assert_array_equal(np.asarray(single), np.eye(H))

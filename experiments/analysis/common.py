@@ -1,16 +1,19 @@
-"""Shared pieces of the figure scripts: data readers, a small trainer, outputs.
+"""Figure-specific helpers of the scripts in this folder: configs, a recording loop, outputs.
 
-The scripts in this folder redraw the papers' figures on a 2-core CPU in minutes. They
-need a few things the library proper leaves to `bn_rnn_jax/train.py` and
-`bn_rnn_jax/input_pipeline.py`; this module keeps the minimum of them in one place:
+The figure scripts train with the library's own stack: data from `bn_rnn_jax.input_pipeline`
+(MNIST and the 8x8 digits in `mnist.py`, character PTB in `text.py`), the pmapped step of
+`train.Trainer` (optimizer from `train.create_optimizer`, loss and metrics from the task in
+`tasks.py`) on one device, and the papers' population estimate (`Trainer.population_stats`;
+from arbitrary batches, `recurrent.estimate_population_stats`). What stays here is what a
+figure needs beyond one training run:
 
-* offline data through the project's readers (`bn_rnn_jax.input_pipeline`): real MNIST
-  from IDX .gz files, mean-pooled and flattened into pixel sequences, with scikit-learn's
-  8x8 digits as the fallback when the files are absent; character-level PTB.
-* `Trainer`: a jitted optax step over a Flax model whose `batch_stats` collection is
-  mutable, and the papers' population estimate (average of minibatch moments over a pass
-  of training batches, Cooijmans et al. sec. 3) used for every evaluation here.
-* `save_outputs`: one PNG and one JSON of the plotted numbers per figure.
+* `mnist_config`, `ptb_config`: a `train.default_config()` for a short run from the
+  scripts' arguments (the 8x8 digits when the MNIST files are absent);
+* `initial_state`: a fresh state with a model field that only matters at initialisation
+  (gamma_init) changed, so that many runs share one compiled step;
+* `fit`: steps recording every training loss, with periodic validation;
+* `evaluate_with`: validation metrics with any given population statistics;
+* `save_outputs`: one PNG and one JSON (no paths of this machine) per figure.
 
 Flags shared by every script are defined here once, so that the scripts can be imported
 together (by the tests) without absl's duplicate-flag error.
@@ -18,24 +21,20 @@ together (by the tests) without absl's duplicate-flag error.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import os
 import time
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from absl import flags
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
-from bn_rnn_jax import recurrent
-from bn_rnn_jax.input_pipeline import mnist as mnist_pipeline
-from bn_rnn_jax.input_pipeline import text as text_pipeline
+from bn_rnn_jax import parallel
+from bn_rnn_jax import train
+from bn_rnn_jax.input_pipeline import mnist
+from bn_rnn_jax.input_pipeline import text
 
-Array = jax.Array
 _HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(os.path.dirname(_HERE))
 # The shared data folder of this workplace sits next to the repository (../shared/data).
@@ -58,248 +57,167 @@ GAMMAS = flags.DEFINE_list('gammas', ['0.1', '0.3', '0.5', '0.7', '1.0'],
 
 
 # --------------------------------------------------------------------------------------
-# Data.
+# Configs for the library's trainer.
 
-@dataclasses.dataclass
-class SequenceData:
-  """Images as pixel sequences: `x [N, T, 1]` float32 in [0, 1], `y [N]` int32."""
-  x: np.ndarray
-  y: np.ndarray
-  source: str
-
-  @property
-  def length(self) -> int:
-    return self.x.shape[1]
-
-  def batches(self, batch_size: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The examples in order as full `(x [B, T, 1], y [B])` batches; a remainder smaller
-    than `batch_size` is left out."""
-    return [(self.x[i:i + batch_size], self.y[i:i + batch_size])
-            for i in range(0, self.x.shape[0] - batch_size + 1, batch_size)]
+def _short_run(config, *, batch_size: int, eval_batch_size: int, eval_batches: int,
+               population_batches: int, seed: int):
+  """Single-device run settings shared by every figure."""
+  config.seed = seed
+  config.train.batch_size = batch_size
+  config.train.num_devices = 1
+  config.eval.batch_size = eval_batch_size
+  config.eval.max_batches = eval_batches
+  config.eval.population_stats = 'estimate'
+  config.eval.population_batches = population_batches
+  return config
 
 
-def load_pixel_sequences(mnist_dir: Optional[str], split: str = 'train',
-                         image_size: int = 28, limit: Optional[int] = None,
-                         permutation_seed: Optional[int] = None) -> SequenceData:
-  """MNIST (or 8x8 scikit-learn digits) as `[N, image_size**2, 1]` pixel sequences.
+def mnist_config(mnist_dir: Optional[str], *, resolution: int = 14,
+                 permutation_seed: Optional[int] = None, hidden_size: int = 100,
+                 batch_size: int = 64, learning_rate: float = 1e-3,
+                 eval_batch_size: Optional[int] = None, eval_examples: int = 512,
+                 population_batches: int = 8, seed: int = 0, **model_fields):
+  """Sequential (p)MNIST with Cooijmans et al.'s optimiser (RMSProp, momentum 0.9, clip 1).
 
-  Reads with the project's pipeline (`bn_rnn_jax.input_pipeline.mnist`).
-
-  Args:
-    mnist_dir: folder of the IDX .gz files. When it is None or lacks them, scikit-learn's
-      8x8 digits are used instead (image_size is then 8); `source` says which was read.
-    split: 'train' (the first 55,000 MNIST training images), 'valid' (the last 5,000, the
-      split of Cooijmans et al.) or 'test'; for the digits, the pipeline's fixed split.
-    image_size: 28 (sequential MNIST), or 14 / 7 (mean-pooled, shorter sequences).
-    limit: keep the first `limit` examples.
-    permutation_seed: permute the pixel order with this seed (pMNIST).
+  mnist_dir: folder of the IDX .gz files; when None or without them, scikit-learn's 8x8
+    digits (64 steps) are read instead and `resolution` is ignored.
+  resolution: 28 (784 steps) or 14 (2x2 mean-pooled, 196 steps).
+  permutation_seed: pMNIST's fixed pixel order (a true permutation), or None.
+  eval_examples: validation images per evaluation (the first ones, in batches of
+    `eval_batch_size`, default `batch_size`).
+  model_fields: `config.model` fields (variant, recurrent_init, initial_state, gamma_init...).
   """
-  if split not in ('train', 'valid', 'test'):
-    raise ValueError(f"split must be 'train', 'valid' or 'test'; got {split!r}.")
-  files = [os.path.join(mnist_dir, f) for f in mnist_pipeline.IDX_FILES.values()
-           ] if mnist_dir else []
-  if files and all(os.path.exists(f) for f in files):
-    arrays = _load_idx_cached(mnist_dir)
-    prefix = 'test' if split == 'test' else 'train'
-    images = arrays[f'{prefix}_images'].astype(np.float32) / 255.0
-    labels = arrays[f'{prefix}_labels'].astype(np.int32)
-    if split != 'test':
-      part = slice(0, 55000) if split == 'train' else slice(55000, None)
-      images, labels = images[part], labels[part]
-    if 28 % image_size:
-      raise ValueError(f'image_size must divide 28; got {image_size}.')
-    images = mnist_pipeline.mean_pool(images, 28 // image_size)
-    source = f'MNIST {image_size}x{image_size} ({split}) from {mnist_dir}'
+  found = bool(mnist_dir) and all(
+      os.path.exists(os.path.join(mnist_dir, f)) for f in mnist.IDX_FILES.values())
+  config = train.default_config()
+  config.data = mnist.default_data_config('mnist' if found else 'digits')
+  if found:
+    config.data.mnist_dir = mnist_dir
+    config.data.resolution = resolution
+  config.data.permute = permutation_seed is not None
+  config.data.permutation_seed = permutation_seed or 0
+  config.model.hidden_size = hidden_size
+  config.model.update(model_fields)
+  config.optimizer.learning_rate = learning_rate
+  eval_batch_size = eval_batch_size or batch_size
+  return _short_run(config, batch_size=batch_size, eval_batch_size=eval_batch_size,
+                    eval_batches=-(-eval_examples // eval_batch_size),
+                    population_batches=population_batches, seed=seed)
+
+
+def ptb_config(ptb_dir: str, *, hidden_size: int = 128, batch_size: int = 32,
+               length: int = 100, learning_rate: float = 2e-3, eval_batches: int = 8,
+               population_batches: int = 4, seed: int = 0, **model_fields):
+  """Character-level PTB (`input_pipeline.text`): windows of `length`, one-hot inputs
+  unless `embed_size` is given, Adam with clipping at 1; validation reads the first
+  `eval_batches` batches of `batch_size` windows of the validation text."""
+  config = train.default_config()
+  config.data = text.default_data_config('ptb_char')
+  config.data.path = ptb_dir
+  config.data.seq_length = length
+  config.model.hidden_size = hidden_size
+  config.model.max_length = length
+  config.model.update(model_fields)
+  config.optimizer.name = 'adam'
+  config.optimizer.learning_rate = learning_rate
+  return _short_run(config, batch_size=batch_size, eval_batch_size=batch_size,
+                    eval_batches=eval_batches, population_batches=population_batches,
+                    seed=seed)
+
+
+def data_description(config, dataset) -> str:
+  """What was read, without the paths of this machine."""
+  name = config.data.name
+  if name == 'digits':
+    text_ = 'scikit-learn 8x8 digits (MNIST IDX files not found)'
+  elif name == 'mnist':
+    r = config.data.resolution
+    text_ = f'MNIST {r}x{r} ({r * r} steps; IDX files)'
   else:
-    images, labels = mnist_pipeline.load_digits()[split]
-    tried = files[0] if files else 'no --mnist_dir'
-    source = f'scikit-learn 8x8 digits ({split}); MNIST not found at {tried}'
-  if limit is not None:
-    images, labels = images[:limit], labels[:limit]
-  permutation = None
-  if permutation_seed is not None:
-    permutation = mnist_pipeline.make_permutation(permutation_seed,
-                                                  images.shape[1] * images.shape[2])
-  x = mnist_pipeline.to_sequences(images, permutation)
-  return SequenceData(np.ascontiguousarray(x, np.float32), np.asarray(labels, np.int32),
-                      source)
-
-
-@functools.lru_cache(maxsize=2)
-def _load_idx_cached(mnist_dir: str) -> dict[str, np.ndarray]:
-  return mnist_pipeline.load_idx(mnist_dir)
-
-
-@dataclasses.dataclass
-class CharData:
-  """A character stream as ids `[N]` int32 and its symbol table (id -> symbol)."""
-  ids: np.ndarray
-  vocab: list[str]
-
-
-@functools.lru_cache(maxsize=2)
-def _load_ptb_cached(ptb_dir: str):
-  return text_pipeline.load_ptb(ptb_dir, 'char')
-
-
-def load_ptb_chars(ptb_dir: str, split: str = 'train') -> CharData:
-  """Character-level PTB with the project's derivation (`input_pipeline.text.ptb_chars`:
-  words joined by '_', a '\\n' symbol per sentence, 50 symbols)."""
-  if not os.path.isfile(os.path.join(ptb_dir, f'ptb.{split}.txt')):
-    raise FileNotFoundError(f'Character-level PTB needs {ptb_dir}/ptb.{split}.txt '
-                            '(set --ptb_dir).')
-  vocab, ids = _load_ptb_cached(ptb_dir)
-  return CharData(ids[split], list(vocab))
-
-
-def char_batches(ids: np.ndarray, batch_size: int, length: int,
-                 rng: np.random.RandomState) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-  """Endless random windows: `(inputs [B, T], targets [B, T])`, targets shifted by one."""
-  if ids.size <= length + 1:
-    raise ValueError(f'A stream of {ids.size} characters is too short for windows of '
-                     f'{length + 1}.')
-  while True:
-    starts = rng.randint(0, ids.size - length - 1, size=batch_size)
-    window = np.stack([ids[s:s + length + 1] for s in starts])
-    yield window[:, :-1], window[:, 1:]
-
-
-def contiguous_windows(ids: np.ndarray, batch_size: int, length: int,
-                       max_batches: int) -> list[tuple[np.ndarray, np.ndarray]]:
-  """Non-overlapping evaluation windows covering the start of the stream, in order."""
-  per_batch = batch_size * length
-  count = min(max_batches, (ids.size - 1) // per_batch)
-  if count == 0:
-    raise ValueError(f'A stream of {ids.size} characters holds no [{batch_size}, {length}] '
-                     'evaluation batch.')
-  out = []
-  for b in range(count):
-    chunk = ids[b * per_batch:(b + 1) * per_batch + 1]
-    inputs = chunk[:-1].reshape(batch_size, length)
-    targets = chunk[1:].reshape(batch_size, length)
-    out.append((inputs, targets))
-  return out
-
-
-def example_batches(data: SequenceData, batch_size: int,
-                    rng: np.random.RandomState) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-  """Endless shuffled minibatches `(x [B, T, 1], y [B])`, reshuffled every epoch."""
-  n = data.x.shape[0]
-  if n < batch_size:
-    raise ValueError(f'{n} examples are fewer than batch_size={batch_size}.')
-  while True:
-    order = rng.permutation(n)
-    for start in range(0, n - batch_size + 1, batch_size):
-      index = order[start:start + batch_size]
-      yield data.x[index], data.y[index]
+    return f'character-level PTB ({dataset.vocab_size} symbols)'
+  return text_ + (f', pixels permuted (seed {config.data.permutation_seed})'
+                  if config.data.permute else '')
 
 
 # --------------------------------------------------------------------------------------
-# Losses.
+# Training and evaluation with the library's Trainer.
 
-def classification_loss(logits, labels):
-  """Mean cross-entropy and accuracy of `logits [B, C]` against `labels [B]`."""
-  loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-  return loss, jnp.mean(jnp.argmax(logits, -1) == labels)
-
-
-def lm_loss(outputs, targets):
-  """Mean next-character cross-entropy in bits, for `(carries, logits [B, T, V])`."""
-  _, logits = outputs
-  nats = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
-  return nats, nats / jnp.log(2.0)
+def metric_name(trainer: train.Trainer) -> str:
+  """The validation metric a figure plots: bits per character or accuracy."""
+  return 'bpc' if trainer.dataset.task == 'language_model' else 'accuracy'
 
 
-# --------------------------------------------------------------------------------------
-# Training.
+def initial_state(trainer: train.Trainer, **model_fields) -> train.TrainState:
+  """A fresh device state of `trainer`'s run, initialised with `config.model` fields
+  changed (e.g. gamma_init). The fields must only matter at initialisation: the state is
+  then trained with `trainer`'s compiled step, whatever the fields' values."""
+  config = trainer.config.copy_and_resolve_references()
+  config.model.update(model_fields)
+  model = train.create_model(config, trainer.dataset)
+  host = train.create_train_state(config, model, trainer.task, trainer.tx, trainer.dataset,
+                                  trainer.num_devices)
+  return trainer.to_devices(host)
 
-@dataclasses.dataclass
-class Trainer:
-  """A jitted optax step for a Flax model with a `batch_stats` collection.
 
-  `loss_fn(model_outputs, targets) -> (loss, metric)`. The model is called as
-  `model.apply(vars, inputs, train=..., rngs=...)`; its BN layers use batch statistics in
-  training and population statistics in evaluation. Evaluation uses the papers' estimate:
-  `estimate_population` averages the minibatch moments of a pass of training batches with
-  the current parameters (Cooijmans et al. sec. 3; Laurent et al. sec. 3), which stays
-  accurate early in training where a running average lags (../shared/NOTES.md).
+def fit(trainer: train.Trainer, state: train.TrainState, num_steps: int,
+        eval_every: int = 0) -> tuple[train.TrainState, dict]:
+  """`num_steps` steps of `trainer` from `state`; validation (population estimate, the
+  config's `eval.max_batches`) every `eval_every` steps and at the end (none when 0).
+
+  Returns `(state, history)`, history = `{'step', 'train_loss', 'train_accuracy',
+  'eval_step', 'eval': [{'loss', 'metric'}], 'seconds'}`; the metric is accuracy or bits
+  per character. Non-finite losses are recorded (as the papers' unstable runs would be).
   """
-  model: Any
-  optimizer: optax.GradientTransformation
-  loss_fn: Callable[[Any, Any], tuple[Array, Array]]
-
-  def init(self, rng, inputs, model=None) -> dict[str, Any]:
-    """`{'params', 'batch_stats', 'opt_state', 'rng'}` for an example batch of inputs.
-
-    `model`: initialise with this module instead (same structure, e.g. another gamma_init;
-    the compiled steps of this trainer are then reused for it).
-    """
-    init_rng, rng = jax.random.split(rng)
-    variables = (model or self.model).init({'params': init_rng, 'noise': init_rng, 'dropout': init_rng},
-                                inputs, train=False)
-    params = variables['params']
-    return {'params': params, 'batch_stats': variables.get('batch_stats', {}),
-            'opt_state': self.optimizer.init(params), 'rng': rng}
-
-  @functools.cached_property
-  def train_step(self):
-    """`(state, inputs, targets) -> (state, {'loss', 'metric', 'grad_norm'})`, jitted."""
-    def step(state, inputs, targets):
-      rng, noise_rng, dropout_rng = jax.random.split(state['rng'], 3)
-
-      def loss(params):
-        outputs, updates = self.model.apply(
-            {'params': params, 'batch_stats': state['batch_stats']}, inputs, train=True,
-            rngs={'noise': noise_rng, 'dropout': dropout_rng}, mutable=['batch_stats'])
-        value, metric = self.loss_fn(outputs, targets)
-        return value, (metric, updates)
-
-      (value, (metric, updates)), grads = jax.value_and_grad(loss, has_aux=True)(
-          state['params'])
-      updates_opt, opt_state = self.optimizer.update(grads, state['opt_state'],
-                                                     state['params'])
-      params = optax.apply_updates(state['params'], updates_opt)
-      new_state = {'params': params, 'batch_stats': updates.get('batch_stats', {}),
-                   'opt_state': opt_state, 'rng': rng}
-      return new_state, {'loss': value, 'metric': metric,
-                         'grad_norm': optax.tree.norm(grads)}
-    return jax.jit(step, donate_argnums=0)
-
-  def estimate_population(self, state, input_batches: Sequence[Any],
-                          rng: Optional[Array] = None) -> Any:
-    """`batch_stats` replaced by the papers' estimate over these input batches
-    (`bn_rnn_jax.estimate_population_stats`); `rng` (default `PRNGKey(1)`) draws the
-    training-mode noise."""
-    if not state['batch_stats']:
-      return state['batch_stats']
-    return recurrent.estimate_population_stats(
-        self.model, {'params': state['params'], 'batch_stats': state['batch_stats']},
-        [(inputs,) for inputs in input_batches],
-        rng=jax.random.PRNGKey(1) if rng is None else rng)
-
-  @functools.cached_property
-  def _eval(self):
-    def evaluate(params, batch_stats, inputs, targets):
-      outputs = self.model.apply({'params': params, 'batch_stats': batch_stats}, inputs,
-                                 train=False)
-      return self.loss_fn(outputs, targets)
-    return jax.jit(evaluate)
-
-  def evaluate(self, state, batch_stats, batches) -> tuple[float, float]:
-    """Mean `(loss, metric)` over `(inputs, targets)` batches with these statistics."""
-    values = [self._eval(state['params'], batch_stats, x, y) for x, y in batches]
-    loss, metric = np.mean(np.asarray(jax.device_get(values)), axis=0)
-    return float(loss), float(metric)
+  if num_steps <= 0 or eval_every < 0:
+    raise ValueError(f'num_steps ({num_steps}) must be > 0 and eval_every ({eval_every}) '
+                     '>= 0.')
+  start = time.time()
+  history = {'step': [], 'train_loss': [], 'train_accuracy': [], 'eval_step': [],
+             'eval': []}
+  pending = []
+  first = int(state.step[0])
+  for step in range(first + 1, first + num_steps + 1):
+    state, metrics = trainer.p_train_step(state, trainer.train_batch(step - 1))
+    pending.append((step, metrics))
+    if eval_every and (step % eval_every == 0 or step == first + num_steps):
+      for s, m in jax.device_get(pending):
+        history['step'].append(s)
+        history['train_loss'].append(float(m['loss'][0]))
+        history['train_accuracy'].append(float(m['accuracy'][0]))
+      pending = []
+      metrics = trainer.evaluate(state, 'valid')
+      history['eval_step'].append(step)
+      history['eval'].append({'loss': metrics['loss'],
+                              'metric': metrics[metric_name(trainer)]})
+  for s, m in jax.device_get(pending):
+    history['step'].append(s)
+    history['train_loss'].append(float(m['loss'][0]))
+    history['train_accuracy'].append(float(m['accuracy'][0]))
+  history['seconds'] = time.time() - start
+  return state, history
 
 
-def rmsprop(learning_rate: float, momentum: float = 0.9, clip: float = 1.0):
-  """Cooijmans et al.'s optimiser: RMSProp with momentum, gradients clipped at `clip`."""
-  return optax.chain(optax.clip_by_global_norm(clip),
-                     optax.rmsprop(learning_rate, decay=0.9, momentum=momentum))
+def evaluate_with(trainer: train.Trainer, state: train.TrainState, batch_stats,
+                  split: str = 'valid') -> dict:
+  """`split`'s metrics with these host population statistics instead of the estimate.
+
+  `Trainer.evaluate(kind='running')` evaluates with the state's own `batch_stats`, so the
+  given statistics are swapped in there."""
+  replicated = parallel.replicate(batch_stats, trainer.devices)
+  return trainer.evaluate(state.replace(batch_stats=replicated), split, 'running')
 
 
-def adam(learning_rate: float, clip: float = 1.0):
-  return optax.chain(optax.clip_by_global_norm(clip), optax.adam(learning_rate))
+def unmapped_model(trainer: train.Trainer):
+  """`trainer`'s model without the pmap axis name, to apply it outside `pmap`."""
+  options = dict(trainer.model.layer_options)
+  options.pop('axis_name', None)
+  return trainer.model.clone(layer_options=options)
+
+
+def host_variables(trainer: train.Trainer, state: train.TrainState) -> dict:
+  """`{'params', 'batch_stats'}` of a device state, as host arrays."""
+  host = trainer.to_host(state)
+  return {'params': host.params, 'batch_stats': host.batch_stats}
 
 
 # --------------------------------------------------------------------------------------
@@ -325,7 +243,7 @@ def save_outputs(output_dir: str, name: str, figure, data: dict[str, Any],
                  dpi: int = 100) -> dict[str, str]:
   """Write `name.png` and `name.json` and close `figure`; returns their paths. Keep the
   PNGs < 300 KB (they are committed under experiments/results/figures/): lower `dpi` for
-  busy figures."""
+  busy figures. Titles and `data` must not name paths of this machine."""
   os.makedirs(output_dir, exist_ok=True)
   png = os.path.join(output_dir, f'{name}.png')
   path_json = os.path.join(output_dir, f'{name}.json')
@@ -352,35 +270,6 @@ def matplotlib_pyplot():
   return plt
 
 
-def train_with_evals(trainer: Trainer, state, batches: Iterator[tuple[Any, Any]],
-                     num_steps: int, eval_every: int,
-                     evaluate: Callable[[Any], dict[str, float]]) -> tuple[Any, dict]:
-  """Runs `num_steps` training steps; calls `evaluate(state)` every `eval_every` and at
-  the end. Returns `(state, history)`, history = `{'step': [...], 'train_loss': [...],
-  'train_metric': [...], 'eval_step': [...], 'eval': [{...}, ...], 'seconds': float}`.
-  Non-finite losses are recorded (as the papers' unstable runs would be), not hidden.
-  """
-  if num_steps <= 0 or eval_every <= 0:
-    raise ValueError(f'num_steps ({num_steps}) and eval_every ({eval_every}) must be > 0.')
-  start = time.time()
-  history = {'step': [], 'train_loss': [], 'train_metric': [], 'eval_step': [], 'eval': []}
-  pending = []
-  for step in range(1, num_steps + 1):
-    inputs, targets = next(batches)
-    state, metrics = trainer.train_step(state, inputs, targets)
-    pending.append((step, metrics))
-    if step % eval_every == 0 or step == num_steps:
-      for s, m in jax.device_get(pending):
-        history['step'].append(s)
-        history['train_loss'].append(float(m['loss']))
-        history['train_metric'].append(float(m['metric']))
-      pending = []
-      history['eval_step'].append(step)
-      history['eval'].append(evaluate(state))
-  history['seconds'] = time.time() - start
-  return state, history
-
-
 def smooth(values: Sequence[float], window: int) -> np.ndarray:
   """Trailing moving average (shorter windows at the start), for noisy training curves."""
   values = np.asarray(values, np.float64)
@@ -388,48 +277,3 @@ def smooth(values: Sequence[float], window: int) -> np.ndarray:
   index = np.arange(1, values.size + 1)
   lo = np.maximum(index - window, 0)
   return (cumsum[index] - cumsum[lo]) / (index - lo)
-
-
-def fit(trainer: Trainer, batches: Iterator[tuple[Any, Any]],
-        eval_batches: Sequence[tuple[Any, Any]], population_inputs: Sequence[Any],
-        num_steps: int, eval_every: int, seed: int = 0,
-        init_model=None) -> tuple[Any, dict]:
-  """Initialises (from `init_model` if given) and trains; every evaluation first
-  re-estimates the population statistics from `population_inputs` (the papers' estimate,
-  with the current parameters).
-
-  Returns `(state, history)`; `history['eval']` holds `{'loss', 'metric'}` dicts.
-  """
-  state = trainer.init(jax.random.PRNGKey(seed), population_inputs[0], init_model)
-
-  def evaluate(state):
-    stats = trainer.estimate_population(state, population_inputs)
-    loss, metric = trainer.evaluate(state, stats, eval_batches)
-    return {'loss': loss, 'metric': metric}
-
-  return train_with_evals(trainer, state, batches, num_steps, eval_every, evaluate)
-
-
-@dataclasses.dataclass
-class PTBChars:
-  """Character-level PTB prepared for a short run: a training stream, evaluation windows
-  `[(inputs [B, T], targets [B, T])]` from the validation text, and a few training input
-  windows for the population estimate."""
-  train: CharData
-  eval_batches: list[tuple[np.ndarray, np.ndarray]]
-  population_inputs: list[np.ndarray]
-
-  @property
-  def vocab_size(self) -> int:
-    return len(self.train.vocab)
-
-
-def prepare_ptb_chars(ptb_dir: str, batch_size: int, length: int, eval_batches: int,
-                      population_batches: int, seed: int = 0) -> PTBChars:
-  train = load_ptb_chars(ptb_dir, 'train')
-  valid = load_ptb_chars(ptb_dir, 'valid')
-  rng = np.random.RandomState(seed + 12345)
-  windows = char_batches(train.ids, batch_size, length, rng)
-  population = [next(windows)[0] for _ in range(population_batches)]
-  return PTBChars(train, contiguous_windows(valid.ids, batch_size, length, eval_batches),
-                  population)

@@ -34,7 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bn_rnn_jax import models
+from bn_rnn_jax import recurrent
+from bn_rnn_jax import train
 from experiments.analysis import common
 
 _STEPS = flags.DEFINE_integer('eb_steps', 300, 'Training steps before the evaluation.')
@@ -48,31 +49,39 @@ _PERMUTE = flags.DEFINE_bool('eb_permute', False,
 DEFAULT_SETTINGS = ((10, 1), (4, 2.5), (1, 10), (2, 10))  # (batches, size / batch_size)
 
 
-def accuracy(trainer: common.Trainer, state, batch_stats, data: common.SequenceData,
-             batch_size: int) -> float:
-  """Validation accuracy with these (population) statistics."""
-  return trainer.evaluate(state, batch_stats, data.batches(batch_size))[1]
+def accuracy(trainer: train.Trainer, state, batch_stats) -> float:
+  """Validation accuracy (the config's first `eval.max_batches` batches) with these host
+  population statistics."""
+  return common.evaluate_with(trainer, state, batch_stats)['accuracy']
 
 
-def batch_statistics_accuracy(model, state, data: common.SequenceData,
-                              batch_size: int) -> float:
+def batch_statistics_accuracy(trainer: train.Trainer, state) -> float:
   """Accuracy in training mode: every validation batch normalised by its own moments."""
+  model = common.unmapped_model(trainer)
+  variables = common.host_variables(trainer, state)
+
   @jax.jit
-  def correct(x, y, key):
-    logits, _ = model.apply({'params': state['params'], 'batch_stats': state['batch_stats']},
-                            x, train=True, rngs={'noise': key}, mutable=['batch_stats'])
-    return jnp.sum(jnp.argmax(logits, -1) == y)
-  batches = data.batches(batch_size)
-  total = sum(int(correct(x, y, jax.random.PRNGKey(i * batch_size)))
-              for i, (x, y) in enumerate(batches))
-  return total / (len(batches) * batch_size)
+  def correct(batch, key):
+    logits, _ = model.apply(variables, batch['inputs'], train=True, rngs={'noise': key},
+                            mutable=['batch_stats'])
+    hits = (jnp.argmax(logits, -1) == batch['labels']) * batch['weights']
+    return jnp.sum(hits), jnp.sum(batch['weights'])
+  totals = np.zeros(2)
+  batches = trainer.dataset.eval_batches('valid')
+  for i in range(trainer.config.eval.max_batches):
+    batch = next(batches)
+    totals += np.asarray(correct(batch, jax.random.PRNGKey(i)), np.float64)
+  return float(totals[0] / totals[1])
 
 
-def estimate(trainer: common.Trainer, state, train: common.SequenceData,
-             num_batches: int, size: int, rng: np.random.RandomState, key) -> dict:
-  """The papers' estimate from `num_batches` random training batches of `size`."""
-  index = rng.randint(0, train.x.shape[0], (num_batches, size))
-  return trainer.estimate_population(state, [train.x[i] for i in index], rng=key)
+def estimate(trainer: train.Trainer, variables, num_batches: int, size: int,
+             rng: np.random.RandomState, key) -> dict:
+  """The papers' estimate (`recurrent.estimate_population_stats`) from `num_batches`
+  random training batches of `size` examples."""
+  inputs = trainer.dataset.splits['train']['inputs']
+  index = rng.randint(0, inputs.shape[0], (num_batches, size))
+  return recurrent.estimate_population_stats(
+      common.unmapped_model(trainer), variables, [(inputs[i],) for i in index], rng=key)
 
 
 def run(output_dir: str, mnist_dir: Optional[str], num_steps: int = 300,
@@ -89,27 +98,21 @@ def run(output_dir: str, mnist_dir: Optional[str], num_steps: int = 300,
   average over training-size batches.
   """
   start = time.time()
-  permutation_seed = seed if permute else None
-  train = common.load_pixel_sequences(mnist_dir, 'train', image_size=image_size,
-                                      permutation_seed=permutation_seed)
-  valid = common.load_pixel_sequences(mnist_dir, 'valid', image_size=image_size,
-                                      limit=valid_examples,
-                                      permutation_seed=permutation_seed)
-  length = train.length
-  model = models.SequenceClassifier(
-      num_classes=10, variant='bn_lstm', hidden_size=hidden_size,
-      layer_options=dict(max_length=length, recurrent_init='identity',
-                         initial_state='noise', initial_state_noise=0.1))
-  trainer = common.Trainer(model, common.rmsprop(1e-3), common.classification_loss)
-  rng = np.random.RandomState(seed)
-  state = trainer.init(jax.random.PRNGKey(seed), train.x[:batch_size])
-  batches = common.example_batches(train, batch_size, rng)
-  for _ in range(num_steps):
-    state, metrics = trainer.train_step(state, *next(batches))
-  logging.info('Trained %d steps (last loss %.3f)', num_steps, float(metrics['loss']))
+  config = common.mnist_config(
+      mnist_dir, resolution=image_size, permutation_seed=seed if permute else None,
+      hidden_size=hidden_size, batch_size=batch_size, eval_examples=valid_examples,
+      seed=seed, variant='bn_lstm', recurrent_init='identity', initial_state='noise',
+      initial_state_noise=0.1)
+  trainer = train.Trainer(config)
+  length = trainer.dataset.train_length
+  state, history = common.fit(trainer, trainer.to_devices(trainer.initial_state()),
+                              num_steps)
+  logging.info('Trained %d steps (last loss %.3f)', num_steps, history['train_loss'][-1])
+  variables = common.host_variables(trainer, state)
 
-  result = {'batch_statistics': batch_statistics_accuracy(model, state, valid, batch_size),
+  result = {'batch_statistics': batch_statistics_accuracy(trainer, state),
             'estimates': {}, 'site_from_small': {}}
+  rng = np.random.RandomState(seed)
   key = jax.random.PRNGKey(seed + 1)
   largest = None
   for num_batches, multiple in settings:
@@ -117,20 +120,20 @@ def run(output_dir: str, mnist_dir: Optional[str], num_steps: int = 300,
     label = f'{num_batches} x {size}'
     scores = []
     for draw in range(draws):
-      stats = estimate(trainer, state, train, num_batches, size, rng,
+      stats = estimate(trainer, variables, num_batches, size, rng,
                        jax.random.fold_in(key, len(result['estimates']) * 100 + draw))
-      scores.append(accuracy(trainer, state, stats, valid, batch_size))
+      scores.append(accuracy(trainer, state, stats))
       if num_batches * size >= (largest[0] if largest else 0):
         largest = (num_batches * size, stats)
     result['estimates'][label] = scores
     logging.info('%s: %s', label, scores)
 
-  small = estimate(trainer, state, train, 10, batch_size, rng, jax.random.fold_in(key, 999))
+  small = estimate(trainer, variables, 10, batch_size, rng, jax.random.fold_in(key, 999))
   layer = 'layer_0'
   for site in largest[1]['rnn'][layer]:
     mixed = jax.tree.map(lambda a: a, largest[1])
     mixed['rnn'][layer][site] = small['rnn'][layer][site]
-    result['site_from_small'][site] = accuracy(trainer, state, mixed, valid, batch_size)
+    result['site_from_small'][site] = accuracy(trainer, state, mixed)
 
   plt = common.matplotlib_pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(12, 4))
@@ -160,7 +163,7 @@ def run(output_dir: str, mnist_dir: Optional[str], num_steps: int = 300,
   fig.suptitle(f'BN-LSTM {hidden_size} units, {length}-step {task}, after {num_steps} '
                f'steps (batch {batch_size})', fontsize=10)
   fig.tight_layout()
-  result.update({'data': train.source + (' (permuted)' if permute else ''),
+  result.update({'data': common.data_description(config, trainer.dataset),
                  'steps': num_steps, 'batch_size': batch_size,
                  'hidden_size': hidden_size, 'length': length,
                  'valid_examples': valid_examples, 'seconds': time.time() - start})

@@ -12,9 +12,10 @@ paper's sizes):
     order (pMNIST), 64 units, batch 64, a few hundred steps; W_h = I and noisy h_0 as in
     the paper's sec. 5.1. Accuracy on the 5,000-image validation split (first 512 by
     default) with the papers' population estimate.
-  * PTB: characters (see `common.load_ptb_chars`), windows of 100, 128 units, Adam 2e-3,
-    a few hundred steps; validation bits per character.
-Every gamma sees the same batches in the same order and the same parameter seed.
+  * PTB: characters (`bn_rnn_jax.input_pipeline.text`), windows of 100, 128 units,
+    Adam 2e-3, a few hundred steps; validation bits per character (first 8 batches).
+Every gamma sees the same batches in the same order and the same parameter seed, through
+one `train.Trainer` (one compiled step; gamma only changes the initial parameters).
 
   python -m experiments.analysis.gamma_sensitivity [--gs_tasks=mnist,ptb] [--paper_scale]
 """
@@ -31,13 +32,13 @@ from absl import flags
 from absl import logging
 import numpy as np
 
-from bn_rnn_jax import models
+from bn_rnn_jax import train
 from experiments.analysis import common
 
 _TASKS = flags.DEFINE_list('gs_tasks', ['mnist', 'ptb'], 'Tasks: mnist and/or ptb.')
 _MNIST_STEPS = flags.DEFINE_integer('gs_mnist_steps', 300, 'Training steps on MNIST.')
 _PTB_STEPS = flags.DEFINE_integer('gs_ptb_steps', 200, 'Training steps on PTB.')
-_IMAGE = flags.DEFINE_integer('gs_image_size', 14, 'MNIST image side (28, 14 or 7).')
+_IMAGE = flags.DEFINE_integer('gs_image_size', 14, 'MNIST image side (28 or 14).')
 _PERMUTE = flags.DEFINE_bool('gs_permute', True, 'Permuted pixel order (pMNIST).')
 _MNIST_HIDDEN = flags.DEFINE_integer('gs_mnist_hidden', 64, 'BN-LSTM units on MNIST.')
 _PTB_HIDDEN = flags.DEFINE_integer('gs_ptb_hidden', 128, 'BN-LSTM units on PTB.')
@@ -48,66 +49,52 @@ _EVAL_EXAMPLES = flags.DEFINE_integer('gs_eval_examples', 512,
                                       'MNIST validation images per evaluation.')
 
 
+def _curves(trainer, gammas: Sequence[float], num_steps: int, num_evals: int,
+            task: str) -> dict:
+  """Training history per gamma, every gamma from the same seed and data order."""
+  # gamma_init only matters at initialisation: one trainer (one compiled step) for all.
+  curves = {}
+  for gamma in gammas:
+    state = common.initial_state(trainer, gamma_init=gamma)
+    _, history = common.fit(trainer, state, num_steps, max(1, num_steps // num_evals))
+    curves[f'{gamma:g}'] = history
+    logging.info('%s gamma=%g: valid %s %s (%.0fs)', task, gamma,
+                 common.metric_name(trainer),
+                 [round(e['metric'], 3) for e in history['eval']], history['seconds'])
+  return curves
+
+
 def mnist_curves(mnist_dir: Optional[str], gammas: Sequence[float], *, image_size: int,
                  permute: bool, hidden_size: int, batch_size: int, num_steps: int,
                  num_evals: int, eval_examples: int, learning_rate: float = 1e-3,
-                 train_limit: Optional[int] = None, seed: int = 0) -> dict:
+                 seed: int = 0) -> dict:
   """Training loss and validation accuracy per gamma on sequential (p)MNIST."""
-  perm = 92916 if permute else None
-  train = common.load_pixel_sequences(mnist_dir, 'train', image_size, limit=train_limit,
-                                      permutation_seed=perm)
-  valid = common.load_pixel_sequences(mnist_dir, 'valid', image_size, limit=eval_examples,
-                                      permutation_seed=perm)
-  eval_batches = valid.batches(batch_size)
-  if not eval_batches:
-    raise ValueError(f'{valid.source}: fewer than {batch_size} validation examples.')
-  population = [train.x[i * batch_size:(i + 1) * batch_size] for i in range(8)]
-  out = {'data': train.source, 'permuted': permute, 'length': train.length,
-         'hidden_size': hidden_size, 'batch_size': batch_size, 'steps': num_steps,
-         'optimizer': f'RMSProp lr={learning_rate:g} momentum 0.9, clip 1',
-         'curves': {}}
-  def model(gamma):
-    return models.SequenceClassifier(
-        num_classes=10, variant='bn_lstm', hidden_size=hidden_size,
-        layer_options=dict(max_length=train.length, gamma_init=gamma,
-                           recurrent_init='identity', initial_state='noise'))
-  # gamma_init only matters at initialisation: one trainer (one compilation) for all.
-  trainer = common.Trainer(model(gammas[0]), common.rmsprop(learning_rate),
-                           common.classification_loss)
-  for gamma in gammas:
-    batches = common.example_batches(train, batch_size, np.random.RandomState(seed))
-    _, history = common.fit(trainer, batches, eval_batches, population, num_steps,
-                            max(1, num_steps // num_evals), seed, init_model=model(gamma))
-    out['curves'][f'{gamma:g}'] = history
-    logging.info('MNIST gamma=%g: valid acc %s (%.0fs)', gamma,
-                 [round(e['metric'], 3) for e in history['eval']], history['seconds'])
-  return out
+  config = common.mnist_config(
+      mnist_dir, resolution=image_size, permutation_seed=92916 if permute else None,
+      hidden_size=hidden_size, batch_size=batch_size, learning_rate=learning_rate,
+      eval_examples=eval_examples, population_batches=8, seed=seed, variant='bn_lstm',
+      recurrent_init='identity', initial_state='noise', gamma_init=gammas[0])
+  trainer = train.Trainer(config)
+  return {'data': common.data_description(config, trainer.dataset), 'permuted': permute,
+          'length': trainer.dataset.train_length, 'hidden_size': hidden_size,
+          'batch_size': batch_size, 'steps': num_steps,
+          'optimizer': f'RMSProp lr={learning_rate:g} momentum 0.9, clip 1',
+          'curves': _curves(trainer, gammas, num_steps, num_evals, 'MNIST')}
 
 
 def ptb_curves(ptb_dir: str, gammas: Sequence[float], *, hidden_size: int, batch_size: int,
                length: int, num_steps: int, num_evals: int, eval_batches: int,
                learning_rate: float = 2e-3, seed: int = 0) -> dict:
   """Training loss and validation bits per character per gamma on character-level PTB."""
-  ptb = common.prepare_ptb_chars(ptb_dir, batch_size, length, eval_batches, 4, seed)
-  out = {'data': f'character-level PTB from {ptb_dir} ({ptb.vocab_size} symbols)',
-         'length': length, 'hidden_size': hidden_size, 'batch_size': batch_size,
-         'steps': num_steps, 'optimizer': f'Adam lr={learning_rate:g}, clip 1',
-         'curves': {}}
-  def model(gamma):
-    return models.LanguageModel(vocab_size=ptb.vocab_size, variant='bn_lstm',
-                                hidden_size=hidden_size,
-                                layer_options=dict(max_length=length, gamma_init=gamma))
-  trainer = common.Trainer(model(gammas[0]), common.adam(learning_rate), common.lm_loss)
-  for gamma in gammas:
-    batches = common.char_batches(ptb.train.ids, batch_size, length,
-                                  np.random.RandomState(seed))
-    _, history = common.fit(trainer, batches, ptb.eval_batches, ptb.population_inputs,
-                            num_steps, max(1, num_steps // num_evals), seed,
-                            init_model=model(gamma))
-    out['curves'][f'{gamma:g}'] = history
-    logging.info('PTB gamma=%g: valid bpc %s (%.0fs)', gamma,
-                 [round(e['metric'], 3) for e in history['eval']], history['seconds'])
-  return out
+  config = common.ptb_config(ptb_dir, hidden_size=hidden_size, batch_size=batch_size,
+                             length=length, learning_rate=learning_rate,
+                             eval_batches=eval_batches, population_batches=4, seed=seed,
+                             variant='bn_lstm', gamma_init=gammas[0])
+  trainer = train.Trainer(config)
+  return {'data': common.data_description(config, trainer.dataset), 'length': length,
+          'hidden_size': hidden_size, 'batch_size': batch_size, 'steps': num_steps,
+          'optimizer': f'Adam lr={learning_rate:g}, clip 1',
+          'curves': _curves(trainer, gammas, num_steps, num_evals, 'PTB')}
 
 
 def run(output_dir: str, mnist_dir: Optional[str], ptb_dir: str, gammas: Sequence[float],
@@ -116,7 +103,7 @@ def run(output_dir: str, mnist_dir: Optional[str], ptb_dir: str, gammas: Sequenc
   """Writes `gamma_sensitivity.{png,json}`; returns the JSON dict.
 
   JSON: `tasks[task]['curves'][gamma]` = training history (`step`, `train_loss`,
-  `train_metric`, `eval_step`, `eval` = [{'loss', 'metric'}]); the metric is accuracy on
+  `train_accuracy`, `eval_step`, `eval` = [{'loss', 'metric'}]); the metric is accuracy on
   MNIST and bits per character on PTB.
   """
   unknown = set(tasks) - {'mnist', 'ptb'}

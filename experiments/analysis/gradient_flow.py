@@ -39,6 +39,7 @@ import numpy as np
 import optax
 
 from bn_rnn_jax import cells
+from bn_rnn_jax import input_pipeline
 from bn_rnn_jax import recurrent
 from experiments.analysis import common
 
@@ -118,17 +119,22 @@ def run(output_dir: str, mnist_dir: Optional[str], gammas: Sequence[float],
   `ratio_first_to_last[init][gamma]` = ||dL/dh_0|| / ||dL/dh_{T-1}||.
   """
   start = time.time()
-  data = common.load_pixel_sequences(mnist_dir, 'train', image_size,
-                                     limit=batch_size * num_batches)
-  if data.x.shape[0] < batch_size * num_batches:
-    raise ValueError(f'{data.source}: {data.x.shape[0]} examples, fewer than '
+  # Only the data of this config is used (no training): batch_size=1 fits any split.
+  config = common.mnist_config(mnist_dir, resolution=image_size, batch_size=1, seed=seed)
+  dataset = input_pipeline.get_dataset(config)
+  source = common.data_description(config, dataset)
+  # The first training images in order (the same for every gamma and initialisation).
+  x, y = dataset.splits['train']['inputs'], dataset.splits['train']['labels']
+  if x.shape[0] < batch_size * num_batches:
+    raise ValueError(f'{source}: {x.shape[0]} training examples, fewer than '
                      f'{batch_size} x {num_batches}.')
+  length = x.shape[1]
   curves = {}
   for init in recurrent_inits:
     curves[init] = {}
     for gamma in gammas:
-      norms = [gradient_norms(gamma, data.x[b * batch_size:(b + 1) * batch_size],
-                              data.y[b * batch_size:(b + 1) * batch_size], hidden_size,
+      norms = [gradient_norms(gamma, x[b * batch_size:(b + 1) * batch_size],
+                              y[b * batch_size:(b + 1) * batch_size], hidden_size,
                               seed + b, init, check_layer=(b == 0))
                for b in range(num_batches)]
       # Geometric mean over batches: the curves span tens of orders of magnitude. Norms
@@ -143,7 +149,7 @@ def run(output_dir: str, mnist_dir: Optional[str], gammas: Sequence[float],
   colors = plt.cm.viridis(np.linspace(0, 0.9, len(gammas)))
   for ax, init in zip(axes[0], recurrent_inits):
     for color, gamma in zip(colors, gammas):
-      ax.semilogy(np.arange(data.length), curves[init][gamma], color=color,
+      ax.semilogy(np.arange(length), curves[init][gamma], color=color,
                   label=f'gamma={gamma:g}')
     ax.set_ylim(bottom=FLOOR / 10)
     ax.set_xlabel('t')
@@ -152,13 +158,13 @@ def run(output_dir: str, mnist_dir: Optional[str], gammas: Sequence[float],
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
   fig.suptitle('Gradient flow in a BN tanh RNN at initialisation (Cooijmans Fig. 1a); '
-               f'norms < {FLOOR:g} (float32 underflow) clipped\n{data.source}', fontsize=9,
+               f'norms < {FLOOR:g} (float32 underflow) clipped\n{source}', fontsize=9,
                y=1.04)
   result = {
       'figure': 'Cooijmans et al. 2016 Fig. 1(a)',
       'model': 'rnn_bn_recurrence: h_t = tanh(BN(W_h h + W_x x; gamma, beta)), '
                'h_0 ~ N(0, 0.1^2), softmax on h_T, at initialisation',
-      'data': data.source,
+      'data': source,
       'hidden_size': hidden_size, 'batch_size': batch_size, 'num_batches': num_batches,
       'gammas': list(gammas),
       'recurrent_inits': list(recurrent_inits),

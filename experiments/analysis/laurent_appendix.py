@@ -29,8 +29,7 @@ from absl import flags
 from absl import logging
 import numpy as np
 
-from bn_rnn_jax import models
-from bn_rnn_jax import recurrent
+from bn_rnn_jax import train
 from experiments.analysis import common
 
 _VARIANTS = flags.DEFINE_list(
@@ -75,19 +74,17 @@ def run(output_dir: str, ptb_dir: str, variants: Sequence[tuple[str, float]], *,
   `eval` = [{'loss', 'metric' (bits/char)}]), `final_valid_bpc[label]`.
   """
   start = time.time()
-  ptb = common.prepare_ptb_chars(ptb_dir, batch_size, length, eval_batches, 4, seed)
-  curves = {}
+  curves, data = {}, None
   for name, gamma in variants:
-    assert name in recurrent.VARIANTS
-    model = models.LanguageModel(
-        vocab_size=ptb.vocab_size, embed_size=embed_size, variant=name,
-        hidden_size=hidden_size, num_layers=num_layers,
-        layer_options=dict(max_length=length, gamma_init=gamma))
-    trainer = common.Trainer(model, common.adam(learning_rate), common.lm_loss)
-    batches = common.char_batches(ptb.train.ids, batch_size, length,
-                                  np.random.RandomState(seed))
-    _, history = common.fit(trainer, batches, ptb.eval_batches, ptb.population_inputs,
-                            num_steps, max(1, num_steps // num_evals), seed)
+    config = common.ptb_config(ptb_dir, hidden_size=hidden_size, batch_size=batch_size,
+                               length=length, learning_rate=learning_rate,
+                               eval_batches=eval_batches, population_batches=4, seed=seed,
+                               variant=name, num_layers=num_layers, embed_size=embed_size,
+                               gamma_init=gamma)
+    trainer = train.Trainer(config)
+    data = common.data_description(config, trainer.dataset)
+    _, history = common.fit(trainer, trainer.to_devices(trainer.initial_state()), num_steps,
+                            max(1, num_steps // num_evals))
     curves[label(name, gamma)] = history
     logging.info('%s: valid bpc %s (%.0fs)', label(name, gamma),
                  [round(e['metric'], 3) for e in history['eval']], history['seconds'])
@@ -111,7 +108,7 @@ def run(output_dir: str, ptb_dir: str, variants: Sequence[tuple[str, float]], *,
   fig.tight_layout()
   result = {
       'figure': 'Laurent et al. 2016 appendix A (Fig. 3)',
-      'data': f'character-level PTB from {ptb_dir} ({ptb.vocab_size} symbols)',
+      'data': data,
       'embed_size': embed_size, 'hidden_size': hidden_size, 'num_layers': num_layers,
       'batch_size': batch_size, 'length': length, 'steps': num_steps,
       'optimizer': f'Adam lr={learning_rate:g}, clip 1',

@@ -26,10 +26,10 @@ from typing import Optional
 from absl import app
 from absl import flags
 from absl import logging
-import jax
 import numpy as np
 
-from bn_rnn_jax import models
+from bn_rnn_jax import parallel
+from bn_rnn_jax import train
 from experiments.analysis import common
 
 _HIDDEN = flags.DEFINE_integer('ps_hidden_size', 128, 'BN-LSTM units.')
@@ -58,35 +58,52 @@ def convergence(mean: np.ndarray, var: np.ndarray) -> dict[str, np.ndarray]:
   }
 
 
+def shared_row_variances(mean: np.ndarray, var: np.ndarray) -> dict:
+  """The one population row of `bn_lstm_shared` against a pooled variance, from per-step
+  statistics `mean, var [T, F]` (every step with the same count).
+
+  `bn_lstm_shared` keeps the average of the per-step variances, mean_t v_t (the paper's
+  "averaging statistics over time"). The pooled variance of all steps' activations adds
+  the spread of the per-step means: mean_t v_t + var_t m_t. Returns, over the units, the
+  median and largest ratio pooled / averaged and the fraction of units where the pooled
+  variance is more than 10 % larger.
+  """
+  averaged = var.mean(0)
+  pooled = averaged + mean.var(0)
+  ratio = pooled / np.maximum(averaged, 1e-12)
+  return {'ratio_median': float(np.median(ratio)), 'ratio_max': float(ratio.max()),
+          'fraction_over_1.1': float(np.mean(ratio > 1.1))}
+
+
 def run(output_dir: str, ptb_dir: str, hidden_size: int = 128, num_steps: int = 300,
         batch_size: int = 32, length: int = 100, units_shown: int = 10,
         population_batches: int = 16, learning_rate: float = 2e-3, seed: int = 0) -> dict:
   """Writes `population_stats.{png,json}`; returns the JSON dict.
 
   JSON: `population[site]` = `{'mean', 'var': [T, F_shown]}` for the units shown,
+  `shared_row[site]` = `shared_row_variances` over all units (every step of the window),
   `running_average[site]` likewise, `convergence[site]` = `{'mean_shift', 'var_change':
   [T]}` over all units, `units[site]` = the feature indices shown.
   """
   start = time.time()
-  ptb = common.prepare_ptb_chars(ptb_dir, batch_size, length, eval_batches=4,
-                                 population_batches=population_batches, seed=seed)
-  model = models.LanguageModel(vocab_size=ptb.vocab_size, variant='bn_lstm',
-                               hidden_size=hidden_size,
-                               layer_options=dict(max_length=length))
-  trainer = common.Trainer(model, common.adam(learning_rate), common.lm_loss)
-  batches = common.char_batches(ptb.train.ids, batch_size, length, np.random.RandomState(seed))
-  state, history = common.fit(trainer, batches, ptb.eval_batches, ptb.population_inputs,
-                              num_steps, num_steps, seed)
+  config = common.ptb_config(ptb_dir, hidden_size=hidden_size, batch_size=batch_size,
+                             length=length, learning_rate=learning_rate, eval_batches=4,
+                             population_batches=population_batches, seed=seed,
+                             variant='bn_lstm')
+  trainer = train.Trainer(config)
+  state, history = common.fit(trainer, trainer.to_devices(trainer.initial_state()),
+                              num_steps, num_steps)
   logging.info('Trained %d steps: valid bpc %.3f', num_steps, history['eval'][-1]['metric'])
-  population = jax.device_get(trainer.estimate_population(state, ptb.population_inputs))
-  running = jax.device_get(state['batch_stats'])
+  population = parallel.unreplicate(trainer.population_stats(state))
+  running = parallel.unreplicate(state.batch_stats)
   pop_layer = population['rnn']['layer_0']
   run_layer = running['rnn']['layer_0']
 
   rng = np.random.RandomState(seed)
-  shown, conv, pop_out, run_out = {}, {}, {}, {}
+  shown, conv, pop_out, run_out, shared = {}, {}, {}, {}, {}
   for site in SITES:
     mean, var = np.asarray(pop_layer[site]['mean']), np.asarray(pop_layer[site]['var'])
+    shared[site] = shared_row_variances(mean, var)
     shown[site] = np.sort(rng.choice(mean.shape[1], min(units_shown, mean.shape[1]),
                                      replace=False))
     conv[site] = convergence(mean, var)
@@ -121,12 +138,13 @@ def run(output_dir: str, ptb_dir: str, hidden_size: int = 128, num_steps: int = 
   fig.tight_layout()
   result = {
       'figure': 'Cooijmans et al. 2016 Fig. 5',
-      'data': f'character-level PTB from {ptb_dir} ({ptb.vocab_size} symbols)',
+      'data': common.data_description(config, trainer.dataset),
       'hidden_size': hidden_size, 'steps': num_steps, 'batch_size': batch_size,
       'length': length, 'population_batches': population_batches,
       'valid_bits_per_char': history['eval'][-1]['metric'],
       'units': shown, 'population': pop_out, 'running_average': run_out,
       'convergence': conv,
+      'shared_row': shared,
       'seconds': time.time() - start,
   }
   common.save_outputs(output_dir, 'population_stats', fig, result, dpi=70)

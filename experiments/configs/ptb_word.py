@@ -84,6 +84,8 @@ def get_config(size: str = 'small'):
   config.model.dropout_rate = dropout
   config.model.uniform_init_scale = init   # every parameter but BN scales ~ U(-init, init)
   config.model.gamma_init = 1.0
+  # Zaremba's code draws every bias from U(-s, s), the forget gate's too: no forget bias.
+  config.model.forget_bias = 0.0
   config.model.max_length = seq_length
 
   config.optimizer.name = 'sgd'

@@ -6,7 +6,9 @@ orthogonal initialisation, non-overlapping training examples of 180 characters; 
 characters train, next 5M valid, last 5M test. text8 cannot be downloaded here: set
 `--config.data.path=/path/to/text8` (the unzipped 100,000,000-character file).
 
-Variants as in `ptb_char.py` (`--config.model.variant` or `text8.py:lstm`).
+Variants as in `ptb_char.py` (`--config.model.variant` or `text8.py:lstm`), with the same
+initialisation choices: orthogonal W_h, forget bias 0 (the paper gives none), gamma 0.1 for
+every variant (for `bn_input_only`: Cooijmans' gamma on Laurent's method).
 
 Not from the paper: the step budget (the paper gives none; 50,000 steps is 12.8 epochs
 of 3,906 steps) and the softmax initialiser (Flax's LeCun normal).
@@ -29,8 +31,11 @@ def get_config(variant: str = 'bn_lstm'):
   config.model.num_layers = 1
   config.model.embed_size = None
   config.model.dropout_rate = 0.0
-  config.model.recurrent_init = 'orthogonal'
+  config.model.recurrent_init = 'orthogonal'  # the paper: all weight matrices orthogonal
+  config.model.forget_bias = 0.0     # the paper gives none (the authors' code: 1)
   config.model.max_length = 180
+  # 0.1 for every variant: Cooijmans' choice (sec. 4). For bn_input_only it is Cooijmans'
+  # initialisation applied to Laurent's method (Laurent et al. used standard BN, gamma 1).
   config.model.gamma_init = 0.1
 
   config.optimizer.name = 'adam'

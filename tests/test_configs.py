@@ -1,0 +1,215 @@
+"""Every config file loads, and each paper config holds the paper's values.
+
+`PAPER` is the table: one row per (config, hyperparameter), with the value the paper
+states and where it says so. A changed hyperparameter fails here loudly; change the table
+only with a reason (a quote from the paper, or a row marked as our choice). To add a
+config (e.g. attentive_reader.py), append its rows; the loader test below picks up every
+file in experiments/configs/ by itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import importlib.util
+import inspect
+import math
+import os
+from typing import Any, Callable, Optional, Union
+
+import pytest
+
+from bn_rnn_jax import recurrent
+from bn_rnn_jax import train
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          'experiments', 'configs')
+COOIJMANS = 'Cooijmans et al. 2016'
+LAURENT = 'Laurent et al. 2016'
+OURS = 'not in the paper: our choice, stated in the config docstring'
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+  """A value computed from several fields (e.g. the SGD rate under the loss scaling)."""
+  name: str
+  fn: Callable[[Any], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  config: str                      # file in experiments/configs/
+  arg: Optional[str]               # get_config argument (e.g. 'small'), None = default
+  field: Union[str, Derived]       # dotted config path, or a Derived value
+  value: Any                       # the paper's value
+  source: str                      # where the paper says it
+
+  def __str__(self):
+    name = self.field if isinstance(self.field, str) else self.field.name
+    return f"{self.config}{':' + self.arg if self.arg else ''} {name}"
+
+
+def _seq_mnist_rows(config: str, task: str) -> list[Row]:
+  s = f'{COOIJMANS} sec. 5.1'
+  return [
+      Row(config, None, 'data.resolution', 28, f'{s}: one pixel per step, 784 steps'),
+      Row(config, None, 'data.permute', task == 'pmnist', f'{s}: {task}'),
+      Row(config, None, 'data.num_valid', 5000, f"{s}; the authors' code: last 5,000 "
+          'of the training images (their code: 50,000 / 10,000; see seq_mnist.py)'),
+      Row(config, None, 'model.hidden_size', 100, f'{s}: "an LSTM with 100 hidden units"'),
+      Row(config, None, 'model.num_layers', 1, s),
+      Row(config, None, 'model.recurrent_init', 'identity',
+          f'{s}: "hidden-to-hidden weight matrix ... the identity" (per gate block: ours)'),
+      Row(config, None, 'model.forget_bias', 0.0, f"{OURS} (the authors' code: 1; "
+          'experiments/results/init_options.json)'),
+      Row(config, None, 'model.initial_state', 'noise',
+          f'{s}: "adding Gaussian noise to the initial hidden states"'),
+      Row(config, None, 'model.gamma_init', 0.1, f'{COOIJMANS} sec. 4: gamma 0.1'),
+      Row(config, None, 'optimizer.name', 'rmsprop', f'{s}: RMSProp'),
+      Row(config, None, 'optimizer.learning_rate', 1e-3, f'{s}: learning rate 1e-3'),
+      Row(config, None, 'optimizer.momentum', 0.9, f'{s}: momentum 0.9'),
+      Row(config, None, 'optimizer.clip_norm', 1.0, f'{s}: "gradient clipping at 1"'),
+      Row(config, None, 'train.batch_size', 100, f"{COOIJMANS} appendix D grid; the "
+          "authors' code: batch_size = 100"),
+  ]
+
+
+def _char_rows(config: str, section: str, units: int, batch: int, lr: float,
+               length: int) -> list[Row]:
+  s = f'{COOIJMANS} sec. {section}'
+  return [
+      Row(config, None, 'model.hidden_size', units, f'{s}: LSTM with {units} units'),
+      Row(config, None, 'model.num_layers', 1, s),
+      Row(config, None, 'model.embed_size', None, f'{s}: one-hot characters'),
+      Row(config, None, 'model.recurrent_init', 'orthogonal',
+          f'{s}: orthogonal initialisation of all weight matrices'),
+      Row(config, None, 'model.forget_bias', 0.0, OURS),
+      Row(config, None, 'model.gamma_init', 0.1, f'{COOIJMANS} sec. 4 (also applied to '
+          "bn_input_only: Cooijmans' choice on Laurent's method)"),
+      Row(config, None, 'optimizer.name', 'adam', f'{s}: Adam'),
+      Row(config, None, 'optimizer.learning_rate', lr, f'{s}: learning rate {lr:g}'),
+      Row(config, None, 'optimizer.clip_norm', 1.0, f'{s}: gradient clipping at 1.0'),
+      Row(config, None, 'train.batch_size', batch, f'{s}: minibatches of {batch}'),
+      Row(config, None, 'data.seq_length', length, f'{s}: examples of length {length}'),
+  ]
+
+
+def _ptb_word_rows(size: str, units: int, scale: float, dropout: float, steps: int,
+                   clip: float, epochs: int, decay: float, after: int) -> list[Row]:
+  s = f'{LAURENT} sec. 5.2'
+  return [
+      Row('ptb_word.py', size, 'model.num_layers', 2, f'{s}: "two stacked LSTM layers"'),
+      Row('ptb_word.py', size, 'model.hidden_size', units, f'{s}: {units} units'),
+      Row('ptb_word.py', size, 'model.embed_size', units, 'Zaremba et al. 2014 (which '
+          f'{LAURENT} follow): embeddings as wide as the LSTM'),
+      Row('ptb_word.py', size, 'model.uniform_init_scale', scale,
+          f'{s}: uniform in [-{scale:g}, {scale:g}]'),
+      Row('ptb_word.py', size, 'model.dropout_rate', dropout,
+          f'{s}' + (': dropout 50%' if dropout == 0.5 else ' (large: Zaremba 0.65)'
+                    if dropout else ': no dropout')),
+      Row('ptb_word.py', size, 'data.seq_length', steps, f'{s}: back-propagate across '
+          f'{steps} time steps'),
+      Row('ptb_word.py', size, 'optimizer.name', 'sgd', f'{s}: SGD'),
+      Row('ptb_word.py', size, Derived('learning rate x T (per-token mean loss)',
+                                       lambda c: c.optimizer.learning_rate
+                                       / c.data.seq_length), 1.0,
+          f'{s}: learning rate 1 (on the sum over T; config docstring "Loss scale")'),
+      Row('ptb_word.py', size, Derived('clip x T (per-token mean loss)',
+                                       lambda c: c.optimizer.clip_norm * c.data.seq_length),
+          clip, f'{s}: max gradient norm {clip:g}'),
+      Row('ptb_word.py', size, 'train.batch_size', 32, f'{s}: mini-batch size of 32'),
+      # log_every is one epoch in this config.
+      Row('ptb_word.py', size, Derived('epochs', lambda c: c.train.num_steps
+                                       / c.train.log_every), epochs,
+          f'{s}: {epochs} epochs'),
+      Row('ptb_word.py', size, 'optimizer.decay_rate', decay, f'{s}: learning-rate decay'),
+      Row('ptb_word.py', size, 'optimizer.decay_after_epochs', after,
+          f'{s}: decay every epoch after the {after}th'),
+      Row('ptb_word.py', size, 'model.forget_bias', 0.0, OURS),
+  ]
+
+
+PAPER: list[Row] = [
+    *_seq_mnist_rows('seq_mnist.py', 'MNIST'),
+    *_seq_mnist_rows('pmnist.py', 'pmnist'),
+    *_char_rows('ptb_char.py', '5.2', units=1000, batch=64, lr=2e-3, length=100),
+    *_char_rows('text8.py', '5.3', units=2000, batch=128, lr=1e-3, length=180),
+    *_ptb_word_rows('small', 200, 0.1, 0.0, 20, 10.0, 15, 0.5, 6),
+    *_ptb_word_rows('medium', 650, 0.05, 0.5, 35, 5.0, 40, 1 / 1.2, 6),
+    *_ptb_word_rows('large', 1500, 0.04, 0.65, 35, 5.0, 55, 1 / 1.15, 15),
+    # Append rows of new paper configs here (attentive_reader.py, laurent_speech.py,
+    # brown_tagger.py), each citing its section.
+]
+
+
+def load_config_module(name: str):
+  path = os.path.join(CONFIG_DIR, name)
+  spec = importlib.util.spec_from_file_location(f'_config_{name[:-3]}', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _get(config, field):
+  if isinstance(field, Derived):
+    return field.fn(config)
+  value = config
+  for part in field.split('.'):
+    value = value[part]
+  return value
+
+
+_CACHE: dict = {}
+
+
+def _config(name: str, arg: Optional[str]):
+  if (name, arg) not in _CACHE:
+    module = load_config_module(name)
+    _CACHE[name, arg] = module.get_config(arg) if arg else module.get_config()
+  return _CACHE[name, arg]
+
+
+@pytest.mark.parametrize('row', PAPER, ids=str)
+def test_config_holds_the_papers_value(row):
+  value = _get(_config(row.config, row.arg), row.field)
+  if isinstance(row.value, float) and value is not None:
+    assert math.isclose(value, row.value, rel_tol=1e-9), (
+        f'{row}: config has {value!r}, the paper ({row.source}) {row.value!r}')
+  else:
+    assert value == row.value, (
+        f'{row}: config has {value!r}, the paper ({row.source}) {row.value!r}')
+
+
+def _config_files() -> list[str]:
+  return sorted(os.path.basename(p) for p in glob.glob(os.path.join(CONFIG_DIR, '*.py'))
+                if not p.endswith('__init__.py'))
+
+
+def _arguments(module) -> list[Optional[str]]:
+  """The get_config arguments to try: every variant or size the file offers."""
+  if not inspect.signature(module.get_config).parameters:
+    return [None]
+  for name in ('SIZES', 'VARIANTS'):
+    if hasattr(module, name):
+      return list(getattr(module, name))
+  return [None]
+
+
+@pytest.mark.parametrize('name', _config_files())
+def test_every_config_file_loads_and_validates(name):
+  """Each file's get_config (for each variant or size it offers) builds a config that
+  `train.validate_config` accepts, starts from `train.default_config()`, and names a
+  known variant and recurrent initialiser."""
+  module = load_config_module(name)
+  fields = set(train.default_config().model.keys())
+  for arg in _arguments(module):
+    config = module.get_config(arg) if arg is not None else module.get_config()
+    train.validate_config(config)
+    assert fields <= set(config.model.keys()), f'{name}: not from train.default_config()'
+    assert config.model.variant in recurrent.VARIANTS, f'{name}:{arg}'
+    assert config.model.recurrent_init in ('orthogonal', 'identity', 'identity_candidate')
+
+
+def test_table_names_existing_configs():
+  """Every row names a config file that exists (a renamed file fails here, not silently)."""
+  assert {row.config for row in PAPER} <= set(_config_files())
