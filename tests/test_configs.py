@@ -3,7 +3,7 @@
 `PAPER` is the table: one row per (config, hyperparameter), with the value the paper
 states and where it says so. A changed hyperparameter fails here loudly; change the table
 only with a reason (a quote from the paper, or a row marked as our choice). To add a
-config (e.g. attentive_reader.py), append its rows; the loader test below picks up every
+config, append its rows; the loader test below picks up every
 file in experiments/configs/ by itself.
 """
 
@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional, Union
 
 import pytest
 
+from bn_rnn_jax import models
 from bn_rnn_jax import recurrent
 from bn_rnn_jax import train
 
@@ -129,6 +130,64 @@ def _ptb_word_rows(size: str, units: int, scale: float, dropout: float, steps: i
   ]
 
 
+def _laurent_speech_rows() -> list[Row]:
+  s = f'{LAURENT} sec. 5.1'
+  c = 'laurent_speech.py'
+  return [
+      Row(c, None, 'model.num_layers', 5, f'{s}: "5 bidirectional LSTM layers"'),
+      Row(c, None, 'model.hidden_size', 250, f'{s}: 250 units per layer'),
+      Row(c, None, 'model.bidirectional', True, f'{s}: bidirectional'),
+      Row(c, None, 'model.variant', 'bn_input_only_seq',
+          f'{s} and eq. 20-21: sequence-wise BN of the input term'),
+      Row(c, None, 'model.kernel_init', 'glorot_uniform', f'{s}: "the Glorot scheme"'),
+      Row(c, None, 'model.recurrent_init', 'glorot_uniform', f'{s}: "the Glorot scheme"'),
+      Row(c, None, 'model.layer_options.input_init', 'glorot_uniform',
+          f'{s}: "the Glorot scheme"'),
+      Row(c, None, 'model.forget_bias', 0.0, f'{s}: "all the biases were set to zero"'),
+      Row(c, None, 'optimizer.name', 'sgd', f'{s}: SGD'),
+      Row(c, None, 'optimizer.learning_rate', 1e-4, f'{s}: learning rate 1e-4'),
+      Row(c, None, 'optimizer.momentum', 0.9, f'{s}: momentum 0.9'),
+      Row(c, None, 'train.batch_size', 24, f'{s}: minibatches of 24'),
+      Row(c, None, 'data.max_frames', 1300, f'{s}: utterances longer than 1,300 frames '
+          'removed'),
+  ]
+
+
+def _brown_tagger_rows() -> list[Row]:
+  s = f'{LAURENT} sec. 5.1 (the architecture, transposed to Brown tagging)'
+  c = 'brown_tagger.py'
+  return [
+      Row(c, None, 'model.bidirectional', True, f'{s}: bidirectional'),
+      Row(c, None, 'model.variant', 'bn_input_only_seq', f'{s}: sequence-wise BN'),
+      Row(c, None, 'model.recurrent_init', 'glorot_uniform', f'{s}: "the Glorot scheme"'),
+      Row(c, None, 'model.forget_bias', 0.0, f'{s}: "all the biases were set to zero"'),
+      Row(c, None, 'optimizer.name', 'sgd', f'{s}: SGD'),
+      Row(c, None, 'optimizer.momentum', 0.9, f'{s}: momentum 0.9'),
+      Row(c, None, 'model.num_layers', 2, f'{OURS} (paper 5: CPU budget)'),
+      Row(c, None, 'model.hidden_size', 64, f'{OURS} (paper 250: CPU budget)'),
+  ]
+
+
+def _attentive_reader_rows() -> list[Row]:
+  s = f'{COOIJMANS} sec. 5.4 and App. C'
+  c = 'attentive_reader.py'
+  rows = []
+  for variant in ('lstm', 'bn_lstm', 'bn_everywhere', 'bn_e_star', 'bn_e_star_star'):
+    fast = variant in ('bn_e_star', 'bn_e_star_star')
+    rows += [
+        Row(c, variant, 'model.variant', variant, f'{s}: the variant'),
+        Row(c, variant, 'model.hidden_size', 240, f'{s}: 240 hidden units'),
+        Row(c, variant, 'model.gamma_init', 0.1, f'{COOIJMANS} sec. 4: gamma 0.1'),
+        Row(c, variant, 'optimizer.name', 'adam', f'{s}: Adam'),
+        Row(c, variant, 'optimizer.clip_norm', 10.0, f'{s}: gradient clipping at 10'),
+        Row(c, variant, 'optimizer.learning_rate', 8e-4 if fast else 8e-5,
+            f'{s} (arXiv version): 8e-4 for BN-e* and BN-e**, else 8e-5'),
+        Row(c, variant, 'train.batch_size', 40 if fast else 64,
+            f'{s}: minibatches of 40 for BN-e* and BN-e**, else 64'),
+    ]
+  return rows
+
+
 PAPER: list[Row] = [
     *_seq_mnist_rows('seq_mnist.py', 'MNIST'),
     *_seq_mnist_rows('pmnist.py', 'pmnist'),
@@ -137,8 +196,10 @@ PAPER: list[Row] = [
     *_ptb_word_rows('small', 200, 0.1, 0.0, 20, 10.0, 15, 0.5, 6),
     *_ptb_word_rows('medium', 650, 0.05, 0.5, 35, 5.0, 40, 1 / 1.2, 6),
     *_ptb_word_rows('large', 1500, 0.04, 0.65, 35, 5.0, 55, 1 / 1.15, 15),
-    # Append rows of new paper configs here (attentive_reader.py, laurent_speech.py,
-    # brown_tagger.py), each citing its section.
+    *_laurent_speech_rows(),
+    *_brown_tagger_rows(),
+    *_attentive_reader_rows(),
+    # Append rows of new paper configs here, each citing its section.
 ]
 
 
@@ -206,8 +267,10 @@ def test_every_config_file_loads_and_validates(name):
     config = module.get_config(arg) if arg is not None else module.get_config()
     train.validate_config(config)
     assert fields <= set(config.model.keys()), f'{name}: not from train.default_config()'
-    assert config.model.variant in recurrent.VARIANTS, f'{name}:{arg}'
-    assert config.model.recurrent_init in ('orthogonal', 'identity', 'identity_candidate')
+    assert (config.model.variant in recurrent.VARIANTS
+            or config.model.variant in models.READER_VARIANTS), f'{name}:{arg}'
+    assert config.model.recurrent_init in ('orthogonal', 'identity', 'identity_candidate',
+                                           'glorot_uniform')
 
 
 def test_table_names_existing_configs():
