@@ -427,16 +427,9 @@ def test_train_step_on_eight_devices_equals_one(arrays):
   config = _config()
   dataset = reading.ReadingDataset(arrays, batch_size=16, seed=0, eval_batch_size=8,
                                    length_multiple=32)
-  results = {}
-  for n in (8, 1):
-    cfg = config.copy_and_resolve_references()
-    cfg.train.num_devices = n
-    trainer = train.Trainer(cfg, None, dataset)
-    init = trainer.initial_state()
-    state, metrics = trainer.p_train_step(trainer.to_devices(init), trainer.train_batch(0))
-    results[n] = (init, trainer.to_host(state), float(metrics['loss'][0]),
-                  trainer.evaluate(state, 'valid'))
-  (_, s8, loss8, valid8), (init, s1, loss1, valid1) = results[8], results[1]
+  results = {n: fx.one_step(config, dataset, n) for n in (8, 1)}
+  (_, s8, metrics8, valid8), (init, s1, metrics1, valid1) = results[8], results[1]
+  loss8, loss1 = metrics8['loss'], metrics1['loss']
   moved = max(float(np.max(np.abs(a - b))) for a, b in
               zip(jax.tree.leaves(s1.params), jax.tree.leaves(init.params)))
   assert moved > 1e-4
@@ -448,23 +441,6 @@ def test_train_step_on_eight_devices_equals_one(arrays):
     np.testing.assert_allclose(valid8[name], valid1[name], rtol=2e-5)
 
 
-class _Killed(Exception):
-  pass
-
-
-class _KillAt:
-  def __init__(self, dataset, kill_step):
-    self._dataset, self._kill_step = dataset, kill_step
-
-  def __getattr__(self, name):
-    return getattr(self._dataset, name)
-
-  def train_batch(self, step):
-    if step == self._kill_step:
-      raise _Killed(step)
-    return self._dataset.train_batch(step)
-
-
 def test_kill_and_resume_is_exact(arrays, tmp_path):
   config = _config(**{'train.num_steps': 5, 'train.log_every': 2, 'eval.every': 2,
                       'checkpoint.every': 2, 'train.num_devices': 1,
@@ -473,8 +449,8 @@ def test_kill_and_resume_is_exact(arrays, tmp_path):
                                    length_multiple=32)
   straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
   train.train_and_evaluate(config, straight, dataset)
-  with pytest.raises(_Killed):
-    train.train_and_evaluate(config, resumed, _KillAt(dataset, 3))
+  with pytest.raises(fx.Killed):
+    train.train_and_evaluate(config, resumed, fx.KillAt(dataset, 3))
   train.train_and_evaluate(config, resumed, dataset)
   states = []
   for workdir in (straight, resumed):

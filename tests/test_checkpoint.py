@@ -14,26 +14,7 @@ import training_fixtures as fx
 from training_fixtures import compilation_cache  # pylint: disable=unused-import
 
 
-class _Killed(Exception):
-  pass
-
-
-class _KillAt:
-  """Wraps a dataset; asking for the batch of step `kill_step` "kills" the run."""
-
-  def __init__(self, dataset, kill_step):
-    self._dataset, self._kill_step = dataset, kill_step
-
-  def __getattr__(self, name):
-    return getattr(self._dataset, name)
-
-  def train_batch(self, step):
-    if step == self._kill_step:
-      raise _Killed(step)
-    return self._dataset.train_batch(step)
-
-
-class _NaNAt(_KillAt):
+class _NaNAt(fx.KillAt):
   def train_batch(self, step):
     batch = self._dataset.train_batch(step)
     if step == self._kill_step:
@@ -72,8 +53,8 @@ def runs(tmp_path_factory):
   straight = str(tmp_path_factory.mktemp('straight'))
   resumed = str(tmp_path_factory.mktemp('resumed'))
   train.train_and_evaluate(config, straight, dataset)
-  with pytest.raises(_Killed):
-    train.train_and_evaluate(config, resumed, _KillAt(dataset, 5))
+  with pytest.raises(fx.Killed):
+    train.train_and_evaluate(config, resumed, fx.KillAt(dataset, 5))
   killed_records = metric_writer.read_metrics(resumed)
   train.train_and_evaluate(config, resumed, dataset)
   return config, dataset, straight, resumed, killed_records
@@ -99,8 +80,8 @@ def test_shard_map_backend_resumes_the_pmap_run(runs, tmp_path):
   config = config.copy_and_resolve_references()
   config.parallel.backend = 'shard_map'
   resumed = str(tmp_path / 'shard_map')
-  with pytest.raises(_Killed):
-    train.train_and_evaluate(config, resumed, _KillAt(dataset, 5))
+  with pytest.raises(fx.Killed):
+    train.train_and_evaluate(config, resumed, fx.KillAt(dataset, 5))
   train.train_and_evaluate(config, resumed, dataset)
   state_a, _ = _final_state(config, straight, dataset)
   state_b, _ = _final_state(config, resumed, dataset)

@@ -15,16 +15,6 @@ import training_fixtures as fx
 from training_fixtures import compilation_cache  # pylint: disable=unused-import
 
 
-def _one_step(config, dataset, num_devices):
-  config = config.copy_and_resolve_references()
-  config.train.num_devices = num_devices
-  trainer = train.Trainer(config, None, dataset)
-  init = trainer.initial_state()
-  state, metrics = trainer.p_train_step(trainer.to_devices(init), trainer.train_batch(0))
-  valid = trainer.evaluate(state, 'valid')
-  return init, trainer.to_host(state), {k: float(v[0]) for k, v in metrics.items()}, valid
-
-
 def _assert_trees_close(a, b, rtol=2e-5, atol=1e-6):
   for (path, x), y in zip(jax.tree.leaves_with_path(a), jax.tree.leaves(b)):
     np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path))
@@ -39,8 +29,8 @@ def test_pmapped_step_equals_single_device(variant):
   # h0 noise is drawn per global example (DESIGN.md decision 8): 8 devices draw 1 device's.
   config = fx.tiny_config(variant, **{'model.initial_state': 'noise'})
   dataset = fx.synthetic_dataset(config)
-  _, state8, metrics8, valid8 = _one_step(config, dataset, 8)
-  init, state1, metrics1, valid1 = _one_step(config, dataset, 1)
+  _, state8, metrics8, valid8 = fx.one_step(config, dataset, 8)
+  init, state1, metrics1, valid1 = fx.one_step(config, dataset, 1)
   # The step moved the parameters and filled the statistics (the comparison is not vacuous).
   moved = max(float(np.max(np.abs(a - b))) for a, b in
               zip(jax.tree.leaves(state1.params), jax.tree.leaves(init.params)))

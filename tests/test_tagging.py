@@ -376,15 +376,7 @@ def test_tagging_train_step_on_eight_devices_equals_one():
   config.model.hidden_size = 4
   config.checkpoint.best_metric = 'valid/fce'
   dataset = _synthetic_tagging()
-  results = {}
-  for n in (8, 1):
-    cfg = config.copy_and_resolve_references()
-    cfg.train.num_devices = n
-    trainer = train.Trainer(cfg, None, dataset)
-    init = trainer.initial_state()
-    state, metrics = trainer.p_train_step(trainer.to_devices(init), trainer.train_batch(0))
-    results[n] = (init, trainer.to_host(state), {k: float(v[0]) for k, v in metrics.items()},
-                  trainer.evaluate(state, 'valid'))
+  results = {n: fx.one_step(config, dataset, n) for n in (8, 1)}
   (_, s8, m8, v8), (init, s1, m1, v1) = results[8], results[1]
   moved = max(float(np.max(np.abs(a - b))) for a, b in
               zip(jax.tree.leaves(s1.params), jax.tree.leaves(init.params)))

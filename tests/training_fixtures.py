@@ -33,6 +33,37 @@ def tiny_config(variant='bn_lstm', **overrides):
   return config
 
 
+class Killed(Exception):
+  """Raised by `KillAt`: a run "killed" before a training step."""
+
+
+class KillAt:
+  """Wraps a dataset; asking for the batch of step `kill_step` "kills" the run."""
+
+  def __init__(self, dataset, kill_step):
+    self._dataset, self._kill_step = dataset, kill_step
+
+  def __getattr__(self, name):
+    return getattr(self._dataset, name)
+
+  def train_batch(self, step):
+    if step == self._kill_step:
+      raise Killed(step)
+    return self._dataset.train_batch(step)
+
+
+def one_step(config, dataset, num_devices):
+  """One train step and a validation pass on `num_devices` devices:
+  `(initial host state, host state after the step, metrics, valid metrics)`."""
+  config = config.copy_and_resolve_references()
+  config.train.num_devices = num_devices
+  trainer = train.Trainer(config, None, dataset)
+  init = trainer.initial_state()
+  state, metrics = trainer.p_train_step(trainer.to_devices(init), trainer.train_batch(0))
+  valid = trainer.evaluate(state, 'valid')
+  return init, trainer.to_host(state), {k: float(v[0]) for k, v in metrics.items()}, valid
+
+
 def synthetic_splits(num_train=64, num_eval=12, length=6, features=2, seed=0):
   """Random sequences whose class depends on the sign of their mean (learnable)."""
   rng = np.random.default_rng(seed)
