@@ -177,8 +177,9 @@ def machine() -> dict:
   return {'platform': platform.platform(), 'processor': platform.processor() or 'unknown',
           'cpu_count': os.cpu_count(), 'backend': jax.default_backend(),
           'device': jax.devices()[0].device_kind, 'jax': jax.__version__,
-          'note': 'a 2-core CPU VM shared with other jobs while measuring: timings are '
-                  'noisy; compare the ratios, taken in one process'}
+          'load_average_1_5_15_min_at_start': [round(v, 2) for v in os.getloadavg()],
+          'note': 'wall-clock ratios depend on what else the machine runs (see the load '
+                  'average); compare the ratios, taken in one process'}
 
 
 def main():
