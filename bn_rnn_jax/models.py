@@ -7,12 +7,14 @@ Modules only; losses and metrics live in `tasks.py`, training in `train.py`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from bn_rnn_jax import normalization
 from bn_rnn_jax import recurrent
 
 Array = jax.Array
@@ -21,6 +23,16 @@ Array = jax.Array
 def last_hidden(carry: Any) -> Array:
   """The hidden state `h [B, H]` of a layer's carry (`(c, h)` LSTM, `h` RNN)."""
   return carry[1] if isinstance(carry, tuple) else carry
+
+
+def final_hidden(carry: Any, bidirectional: bool) -> Array:
+  """The last valid hidden state of a layer, `[B, H]`; of a `Bidirectional` layer (carry
+  `(forward, backward)`), both directions' `[B, 2H]` (the backward one has read each
+  sequence back to its first step)."""
+  if bidirectional:
+    forward, backward = carry
+    return jnp.concatenate([last_hidden(forward), last_hidden(backward)], axis=-1)
+  return last_hidden(carry)
 
 
 class SequenceClassifier(nn.Module):
@@ -49,11 +61,7 @@ class SequenceClassifier(nn.Module):
         variant=self.variant, hidden_size=self.hidden_size, num_layers=self.num_layers,
         dropout_rate=self.dropout_rate, bidirectional=self.bidirectional,
         layer_options=self.layer_options, name='rnn')(inputs, mask, train=train)
-    if self.bidirectional:
-      forward, backward = carries[-1]
-      features = jnp.concatenate([last_hidden(forward), last_hidden(backward)], axis=-1)
-    else:
-      features = last_hidden(carries[-1])
+    features = final_hidden(carries[-1], self.bidirectional)
     return nn.Dense(self.num_classes, name='classifier')(features)
 
 
@@ -162,10 +170,6 @@ class SequenceTagger(nn.Module):
 
 
 # ==================================================================== attentive reader
-import functools  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-from bn_rnn_jax import normalization  # pylint: disable=g-import-not-at-top
-
 # Cooijmans et al. sec. 5.4 / App. C, after Hermann et al. 2015. The reader variants:
 # the recurrent layers' `VARIANTS` preset, their overrides, bidirectional encoders, and the
 # statistics of the batch norms in the attention (None = no batch norm there).
@@ -245,14 +249,6 @@ class MaskedBatchNorm(nn.Module):
     return y
 
 
-def _final_hidden(carry: Any) -> Array:
-  """u: the last valid hidden state `[B, H]`, or `[B, 2H]` (forward, backward) of a
-  bidirectional layer (the backward one ends at each sequence's first step)."""
-  if isinstance(carry, tuple) and len(carry) == 2 and isinstance(carry[0], tuple):
-    return jnp.concatenate([last_hidden(carry[0]), last_hidden(carry[1])], axis=-1)
-  return last_hidden(carry)
-
-
 class AttentiveReader(nn.Module):
   """The Attentive Reader (Hermann et al. 2015) with the BN variants of Cooijmans sec. 5.4.
 
@@ -326,7 +322,7 @@ class AttentiveReader(nn.Module):
         bidirectional=spec.get('bidirectional', False), layer_options=options)
     _, y_d = encoder(name='document_encoder')(x_d, document_mask, train=train)  # [B, T, D]
     query_carries, _ = encoder(name='query_encoder')(x_q, query_mask, train=train)
-    u = _final_hidden(query_carries[-1])                                      # [B, D]
+    u = final_hidden(query_carries[-1], spec.get('bidirectional', False))     # [B, D]
     width = y_d.shape[-1]
 
     term_norm = spec.get('attention_norm')

@@ -11,9 +11,10 @@ by one of two backends (`config.parallel.backend`):
 Both see the same arrays, so they are interchangeable (checkpoints included): replicated
 state holds one copy per device under a leading device axis, data is split along its batch
 axis into `[devices, batch / devices, ...]`; under shard_map these are global arrays
-sharded over AXIS on that leading axis, and each device's block is the pmap slice. Inside them gradients and metric sums are psum-ed
-over AXIS and the recurrent layers (built with `axis_name=AXIS`) psum the sums and counts
-of their batch moments, so every device sees the moments of the global batch. On one
+sharded over AXIS on that leading axis, and each device's block is the pmap slice.
+Inside them gradients and metric sums are psum-ed over AXIS and the recurrent layers
+(built with `axis_name=AXIS`) psum the sums and counts of their batch moments, so every
+device sees the moments of the global batch. On one
 device the same code runs under a 1-device pmap. Multi-host runs call
 `jax.distributed.initialize()` first; each process then feeds its own share of the global
 batch to its local devices, and the psums span all processes' devices.
@@ -117,16 +118,18 @@ def device_mesh(devices: Sequence[Any]) -> jax.sharding.Mesh:
 def _shard_map(fn: Callable, devices: tuple, in_axes: Any) -> Callable:
   mesh = device_mesh(devices)
 
+  def arg_axes(args):
+    return in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
+
   def per_device(*args):
-    axes = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
     # Each device's block of a leading-axis argument is `[1, ...]`: the pmap slice.
     args = [jax.tree.map(lambda x: x[0], a) if axis == 0 else a
-            for a, axis in zip(args, axes)]
+            for a, axis in zip(args, arg_axes(args))]
     return jax.tree.map(lambda x: x[None], fn(*args))
 
   def mapped(*args):
-    axes = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
-    specs = tuple(PartitionSpec(AXIS) if axis == 0 else PartitionSpec() for axis in axes)
+    specs = tuple(PartitionSpec(AXIS) if axis == 0 else PartitionSpec()
+                  for axis in arg_axes(args))
     # check_vma=False: outputs are psum-ed (replicated) or per-device by construction,
     # exactly as under pmap.
     return jax.shard_map(per_device, mesh=mesh, in_specs=specs,
