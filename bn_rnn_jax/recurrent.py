@@ -179,6 +179,17 @@ class RecurrentLayer(nn.Module):
       BN-everywhere readers), which biases mean and variance toward the padding. Off by
       default: moments count valid entries only. Either way the state ignores padding,
       and population rows that no sequence reached are not written.
+    min_step_count: the fewest valid sequences (in the global batch) that per-step batch
+      moments may average over. A training step with fewer is normalised with the
+      population statistics of its row instead, looked up as in inference (rows past the
+      last one trained with enough sequences reuse it), with no gradient through them;
+      that step's moments are not written to the population statistics. 1 (the default)
+      never falls back. With masked per-step statistics and uneven lengths, the last
+      steps of a batch can hold two or three sequences; rows that coincide there (a
+      repeated question) have zero variance, and the batch-norm backward multiplies the
+      gradient by gamma / sqrt(epsilon) (about 32) at each such step: the Attentive
+      Reader's BN-e* stopped on a non-finite gradient that way (README). Sequence-wise
+      statistics are not affected. Needs `padded_statistics=False`.
   """
   hidden_size: int
   cell: str = 'lstm'
@@ -203,6 +214,7 @@ class RecurrentLayer(nn.Module):
   dtype: Any = jnp.float32
   axis_name: Optional[str] = None
   padded_statistics: bool = False
+  min_step_count: int = 1
 
   # ------------------------------------------------------------------ configuration
   def _validate(self, inputs: Array, mask: Optional[Array]) -> None:
@@ -234,6 +246,11 @@ class RecurrentLayer(nn.Module):
     if mask is not None and mask.shape != inputs.shape[:2]:
       raise ValueError(f'mask must be [batch, time] = {inputs.shape[:2]}; got {mask.shape}.')
     check_mask_prefix(mask)
+    if self.min_step_count < 1:
+      raise ValueError(f'min_step_count must be at least 1; got {self.min_step_count}.')
+    if self.min_step_count > 1 and self.padded_statistics:
+      raise ValueError('min_step_count guards masked per-step statistics; with '
+                       'padded_statistics=True every step averages the whole batch.')
     if self.backward not in ('auto', 'scan', 'layer'):
       raise ValueError("backward must be 'auto', 'scan' or 'layer'; got "
                        f'{self.backward!r}.')
@@ -397,12 +414,13 @@ class RecurrentLayer(nn.Module):
         recurrent_norm=self.recurrent_norm, input_norm=self.input_norm,
         cell_norm=self.cell_norm, train=train, epsilon=self.epsilon,
         axis_name=self.axis_name, compute_dtype=self.dtype,
-        padded_statistics=self.padded_statistics)
+        padded_statistics=self.padded_statistics, min_step_count=self.min_step_count)
     xs = {} if mask_tm is None else {'mask': mask_tm}
+    fallback = self._fallback_rows(stats, length) if train else {}
     moments = {}
     if self._hoisted(input_size):
       xs['input_term'], input_moments = self._hoisted_input_term(
-          params, time_major, mask_tm, train, stats.get('input'))
+          params, time_major, mask_tm, train, stats.get('input'), fallback.pop('input', None))
       if input_moments is not None:
         moments['input'] = self._valid_counts(input_moments, batch, length, mask_tm)
     else:
@@ -411,6 +429,8 @@ class RecurrentLayer(nn.Module):
       xs['stats'] = {site: self._population_rows(stats[site].value, site, length)
                      for site in sites if not (site == 'input' and 'input_term' in xs)}
 
+    if fallback:
+      xs['fallback'] = fallback
     loop_sites = tuple(site for site in sites if site not in moments) if train else ()
     if self._layer_backward():
       final_carry, ys = self._scan_with_layer_backward(params, cfg, carry, xs, loop_sites)
@@ -443,20 +463,38 @@ class RecurrentLayer(nn.Module):
     counts = self._step_counts(batch, length, mask_tm)
     return moments[:2] + (counts if self.input_statistics == 'frame' else jnp.sum(counts),)
 
-  def _hoisted_input_term(self, params, time_major, mask_tm, train, input_stats):
-    """W_x x for all steps `[T, B, G*H]` and its normalisation, outside the scan."""
+  def _hoisted_input_term(self, params, time_major, mask_tm, train, input_stats,
+                          fallback=None):
+    """W_x x for all steps `[T, B, G*H]` and its normalisation, outside the scan.
+
+    `fallback`: `(mean, var)` `[T, F]` population rows for steps with too few valid
+    sequences (`min_step_count`), or None."""
     z = cells.matmul(time_major, params['input_kernel'], self.dtype)
     reduce_axes = (1,) if self.input_statistics == 'frame' else (0, 1)
     stats = None
     if self.input_norm == 'batch' and not train:
       mean, var = self._population_rows(input_stats.value, 'input', z.shape[0])
       stats = (mean[:, None, :], var[:, None, :])
+    rows = {} if fallback is None else dict(
+        fallback=tuple(a[:, None, :] for a in fallback), min_count=self.min_step_count)
     y, moments = cells.apply_norm(
         self.input_norm, z, params.get('input_scale'), None, train=train,
         mask=None if self.padded_statistics else mask_tm,
         stats=stats, reduce_axes=reduce_axes, epsilon=self.epsilon,
-        axis_name=self.axis_name)
+        axis_name=self.axis_name, **rows)
     return y, moments
+
+  def _per_step_training_statistics(self, site: str) -> bool:
+    """Whether a site's training moments are per step (all but sequence-wise input)."""
+    return site != 'input' or self.input_statistics == 'frame'
+
+  def _fallback_rows(self, stats, length: int) -> dict[str, tuple[Array, Array]]:
+    """`{site: (mean [T, F], var [T, F])}`: the population rows that a training step
+    with fewer than `min_step_count` valid sequences uses (empty when the guard is off)."""
+    if self.min_step_count <= 1:
+      return {}
+    return {site: self._population_rows(stats[site].value, site, length)
+            for site in stats if self._per_step_training_statistics(site)}
 
   def _population_rows(self, site_stats, site: str, length: int):
     """`[T, F]` population mean and var for each step (one row broadcast if shared)."""
@@ -470,6 +508,9 @@ class RecurrentLayer(nn.Module):
     """Fold this minibatch's moments into the running averages (and `batch_moments`)."""
     for site, (mean, var, count) in moments.items():
       mean, var, count = jax.lax.stop_gradient((mean, var, count))
+      if self.min_step_count > 1 and self._per_step_training_statistics(site):
+        # Steps that fell back on the population rows trained with no moments of theirs.
+        count = jnp.where(count >= self.min_step_count, count, 0.0)
       if self._rows(site) == 1 and mean.ndim == 2:
         # Shared over time: average the per-step moments, weighting steps by valid count.
         count = jnp.broadcast_to(count, mean.shape[:1])

@@ -86,7 +86,8 @@ def layer_options(config, train_length: int) -> dict:
                      f'config.model.max_length={max_length} (T_max) is smaller.')
   options = dict(max_length=max_length, axis_name=AXIS)
   for name in ('recurrent_init', 'initial_state', 'initial_state_noise', 'gamma_init',
-               'momentum', 'forget_bias', 'unroll', 'remat', 'epsilon', 'hoist_input'):
+               'momentum', 'forget_bias', 'unroll', 'remat', 'epsilon', 'hoist_input',
+               'min_step_count'):
     if m.get(name) is not None:
       options[name] = m[name]
   options.update(dict(m.get('layer_options', {})))
@@ -299,6 +300,8 @@ def default_config() -> ml_collections.ConfigDict:
   m.initial_state_noise = 0.1
   m.gamma_init = placeholder(float)   # None = the variant's default (0.1 BN, 1.0 LN)
   m.momentum = 0.99              # running-average momentum of the population statistics
+  m.min_step_count = 1           # per-step moments need this many valid sequences; fewer:
+                                 # the population rows (RecurrentLayer.min_step_count)
   m.forget_bias = 0.0
   m.unroll = 1
   m.remat = False

@@ -86,7 +86,9 @@ def launch(args) -> None:
                   'reading; from experiments.configs import attentive_reader as c; '
                   'd = c.get_config("lstm,cpu").data; reading.load(d.path, d.vocab_size, '
                   f'd.top_k_sentences, {cache_dir!r})'], check=True, env=env, cwd=ROOT)
-  queue = [(v, s) for s in args.seeds for v in args.variants]
+  # Variant by variant, its seeds side by side: with `--parallel` = seeds, both seeds of a
+  # variant share the machine's load alike.
+  queue = [(v, s) for v in args.variants for s in args.seeds]
   running = []
   while queue or running:
     while queue and len(running) < args.parallel:

@@ -102,8 +102,11 @@ def layer_norm(z, scale=None, shift=None, eps=1e-5):
 # ----------------------------------------------------------------------------- layer
 
 
-def _norm_site(kind, z, valid, scale, shift, *, train, pop, eps):
-  """Normalise `z [B, F]` by kind. Returns `(y, (mean, var, count) or None)`."""
+def _norm_site(kind, z, valid, scale, shift, *, train, pop, eps, min_count=1, fallback=None):
+  """Normalise `z [B, F]` by kind. Returns `(y, (mean, var, count) or None)`.
+
+  In training, a step with fewer than `min_count` valid rows is normalised with
+  `fallback = (mean, var)` (population rows) instead of its own moments."""
   if kind is None:
     y = z if scale is None else z * scale
     return (y if shift is None else y + shift), None
@@ -111,13 +114,15 @@ def _norm_site(kind, z, valid, scale, shift, *, train, pop, eps):
     return layer_norm(z, scale, shift, eps), None
   if train:
     mean, var, count = masked_moments(z, valid)
+    if fallback is not None and count < min_count:
+      return normalize(z, *fallback, scale, shift, eps), (mean, var, count)
     return normalize(z, mean, var, scale, shift, eps), (mean, var, count)
   mean, var = pop
   return normalize(z, mean, var, scale, shift, eps), None
 
 
 def run_layer(params, x, mask, variant, *, train=True, population=None, eps=1e-5,
-              initial_carry=None):
+              initial_carry=None, min_step_count=1, fallback=None):
   """Naive step-by-step run of one recurrent layer.
 
   Args:
@@ -130,6 +135,9 @@ def run_layer(params, x, mask, variant, *, train=True, population=None, eps=1e-5
       looked up (see `population_lookup`).
     eps: variance epsilon.
     initial_carry: `(c, h)` or `h`, `[B, H]`; zeros when None.
+    min_step_count, fallback: in training, a per-step statistic over fewer than
+      `min_step_count` valid rows is replaced by the step's row of `fallback`
+      (`{site: (mean [T, F], var [T, F])}`, looked up like `population`).
 
   Returns:
     `(final_carry, outputs [B, T, H], moments)` with `moments[site]` a list over steps of
@@ -152,6 +160,7 @@ def run_layer(params, x, mask, variant, *, train=True, population=None, eps=1e-5
     c = None
   moments = {'input': [], 'recurrent': [], 'cell': []}
   population = population or {}
+  fallback = fallback or {}
 
   # Sequence-wise input statistics: one mean/var over all valid (row, step) frames.
   input_terms = None
@@ -170,18 +179,21 @@ def run_layer(params, x, mask, variant, *, train=True, population=None, eps=1e-5
   for t in range(length):
     valid = mask[:, t] > 0
     pop_t = {site: (m[t], v[t]) for site, (m, v) in population.items()}
+    guard = {site: dict(min_count=min_step_count, fallback=(m[t], v[t]))
+             for site, (m, v) in fallback.items()}
     if input_terms is not None:
       input_term = input_terms[:, t]
     else:
       input_term, mom = _norm_site(s['input'], x[:, t] @ p['input_kernel'], valid,
                                    p.get('input_scale'), None, train=train,
-                                   pop=pop_t.get('input'), eps=eps)
+                                   pop=pop_t.get('input'), eps=eps, **guard.get('input', {}))
       if mom is not None:
         moments['input'].append(mom)
     if s['cell'] == 'lstm':
       rec, mom = _norm_site(s['recurrent'], h @ p['recurrent_kernel'], valid,
                             p.get('recurrent_scale'), None, train=train,
-                            pop=pop_t.get('recurrent'), eps=eps)
+                            pop=pop_t.get('recurrent'), eps=eps,
+                            **guard.get('recurrent', {}))
       if mom is not None:
         moments['recurrent'].append(mom)
       gates = rec + input_term + p['bias']
@@ -189,7 +201,7 @@ def run_layer(params, x, mask, variant, *, train=True, population=None, eps=1e-5
       c_new = sigmoid(f) * c + sigmoid(i) * np.tanh(g)
       c_out, mom = _norm_site(s['cell_site'], c_new, valid, p.get('cell_scale'),
                               p.get('cell_bias'), train=train, pop=pop_t.get('cell'),
-                              eps=eps)
+                              eps=eps, **guard.get('cell', {}))
       if mom is not None:
         moments['cell'].append(mom)
       h_new = sigmoid(o) * np.tanh(c_out)
@@ -200,7 +212,8 @@ def run_layer(params, x, mask, variant, *, train=True, population=None, eps=1e-5
         pre = pre + p['bias']
       else:
         pre, mom = _norm_site(s['recurrent'], pre, valid, p['scale'], p['bias'],
-                              train=train, pop=pop_t.get('recurrent'), eps=eps)
+                              train=train, pop=pop_t.get('recurrent'), eps=eps,
+                              **guard.get('recurrent', {}))
         if mom is not None:
           moments['recurrent'].append(mom)
       h_new = np.tanh(pre)
@@ -227,9 +240,10 @@ def batch_sites(variant):
 # ----------------------------------------------------------------------------- population
 
 
-def minibatch_record(site_moments, shared, num_rows):
+def minibatch_record(site_moments, shared, num_rows, min_count=1):
   """One minibatch's moments as `{'mean', 'var': [R, F], 'count': [R]}`, count 1 on the
-  rows the minibatch reached (some valid entry) and 0 elsewhere.
+  rows the minibatch reached (at least `min_count` valid entries; 1 = some) and 0
+  elsewhere.
 
   `site_moments` is a list over steps of `(mean, var, count)` (per-step statistics) or a
   single tuple (sequence-wise). A site whose population statistics are shared over time
@@ -238,6 +252,8 @@ def minibatch_record(site_moments, shared, num_rows):
   """
   if isinstance(site_moments, tuple):
     site_moments = [site_moments]
+  else:  # per-step moments: steps that fell back on the population rows do not count
+    site_moments = [(m, v, n if n >= min_count else 0.0) for m, v, n in site_moments]
   if shared and len(site_moments) > 1:
     counts = np.array([m[2] for m in site_moments], np.float64)
     total = counts.sum()

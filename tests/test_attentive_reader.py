@@ -390,6 +390,43 @@ def test_late_steps_with_few_or_no_valid_documents(arrays, compiled):
     assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads)), variant
 
 
+def test_a_question_drawn_twice_keeps_bn_e_star_gradients_finite(arrays):
+  """Two copies of one query outlast the other queries of the batch, beside different
+  documents: zero per-step variance in the query encoder, and the gradient grows about
+  32x per step (the BN-e* runs' non-finite stop). The configs' `min_step_count` (8 there,
+  3 here for a batch of 6) normalises those steps with the population rows."""
+  inputs = dict(_batch(arrays)['inputs'])
+  query, query_mask = np.array(inputs['query']), np.array(inputs['query_mask'])
+  length = min(20, query.shape[1])
+  query_mask[:] = 0
+  query_mask[:, :3] = 1
+  query_mask[:2, :length] = 1
+  query[1] = query[0]
+  inputs['query'] = np.where(query_mask > 0, query, 0)
+  inputs['query_mask'] = query_mask
+  assert not np.array_equal(inputs['document'][0], inputs['document'][1])
+  labels = inputs['candidates'].argmax(1).astype(np.int32)
+
+  def largest_gradient(min_step_count):
+    model = models.AttentiveReader(
+        vocab_size=len(arrays['vocab']), num_entities=int(arrays['num_entities']),
+        variant='bn_e_star', hidden_size=4, embed_size=3, layer_options=dict(
+            max_length=MAX_LENGTH, remat='none', min_step_count=min_step_count))
+    variables = model.init(jax.random.PRNGKey(1), inputs, train=False)
+    def loss(p):
+      out, _ = model.apply({**variables, 'params': p}, inputs, train=True,
+                           mutable=['batch_stats'])
+      return tasks.get('reading_comprehension').loss_sums(
+          out, {'inputs': inputs, 'labels': labels, 'weights': np.ones(6, np.float32)})[0]['loss']
+    grads = jax.jit(jax.grad(loss))(variables['params'])
+    largest = [float(np.max(np.abs(g))) for g in jax.tree.leaves(grads)]
+    return max(largest) if np.all(np.isfinite(largest)) else np.inf   # max() skips NaN
+
+  unguarded, guarded = largest_gradient(1), largest_gradient(3)
+  assert unguarded > 1e8, unguarded   # inf when not finite
+  assert np.isfinite(guarded) and guarded < 1e3, guarded
+
+
 @pytest.mark.parametrize('variant, spec', [
     ('bn_e_star_star', dict(layer_variant='bn_lstm_sequence_input', bidirectional=True,
                             attention_norm='sequence')),
@@ -505,6 +542,8 @@ def test_config_file_builds_every_variant_and_the_cpu_preset():
       assert (config.train.batch_size, config.optimizer.learning_rate) == (
           (40, 8e-4) if fast else (64, 8e-5))
       assert config.model.hidden_size == (64 if arg.endswith(',cpu') else 240)
+      # The guard on few-row per-step statistics reaches the layers of the masked variants.
+      assert train.layer_options(config, 100)['min_step_count'] == (8 if fast else 1)
   with pytest.raises(ValueError, match='variant must be one of'):
     module.get_config('gru')
   with pytest.raises(ValueError, match="only preset is 'cpu'"):

@@ -345,6 +345,102 @@ def test_fresh_statistics_are_mean0_var1_unseen():
     np.testing.assert_array_equal(stats['count'], np.zeros(MAX_LEN))
 
 
+# ----------------------------------------------------------------------------- few valid rows
+MIN_STEP_COUNT = 3   # with LENGTHS (5, 2, 4, 5), step 4 (two valid rows) falls back
+# Variants with per-step training moments (all batch variants but sequence-wise input only).
+GUARDED_FORMS = tuple(
+    (v, hoist) for v, hoist in FORMS if v in BATCH_VARIANTS
+    and any(site != 'input' or ref.spec(v)['input_stats'] == 'frame'
+            for site in ref.batch_sites(v)))
+
+
+def _per_step_training(variant, site):
+  return site != 'input' or ref.spec(variant)['input_stats'] == 'frame'
+
+
+@functools.cache
+def earlier_population(variant):
+  """Population statistics as after some training: random rows; the per-step rows 0-3
+  seen (twice), rows 4-6 never, so that step 4 reads row 3 (Cooijmans' reuse rule)."""
+  _, fresh = variant_params(variant)
+  rng = np.random.default_rng(5)
+  stats = {}
+  for site, site_stats in fresh.items():
+    rows, features = site_stats['mean'].shape
+    count = np.full(rows, 2.0) if rows == 1 else np.array([2, 2, 2, 2, 0, 0, 0], float)
+    stats[site] = {'mean': rng.normal(size=(rows, features)) * (count[:, None] > 0),
+                   'var': np.where(count[:, None] > 0,
+                                   rng.uniform(0.5, 2.0, size=(rows, features)), 1.0),
+                   'count': count}
+  return stats
+
+
+@pytest.mark.parametrize('backward', BACKWARDS)
+@pytest.mark.parametrize('variant,hoist', GUARDED_FORMS)
+def test_steps_with_too_few_valid_rows_use_the_population_rows(variant, hoist, backward):
+  """`min_step_count`: a training step with fewer valid rows normalises with the
+  population rows (row min(t, last seen)), not its own moments, and writes no statistics."""
+  params, _ = variant_params(variant)
+  stats = earlier_population(variant)
+  got = run_train(variant, hoist, stats=stats, overrides=(
+      ('min_step_count', MIN_STEP_COUNT), ('backward', backward)))
+  fallback = {site: ref.population_lookup(stats[site], T) for site in stats
+              if _per_step_training(variant, site)}
+  guard = dict(min_step_count=MIN_STEP_COUNT, fallback=fallback)
+  carry, out, moments = ref.run_layer(params, X, MASK, variant, **guard)
+  arrays = {**params, '__x': X}
+  grads = ref.numerical_grad(lambda a: ref_loss(
+      variant, {k: v for k, v in a.items() if k != '__x'}, a['__x'], MASK, **guard), arrays)
+  g_x = grads.pop('__x')
+
+  assert_close(got['out'], out, what='outputs')
+  # The guard changed something: the unguarded run normalises step 4 by its own moments.
+  assert np.max(np.abs(got['out'][:, 4] - cached_train(variant, hoist)['out'][:, 4])) > 1e-3
+  for g, w in zip(_carry_leaves(got['carry']), _carry_leaves(carry)):
+    assert_close(g, w, what='final carry')
+  for name, g in got['g_params'].items():
+    assert_close(g, grads[name], rtol=2e-4, what=f'd loss / d {name}')
+  assert_close(got['g_x'], g_x, rtol=2e-4, what='d loss / d x')
+  for site, shared in ref.batch_sites(variant).items():
+    min_count = MIN_STEP_COUNT if _per_step_training(variant, site) else 1
+    record = ref.minibatch_record(moments[site], shared, 1 if shared else MAX_LEN, min_count)
+    expected = ref.ema_update(stats[site], record, MOMENTUM)
+    if not shared:
+      np.testing.assert_array_equal(got['stats'][site]['count'], [3, 3, 3, 3, 0, 0, 0]
+                                    if min_count > 1 else expected['count'])
+    for key in ('mean', 'var', 'count'):
+      assert_close(got['stats'][site][key], expected[key], what=f'batch_stats {site} {key}')
+
+
+def test_coinciding_rows_at_late_steps_keep_the_gradient_bounded():
+  """Two identical sequences outlast the rest of the batch (a question drawn twice): their
+  per-step moments have zero variance, and every such step multiplies the gradient by
+  about gamma / sqrt(epsilon) = 32 (the Attentive Reader's BN-e* stopped on an infinite
+  gradient that way). With `min_step_count` those steps use the population rows."""
+  length, lengths = 24, (24, 24, 3, 2)
+  rng = np.random.default_rng(11)
+  x = rng.normal(size=(B, length, I))
+  x[1] = x[0]
+  mask = _mask(lengths, length)
+  w_out = rng.normal(size=(B, length, H))   # different losses: the two rows' gradients differ
+
+  def largest_gradient(min_step_count):
+    layer = recurrent.make_layer('bn_lstm', H, max_length=length,
+                                 min_step_count=min_step_count)
+    variables = layer.init(jax.random.key(0), jnp.zeros((B, length, I)), train=False)
+    def loss(params, x):
+      (_, out), _ = layer.apply({'params': params, 'batch_stats': variables['batch_stats']},
+                                x, jnp.asarray(mask), train=True, mutable=['batch_stats'])
+      return jnp.sum(out * w_out)
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(variables['params'], jnp.asarray(x))
+    largest = [float(np.max(np.abs(g))) for g in jax.tree.leaves(grads)]
+    return max(largest) if np.all(np.isfinite(largest)) else np.inf   # max() skips NaN
+
+  unguarded, guarded = largest_gradient(1), largest_gradient(3)
+  assert unguarded > 1e8, unguarded   # inf when not finite
+  assert np.isfinite(guarded) and guarded < 1e3, guarded
+
+
 # ----------------------------------------------------------------------------- padding
 
 
@@ -495,3 +591,8 @@ def test_bad_inputs_are_clear_errors():
     recurrent.make_layer('bn_gru', H)
   with pytest.raises(ValueError, match='Unknown RecurrentLayer fields'):
     recurrent.make_layer('bn_lstm', H, hidden=3)
+  with pytest.raises(ValueError, match='min_step_count must be at least 1; got 0'):
+    _layer('bn_lstm', min_step_count=0).init(jax.random.key(0), x, train=False)
+  with pytest.raises(ValueError, match='min_step_count guards masked per-step'):
+    _layer('bn_lstm', min_step_count=2, padded_statistics=True).init(
+        jax.random.key(0), x, train=False)

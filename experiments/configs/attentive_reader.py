@@ -64,6 +64,13 @@ def get_config(arg: str = 'bn_e_star'):
   config.model.max_length = 0               # T_max = the longest training document
   config.model.gamma_init = 0.1             # Cooijmans sec. 4
   config.model.recurrent_init = 'orthogonal'
+  # Ours: a per-step masked statistic over fewer than 8 valid sequences (the tail of the
+  # longest queries and documents in a batch) is replaced by the population row of that
+  # step. Without it BN-e* and BN-e** stopped on non-finite gradients: a question drawn
+  # twice left two identical rows at late query steps, zero variance there, and the
+  # gradient grew about 32x per such step (RecurrentLayer.min_step_count, README). The
+  # padding-biased variants average the whole batch at every step and need no guard.
+  config.model.min_step_count = 8 if variant in ('bn_e_star', 'bn_e_star_star') else 1
 
   fast = variant in FAST_VARIANTS
   config.optimizer.name = 'adam'            # App. C
