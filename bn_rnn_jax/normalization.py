@@ -161,10 +161,16 @@ def _batch_norm_bwd(reduce_axes, axis_name, epsilon, residuals, cotangents):
   dy, d_mean, d_var, _ = cotangents
   if _is_zero(dy):
     dy = jnp.zeros_like(x_hat)
-  d_scale = None if scale is None else _sum_to_shape(dy * x_hat, scale)
-  d_bias = None if bias is None else _sum_to_shape(dy, bias)
+  # The two sums over the batch serve both the parameter gradients and dx: scale is
+  # constant along the reduced axes (checked in `batch_norm`), so sum(g) = scale * sum(dy).
+  sum_dy = jnp.sum(dy, axis=reduce_axes)
+  sum_dy_x_hat = jnp.sum(dy * x_hat, axis=reduce_axes)
+  expand = lambda s: jnp.expand_dims(s, reduce_axes)
+  d_scale = None if scale is None else _sum_to_shape(expand(sum_dy_x_hat), scale)
+  d_bias = None if bias is None else _sum_to_shape(expand(sum_dy), bias)
   g = dy if scale is None else dy * scale
-  terms = [jnp.sum(g, axis=reduce_axes), jnp.sum(g * x_hat, axis=reduce_axes)]
+  terms = [sum_dy, sum_dy_x_hat] if scale is None else [sum_dy * scale,
+                                                         sum_dy_x_hat * scale]
   with_moments = not (_is_zero(d_mean) and _is_zero(d_var))
   if with_moments:
     d_mean = jnp.zeros_like(terms[0]) if _is_zero(d_mean) else d_mean
@@ -173,7 +179,6 @@ def _batch_norm_bwd(reduce_axes, axis_name, epsilon, residuals, cotangents):
   sums = _psum(jnp.stack(terms), axis_name)
   count_f = count[..., None] if jnp.ndim(count) else count
   sums = sums / count_f
-  expand = lambda s: jnp.expand_dims(s, reduce_axes)
   inv = expand(inv_std)
   correction = (expand(sums[0]) + x_hat * expand(sums[1])) * inv
   if with_moments:
@@ -214,6 +219,12 @@ def batch_norm(x: Array,
   if x.shape[-1:] and (x.ndim - 1) in reduce_axes:
     raise ValueError(f'batch_norm reduces over {reduce_axes}, which includes the feature '
                      f'axis of x with shape {x.shape}.')
+  for name, value in (('scale', scale), ('bias', bias)):
+    # Parameters align with x's trailing axes, none of them reduced (the backward pass
+    # relies on it).
+    if value is not None and x.ndim - jnp.ndim(value) <= max(reduce_axes):
+      raise ValueError(f'batch_norm {name} of shape {jnp.shape(value)} spans a reduced '
+                       f'axis {reduce_axes} of x with shape {x.shape}.')
   if mask is not None:
     mask = jnp.broadcast_to(mask, x.shape[:-1] + (1,)).astype(x.dtype)
   return _batch_norm(x, scale, bias, mask, reduce_axes, axis_name, epsilon)

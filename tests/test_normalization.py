@@ -125,6 +125,10 @@ def test_batch_norm_forward_and_gradient(reduce_axes):
 def test_batch_norm_rejects_the_feature_axis():
   with pytest.raises(ValueError, match='feature axis'):
     normalization.batch_norm(jnp.zeros((B, F)), reduce_axes=(1,))
+  # A per-example scale spans the reduced batch axis: the backward pass's shared sums
+  # (sum(scale * dy) = scale * sum(dy)) would be wrong, so it is refused.
+  with pytest.raises(ValueError, match=r'scale of shape \(4, 3\) spans a reduced axis'):
+    normalization.batch_norm(jnp.zeros((4, 3)), jnp.ones((4, 3)), reduce_axes=(0,))
 
 
 def test_layer_norm_and_normalize():
