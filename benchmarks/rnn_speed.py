@@ -7,7 +7,8 @@ repetition, so that they see the same machine load (timings drift 10-25 % betwee
 processes here); the table gives each one's ratio to Flax's
 `nn.RNN(nn.OptimizedLSTMCell)` in the same run. Peak memory of the same compiled
 fwd+bwd comes from XLA's buffer assignment (`jit(f).lower(...).compile()
-.memory_analysis()`), not from a measurement of the process.
+.memory_analysis()`), not from a measurement of the process; the instructions per step of
+each compiled loop body (forward + backward) come from the same executable's HLO.
 
   python benchmarks/rnn_speed.py            # full table
   python benchmarks/rnn_speed.py --quick    # fewer repetitions
@@ -28,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 import time
 from typing import Callable
@@ -122,14 +124,47 @@ def _build(impl: str, shape: dict):
   return step, variables['params']
 
 
-def peak_memory_bytes(step, params) -> dict:
-  """XLA's buffer assignment of the compiled fwd+bwd, in bytes: arguments + outputs +
-  temporaries - aliased (the CPU client's `peak_memory_in_bytes` leaves the temporaries
-  out), and the temporaries alone (the activations the backward pass keeps)."""
-  stats = step.lower(params).compile().memory_analysis()
+def compiled_facts(step, params) -> dict:
+  """Peak memory and loop size of the compiled fwd+bwd.
+
+  Memory is XLA's buffer assignment, in bytes: arguments + outputs + temporaries - aliased
+  (the CPU client's `peak_memory_in_bytes` leaves the temporaries out), and the
+  temporaries alone (the activations the backward pass keeps). `loop_instructions` counts,
+  for each `while` loop of the optimised HLO in program order (forward scans, then the
+  backward ones), the instructions its body runs per step, bookkeeping (parameter,
+  tuple, get-tuple-element, constant, bitcast) left out: the per-step kernel count.
+  """
+  compiled = step.lower(params).compile()
+  stats = compiled.memory_analysis()
   peak = (stats.argument_size_in_bytes + stats.output_size_in_bytes
           + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
-  return {'peak_bytes': int(peak), 'temp_bytes': int(stats.temp_size_in_bytes)}
+  return {'peak_bytes': int(peak), 'temp_bytes': int(stats.temp_size_in_bytes),
+          'loop_instructions': loop_instructions(compiled.as_text())}
+
+
+_BOOKKEEPING = ('parameter', 'tuple', 'get-tuple-element', 'constant', 'bitcast')
+
+
+def loop_instructions(hlo_text: str) -> list[int]:
+  """Per `while` loop of an HLO module's text, the non-bookkeeping instructions of its body."""
+  computations, name = {}, None
+  for line in hlo_text.split('\n'):
+    header = re.match(r'^(?:ENTRY )?%?(\S+) .*\{$', line)
+    if header:
+      name = header.group(1)
+      computations[name] = []
+    elif line.startswith('}'):
+      name = None
+    elif name is not None:
+      computations[name].append(line)
+  counts = []
+  for lines in computations.values():
+    for line in lines:
+      loop = re.search(r' while\(.*body=%?([\w.\-]+)', line)
+      if loop:
+        ops = [re.search(r'= \S+ ([\w\-]+)\(', l) for l in computations[loop.group(1)]]
+        counts.append(sum(1 for op in ops if op and op.group(1) not in _BOOKKEEPING))
+  return counts
 
 
 def _time_once(step, params) -> tuple[float, float]:
@@ -144,7 +179,7 @@ def run(shapes, impls, repeats) -> list[dict]:
   for shape_name in shapes:
     shape = SHAPES[shape_name]
     built = {impl: _build(impl, shape) for impl in impls}
-    memory = {impl: peak_memory_bytes(*built[impl]) for impl in impls}
+    memory = {impl: compiled_facts(*built[impl]) for impl in impls}
     for step, params in built.values():  # compile + warm up
       _time_once(step, params)
       _time_once(step, params)
@@ -172,7 +207,7 @@ def format_table(results: list[dict]) -> str:
   """Markdown: times and their ratios to Flax, and peak memory with its ratio to our lstm
   of the same backward mode."""
   lines = ['| shape | impl | wall ms | wall / Flax | CPU ms | CPU / Flax | peak MiB '
-           '| peak / lstm |', '|---|---|---|---|---|---|---|---|']
+           '| peak / lstm | HLO per step (loops) |', '|---|---|---|---|---|---|---|---|---|']
   by_key = {(r['shape'], r['impl']): r for r in results}
   for r in results:
     ref = by_key.get((r['shape'], REFERENCE))
@@ -182,7 +217,8 @@ def format_table(results: list[dict]) -> str:
     lines.append(
         f"| {shape_label(r['shape'])} | {r['impl']} | {r['ms']:.0f} | {ratio('ms', ref)} | "
         f"{r['cpu_ms']:.0f} | {ratio('cpu_ms', ref)} | {r['peak_bytes'] / 2**20:.1f} | "
-        f"{ratio('peak_bytes', plain) if variant != REFERENCE else '-'} |")
+        f"{ratio('peak_bytes', plain) if variant != REFERENCE else '-'} | "
+        f"{' + '.join(map(str, r.get('loop_instructions', []))) or '-'} |")
   return '\n'.join(lines)
 
 
