@@ -1,9 +1,22 @@
 r"""Attentive Reader variants on brown_cloze_large (Cooijmans et al. sec. 5.4, Fig. 4a).
 
-  python experiments/attentive_reader_runs.py              # 6 variants x 2 seeds, cpu preset
-  python experiments/attentive_reader_runs.py --report     # JSON + PNG from the runs
+  python experiments/attentive_reader_runs.py           # 6 variants + controls, 2 seeds
+  python experiments/attentive_reader_runs.py --report  # JSON + PNG from the runs
 
-  # The longer budget (1,200 steps; lstm, bn_lstm, bn_e_star; seed 0) of the README:
+The README's runs are these (the cpu preset, 3,000 steps), made with
+  python experiments/attentive_reader_runs.py --runs_dir runs/ar_long2 \
+      --variants bn_e_star_star lstm_bidirectional bn_e_star bn_everywhere bn_lstm lstm \
+      lstm_lr8e-4_b40 -- --config.train.num_steps=3000 --config.eval.every=250 \
+      --config.checkpoint.every=250
+  python experiments/attentive_reader_runs.py --runs_dir runs/ar_long2 --seeds 0 \
+      --variants bn_lstm_lr8e-4_b40 -- --config.train.num_steps=3000 \
+      --config.eval.every=250 --config.checkpoint.every=250
+  python experiments/attentive_reader_runs.py --report --runs_dir runs/ar_long2
+
+  # Earlier budgets, made before the min_step_count guard (add
+  # --config.model.min_step_count=1 to repeat them): 200 steps, all variants, 2 seeds
+  # (--name attentive_reader, --config.train.num_steps=200 --config.eval.every=100
+  # --config.checkpoint.every=100), and 1,200 steps (lstm, bn_lstm, bn_e_star; seed 0):
   python experiments/attentive_reader_runs.py --name attentive_reader_1200 --seeds 0 \
       --variants lstm bn_lstm bn_e_star --runs_dir runs/ar_long -- \
       --config.train.num_steps=1200 --config.eval.every=200 --config.checkpoint.every=200
@@ -42,14 +55,18 @@ from bn_rnn_jax.metric_writer import read_metrics  # pylint: disable=wrong-impor
 
 VARIANTS = ('lstm', 'bn_lstm', 'bn_everywhere', 'bn_e_star', 'bn_e_star_star',
             'lstm_bidirectional')
-# Runs beyond the six variants: name -> (variant, extra flags). The control separates the
-# effect of BN-e*'s learning rate and batch (8e-4, 40) from that of batch norm.
+# Runs beyond the six variants: name -> (variant, extra flags). The controls separate the
+# effect of BN-e*'s learning rate and batch (8e-4, 40) from that of batch norm: LSTM and
+# BN-LSTM trained with them.
 CONTROLS = {'lstm_lr8e-4_b40': ('lstm', ['--config.optimizer.learning_rate=8e-4',
-                                         '--config.train.batch_size=40'])}
+                                         '--config.train.batch_size=40']),
+            'bn_lstm_lr8e-4_b40': ('bn_lstm', ['--config.optimizer.learning_rate=8e-4',
+                                               '--config.train.batch_size=40'])}
 LABELS = {'lstm': 'LSTM', 'bn_lstm': 'BN-LSTM', 'bn_everywhere': 'BN-everywhere',
           'bn_e_star': 'BN-e*', 'bn_e_star_star': 'BN-e**',
           'lstm_bidirectional': 'LSTM bidirectional',
-          'lstm_lr8e-4_b40': 'LSTM, lr 8e-4, batch 40 (control)'}
+          'lstm_lr8e-4_b40': 'LSTM, lr 8e-4, batch 40 (control)',
+          'bn_lstm_lr8e-4_b40': 'BN-LSTM, lr 8e-4, batch 40 (control)'}
 # Cooijmans et al. 2016: Fig. 4a validation-error minima (CNN, 4-sentence contexts), and
 # Table 4 test errors on the full CNN task.
 PAPER_FIG4A_MIN_VALID_ERROR = {'lstm': 0.503, 'bn_lstm': 0.495, 'bn_everywhere': 0.500,
@@ -271,15 +288,18 @@ def markdown_table(result: dict) -> str:
   pct = lambda v: '–' if v is None else f'{100 * v:.1f}'
   lines = ['| variant | seeds | best valid error % (per seed) | test error % of the best-valid '
            'checkpoint | steps/s | train acc. passes most-frequent (step, per seed) | '
+           'valid error below most-frequent (step, per seed) | '
            'gradient norm before clipping (median / max of the 10-step means) | '
            'paper Fig. 4a min valid % | paper Table 4 test % |',
-           '|---|---|---|---|---|---|---|---|---|']
+           '|---|---|---|---|---|---|---|---|---|---|']
   for row in result['table']:
     runs = result['runs'][row['variant']]
     stopped = [f"seed {s} stopped; last log at step {runs[s]['last_train_step']}"
                for s in row['seeds'] if not runs[s]['complete']]
     passes = ', '.join(str(runs[s]['step_train_accuracy_passes_most_frequent'] or 'never')
                        for s in row['seeds'])
+    below = ', '.join(str(runs[s]['step_valid_error_below_most_frequent'] or 'never')
+                      for s in row['seeds'])
     norms = ', '.join(f"{runs[s]['median_logged_grad_norm']:.2g} / "
                       f"{runs[s]['max_logged_grad_norm']:.2g}" for s in row['seeds'])
     lines.append(
@@ -287,14 +307,14 @@ def markdown_table(result: dict) -> str:
         f"{' (' + '; '.join(stopped) + ')' if stopped else ''} | "
         f"{' / '.join(pct(v) for v in row['best_valid_error'])} | "
         f"{' / '.join(pct(v) for v in row['test_error_of_best_valid'])} | "
-        f"{row['steps_per_second']:.2f} | {passes} | {norms} | "
+        f"{row['steps_per_second']:.2f} | {passes} | {below} | {norms} | "
         f"{pct(row['paper_fig4a_min_valid_error'])} | {pct(row['paper_table4_test_error'])} |")
   base = result['baselines_error']
   for name, label in (('most_frequent', 'most frequent entity'),
                       ('exclusive_frequency', 'exclusive frequency'),
                       ('random_candidate', 'random candidate (expected)')):
     lines.append(f"| *{label}* | – | {pct(base['valid'][name])} | {pct(base['test'][name])} "
-                 '| – | – | – | – | – |')
+                 '| – | – | – | – | – | – |')
   return '\n'.join(lines)
 
 
@@ -358,19 +378,27 @@ def main():
   parser.add_argument('--speed', action='store_true', help='steps/s of every variant')
   parser.add_argument('--speed_steps', type=int, default=10)
   parser.add_argument('--runs_dir', default=os.path.join(ROOT, 'runs', 'attentive_reader'))
-  parser.add_argument('--variants', nargs='+', default=list(VARIANTS),
+  parser.add_argument('--variants', nargs='+', default=list(VARIANTS) + list(CONTROLS),
                       help=f'names of {VARIANTS} or of the controls {tuple(CONTROLS)}')
   parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1])
-  parser.add_argument('--parallel', type=int, default=3, help='runs at a time')
+  parser.add_argument('--parallel', type=int, default=2, help='runs at a time')
   parser.add_argument('--parallel_note',
-                      default='up to 8 runs at a time beside the jobs of 5 other sessions '
-                              '(load average 20-27)',
+                      default='the two seeds of a variant at a time, beside the two seeds '
+                              'of the control and, at times, the test suite and benchmarks '
+                              '(load average 4-6)',
                       help='what the report says about the machine load')
-  parser.add_argument('--name', default='attentive_reader',
+  parser.add_argument('--name', default='attentive_reader_long',
                       help='--report: read experiments/results/<name>/<run>/metrics.jsonl, '
                            'write experiments/results/<name>.json and .png')
-  parser.add_argument('--command', default='python experiments/attentive_reader_runs.py && '
-                      'python experiments/attentive_reader_runs.py --report',
+  parser.add_argument('--command', default='python experiments/attentive_reader_runs.py '
+                      '--runs_dir runs/ar_long2 --variants bn_e_star_star lstm_bidirectional '
+                      'bn_e_star bn_everywhere bn_lstm lstm lstm_lr8e-4_b40 -- '
+                      '--config.train.num_steps=3000 --config.eval.every=250 '
+                      '--config.checkpoint.every=250 && python '
+                      'experiments/attentive_reader_runs.py --runs_dir runs/ar_long2 --seeds 0 '
+                      '--variants bn_lstm_lr8e-4_b40 -- --config.train.num_steps=3000 '
+                      '--config.eval.every=250 --config.checkpoint.every=250 && python '
+                      'experiments/attentive_reader_runs.py --report --runs_dir runs/ar_long2',
                       help='--report: the commands that made the runs, for the JSON')
   parser.add_argument('extra', nargs='*', help='more --config.x=y flags for every run')
   args = parser.parse_args()
