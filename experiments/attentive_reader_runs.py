@@ -88,6 +88,14 @@ def command(name: str, seed: int, workdir: str, cache_dir: str, extra) -> list[s
           f'--config.data.cache_dir={cache_dir}', *flags, *extra]
 
 
+def finished(workdir: str) -> bool:
+  """Whether a run's log ends with its test of the best checkpoint (so a second launch
+  does not test it again)."""
+  if not os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
+    return False
+  return any(r['split'] == 'test' for r in read_metrics(workdir))
+
+
 def launch(args) -> None:
   """Run every (variant, seed), `args.parallel` at a time; copy each metrics.jsonl."""
   logs = os.path.join(RESULTS, args.name)
@@ -111,6 +119,9 @@ def launch(args) -> None:
     while queue and len(running) < args.parallel:
       variant, seed = queue.pop(0)
       workdir = os.path.join(args.runs_dir, run_name(variant, seed))
+      if finished(workdir):
+        print(f'{run_name(variant, seed)} finished before; skipped', flush=True)
+        continue
       os.makedirs(workdir, exist_ok=True)
       log = open(os.path.join(workdir, 'stdout.log'), 'a')
       cmd = command(variant, seed, workdir, cache_dir, args.extra)
