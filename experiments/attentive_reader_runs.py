@@ -8,7 +8,7 @@ The README's runs are these (the cpu preset, 3,000 steps), made with
       --variants bn_e_star_star lstm_bidirectional bn_e_star bn_everywhere bn_lstm lstm \
       lstm_lr8e-4_b40 -- --config.train.num_steps=3000 --config.eval.every=250 \
       --config.checkpoint.every=250
-  python experiments/attentive_reader_runs.py --runs_dir runs/ar_long2 --seeds 0 \
+  python experiments/attentive_reader_runs.py --runs_dir runs/ar_long2 \
       --variants bn_lstm_lr8e-4_b40 -- --config.train.num_steps=3000 \
       --config.eval.every=250 --config.checkpoint.every=250
   python experiments/attentive_reader_runs.py --report --runs_dir runs/ar_long2
@@ -152,7 +152,8 @@ def baselines(cache_dir: str, config_arg: str = 'lstm,cpu') -> dict:
           for split in ('train', 'valid', 'test')}
 
 
-SMOOTH = 5   # training-cost curves: running mean over this many logged windows
+SMOOTH = 5         # training accuracy: running mean over this many logged windows
+PLOT_SMOOTH = 20   # training-cost curves of the figure: the same over more windows
 
 
 def smooth(values, window: int = SMOOTH) -> np.ndarray:
@@ -271,7 +272,7 @@ def report(args) -> None:
       style = dict(color=colors[variant], alpha=0.9 if i == 0 else 0.5,
                    linestyle='-' if i == 0 else '--',
                    label=LABELS[variant] if i == 0 else None)
-      ax_cost.plot(s['train_steps'], smooth(s['train_loss']), **style)
+      ax_cost.plot(s['train_steps'], smooth(s['train_loss'], PLOT_SMOOTH), **style)
       ax_valid.plot(s['valid_steps'], s['valid_error'], marker='.', **style)
   for split, ls in (('valid', ':'),):
     for name, label, style in (('most_frequent', 'most frequent entity', ':'),
@@ -280,7 +281,7 @@ def report(args) -> None:
       ax_valid.axhline(1.0 - base[split][name], color='gray', linestyle=style, linewidth=1,
                        label=f'{label} ({split})')
   ax_cost.set(xlabel='training step',
-              ylabel=f'training cost (nats; mean of the last {SMOOTH} logs of 10 steps)',
+              ylabel=f'training cost (nats; mean of the last {PLOT_SMOOTH} logs of 10 steps)',
               title='Training cost (seed 0 solid, seed 1 dashed)')
   ax_valid.set(xlabel='training step', ylabel='validation error',
                title='Validation error (population statistics)')
@@ -347,7 +348,9 @@ def measure_speed(args) -> None:
   batch = next(b for b in (dataset.train_batch(s) for s in range(100))
                if b['inputs']['document'].shape[1] == 128)
   out = {'what': 'one Adam step (fwd + bwd + update), batch 40, document T = 128, 64 units',
-         'machine': '2-core shared CPU VM under load from other jobs; single-threaded XLA',
+         'machine': '2-core CPU VM, single-threaded XLA',
+         'load_average_1_5_15_min_at_start': [round(v, 2) for v in os.getloadavg()],
+         'timed_steps': args.speed_steps,
          'variants': {}}
   tx = optax.adam(1e-4)
   for variant in VARIANTS:
@@ -406,7 +409,7 @@ def main():
                       'bn_e_star bn_everywhere bn_lstm lstm lstm_lr8e-4_b40 -- '
                       '--config.train.num_steps=3000 --config.eval.every=250 '
                       '--config.checkpoint.every=250 && python '
-                      'experiments/attentive_reader_runs.py --runs_dir runs/ar_long2 --seeds 0 '
+                      'experiments/attentive_reader_runs.py --runs_dir runs/ar_long2 '
                       '--variants bn_lstm_lr8e-4_b40 -- --config.train.num_steps=3000 '
                       '--config.eval.every=250 --config.checkpoint.every=250 && python '
                       'experiments/attentive_reader_runs.py --report --runs_dir runs/ar_long2',
