@@ -234,7 +234,8 @@ def machine() -> dict:
   return {'backend': jax.default_backend(), 'devices': jax.device_count(), 'cpu': cpu,
           'cpu_count': os.cpu_count(), 'jax': jax.__version__,
           'xla_flags': os.environ.get('XLA_FLAGS', ''),
-          'note': 'shared machine: other jobs ran at the same time; compare ratios'}
+          'load_average_1_5_15_min': [round(v, 2) for v in os.getloadavg()],
+          'note': 'compare ratios within one run; the load average says what else ran'}
 
 
 def main(argv):
@@ -251,12 +252,13 @@ def main(argv):
     raise app.UsageError(f'Unknown impls {unknown} or shapes {_SHAPES.value}; impls: '
                          f'{REFERENCE} or VARIANT[:BACKWARD[:REMAT]], shapes: {sorted(SHAPES)}.')
   repeats = 3 if _QUICK.value else _REPEATS.value
+  facts = machine()   # the load average before this process adds its own
   results = run(_SHAPES.value, _IMPLS.value, repeats)
-  print(f'{machine()} repeats={repeats}')
+  print(f'{facts} repeats={repeats}')
   print(format_table(results))
   if _JSON.value:
     with open(_JSON.value, 'w') as f:
-      json.dump({'machine': machine(), 'results': results}, f, indent=1)
+      json.dump({'machine': facts, 'results': results}, f, indent=1)
 
 
 if __name__ == '__main__':
