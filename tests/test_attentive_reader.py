@@ -460,8 +460,11 @@ def _config(**overrides):
   return config
 
 
-def test_train_step_on_eight_devices_equals_one(arrays):
-  config = _config()
+@pytest.mark.parametrize('min_step_count', [1, 3])
+def test_train_step_on_eight_devices_equals_one(arrays, min_step_count):
+  # With min_step_count=3 (2 examples per device) the fallback holds only if the valid
+  # counts are those of the global batch.
+  config = _config(**{'model.min_step_count': min_step_count})
   dataset = reading.ReadingDataset(arrays, batch_size=16, seed=0, eval_batch_size=8,
                                    length_multiple=32)
   results = {n: fx.one_step(config, dataset, n) for n in (8, 1)}
