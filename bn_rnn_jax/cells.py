@@ -50,7 +50,7 @@ class StepConfig:
     padded_statistics: batch moments count padded entries too (see
       `RecurrentLayer.padded_statistics`); the state still ignores padding.
     min_step_count: a training step whose batch moments average fewer valid entries is
-      normalised with the population rows given as `inputs['fallback']` instead (see
+      normalised with the population rows given as `inputs['stats']` instead (see
       `RecurrentLayer.min_step_count`).
   """
   recurrent_norm: Optional[str] = None
@@ -87,16 +87,16 @@ def matmul(x: Array, kernel: Array, compute_dtype) -> Array:
 def apply_norm(kind: Optional[str], z: Array, scale: Optional[Array], bias: Optional[Array],
                *, train: bool, mask: Optional[Array] = None, stats=None,
                reduce_axes=(0,), epsilon: float, axis_name: Optional[str] = None,
-               fallback=None, min_count: int = 1):
+               min_count: int = 1):
   """Normalise `z [..., F]` by `kind`.
 
   Returns `(y, moments)`. `moments` is `(mean, var, count)` of a training-mode batch norm
   (to be folded into the population statistics) and None otherwise. In inference a batch
-  norm uses `stats = (mean, var)` broadcastable against z. In training, `fallback =
-  (mean, var)` (broadcastable against z) replaces the batch moments of every statistic
-  that averages fewer than `min_count` valid entries: too few rows give moments that are
-  noise, and rows that coincide give a zero variance whose backward pass multiplies the
-  gradient by gamma / sqrt(epsilon). No gradient flows into the fallback statistics.
+  norm uses `stats = (mean, var)` broadcastable against z. In training, `stats` (given
+  only with `min_count > 1`) replaces the batch moments of every statistic that averages
+  fewer than `min_count` valid entries: too few rows give moments that are noise, and
+  rows that coincide give a zero variance whose backward pass multiplies the gradient by
+  gamma / sqrt(epsilon). No gradient flows into `stats`.
   """
   if kind is None:
     y = z
@@ -113,11 +113,11 @@ def apply_norm(kind: Optional[str], z: Array, scale: Optional[Array], bias: Opti
     y, mean, var, count = normalization.batch_norm(
         z, scale, bias, mask=mask, reduce_axes=reduce_axes, axis_name=axis_name,
         epsilon=epsilon)
-    if fallback is not None:
+    if stats is not None:
       few = jnp.expand_dims(count < min_count, tuple(sorted(
           a % z.ndim for a in reduce_axes)))[..., None]
-      fallback_mean, fallback_var = jax.lax.stop_gradient(fallback)
-      y = jnp.where(few, normalization.normalize(z, fallback_mean, fallback_var, scale,
+      population_mean, population_var = jax.lax.stop_gradient(stats)
+      y = jnp.where(few, normalization.normalize(z, population_mean, population_var, scale,
                                                  bias, epsilon), y)
     # The moments only feed the population statistics; stopping their gradient here lets
     # the backward pass skip their (zero) cotangents.
@@ -158,13 +158,7 @@ def _step_input_term(params: Params, cfg: StepConfig, terms: dict[str, Array],
   return apply_norm(cfg.input_norm, terms['input'], params.get('input_scale'), None,
                     train=cfg.train, mask=_statistics_mask(cfg, inputs.get('mask')),
                     stats=inputs.get('stats', {}).get('input'), epsilon=cfg.epsilon,
-                    axis_name=cfg.axis_name, **_fallback(cfg, inputs, 'input'))
-
-
-def _fallback(cfg: StepConfig, inputs: dict[str, Any], site: str) -> dict[str, Any]:
-  """`apply_norm`'s fallback arguments for one site of a training step."""
-  rows = inputs.get('fallback', {}).get(site)
-  return {} if rows is None else dict(fallback=rows, min_count=cfg.min_step_count)
+                    axis_name=cfg.axis_name, min_count=cfg.min_step_count)
 
 
 def _fuse_batch_norms(cfg: StepConfig, terms) -> bool:
@@ -172,7 +166,7 @@ def _fuse_batch_norms(cfg: StepConfig, terms) -> bool:
           and cfg.recurrent_norm == 'batch')
 
 
-def _fused_batch_norm_terms(params: Params, cfg: StepConfig, terms, mask, fallback):
+def _fused_batch_norm_terms(params: Params, cfg: StepConfig, terms, mask, stats):
   """BN(W_x x) + BN(W_h h) as one batch norm over a stacked `[B, 2, 4H]` array.
 
   The two terms keep separate statistics and gammas (the stacked axis is not reduced);
@@ -181,14 +175,13 @@ def _fused_batch_norm_terms(params: Params, cfg: StepConfig, terms, mask, fallba
   """
   z = jnp.stack([terms['input'], terms['recurrent']], axis=1)
   scale = jnp.stack([params['input_scale'], params['recurrent_scale']])
-  rows = {}
-  if 'input' in fallback:
-    rows = dict(fallback=tuple(jnp.stack([a, b]) for a, b in zip(fallback['input'],
-                                                                 fallback['recurrent'])),
-                min_count=cfg.min_step_count)
+  rows = None
+  if 'input' in stats:  # population rows for steps with too few valid rows
+    rows = tuple(jnp.stack(pair) for pair in zip(stats['input'], stats['recurrent']))
   y, (mean, var, count) = apply_norm(
       'batch', z, scale, None, train=True, mask=None if mask is None else mask[:, None],
-      epsilon=cfg.epsilon, axis_name=cfg.axis_name, **rows)
+      stats=rows, epsilon=cfg.epsilon, axis_name=cfg.axis_name,
+      min_count=cfg.min_step_count)
   count = count if jnp.ndim(count) == 0 else count[0]
   moments = {'input': (mean[0], var[0], count), 'recurrent': (mean[1], var[1], count)}
   return y[:, 0] + y[:, 1], moments
@@ -209,9 +202,9 @@ def lstm_step(params: Params, cfg: StepConfig, carry: tuple[Array, Array],
     carry: `(c, h)`, each `[B, H]` float32.
     inputs: dict with either `'x' [B, I]` (input term computed here) or
       `'input_term' [B, 4H]` (computed and normalised outside the scan); optionally
-      `'mask' [B, 1]`; in inference, `'stats'`: `{site: (mean [F], var [F])}`; in
-      training with `cfg.min_step_count > 1`, `'fallback'`: the same layout, used when
-      the step's batch has fewer valid rows.
+      `'mask' [B, 1]`; `'stats'`: `{site: (mean [F], var [F])}`, the population rows of
+      this step (in inference; in training only with `cfg.min_step_count > 1`, for a
+      batch with fewer valid rows).
 
   Returns:
     `(carry, outputs)`: the new `(c, h)` (padded rows keep the old state) and
@@ -229,11 +222,11 @@ def lstm_cell(params: Params, cfg: StepConfig, carry: tuple[Array, Array],
   stats = inputs.get('stats', {})
   moments = {}
   kw = dict(train=cfg.train, mask=_statistics_mask(cfg, mask), epsilon=cfg.epsilon,
-            axis_name=cfg.axis_name)
+            axis_name=cfg.axis_name, min_count=cfg.min_step_count)
 
   if _fuse_batch_norms(cfg, terms):
     gates, moments = _fused_batch_norm_terms(params, cfg, terms, _statistics_mask(cfg, mask),
-                                             inputs.get('fallback', {}))
+                                             stats)
     gates = gates + params['bias']
   else:
     input_term, input_moments = _step_input_term(params, cfg, terms, inputs)
@@ -241,15 +234,14 @@ def lstm_cell(params: Params, cfg: StepConfig, carry: tuple[Array, Array],
       moments['input'] = input_moments
     recurrent_term, recurrent_moments = apply_norm(
         cfg.recurrent_norm, terms['recurrent'], params.get('recurrent_scale'), None,
-        stats=stats.get('recurrent'), **kw, **_fallback(cfg, inputs, 'recurrent'))
+        stats=stats.get('recurrent'), **kw)
     if recurrent_moments is not None:
       moments['recurrent'] = recurrent_moments
     gates = recurrent_term + input_term + params['bias']
   f, i, o, g = jnp.split(gates, 4, axis=-1)
   c = jax.nn.sigmoid(f) * c_prev + jax.nn.sigmoid(i) * jnp.tanh(g)
   c_out, cell_moments = apply_norm(cfg.cell_norm, c, params.get('cell_scale'),
-                                   params.get('cell_bias'), stats=stats.get('cell'), **kw,
-                                   **_fallback(cfg, inputs, 'cell'))
+                                   params.get('cell_bias'), stats=stats.get('cell'), **kw)
   if cell_moments is not None:
     moments['cell'] = cell_moments
   h = jax.nn.sigmoid(o) * jnp.tanh(c_out)
@@ -287,7 +279,7 @@ def rnn_cell(params: Params, cfg: StepConfig, carry: Array, terms: dict[str, Arr
     pre, recurrent_moments = apply_norm(
         cfg.recurrent_norm, pre, params['scale'], params['bias'], train=cfg.train,
         mask=_statistics_mask(cfg, mask), stats=stats.get('recurrent'), epsilon=cfg.epsilon,
-        axis_name=cfg.axis_name, **_fallback(cfg, inputs, 'recurrent'))
+        axis_name=cfg.axis_name, min_count=cfg.min_step_count)
     if recurrent_moments is not None:
       moments['recurrent'] = recurrent_moments
   h = jnp.tanh(pre)

@@ -416,21 +416,17 @@ class RecurrentLayer(nn.Module):
         axis_name=self.axis_name, compute_dtype=self.dtype,
         padded_statistics=self.padded_statistics, min_step_count=self.min_step_count)
     xs = {} if mask_tm is None else {'mask': mask_tm}
-    fallback = self._fallback_rows(stats, length) if train else {}
+    rows = self._step_rows(stats, length, train)
     moments = {}
     if self._hoisted(input_size):
       xs['input_term'], input_moments = self._hoisted_input_term(
-          params, time_major, mask_tm, train, stats.get('input'), fallback.pop('input', None))
+          params, time_major, mask_tm, train, rows.pop('input', None))
       if input_moments is not None:
         moments['input'] = self._valid_counts(input_moments, batch, length, mask_tm)
     else:
       xs['x'] = time_major
-    if not train:
-      xs['stats'] = {site: self._population_rows(stats[site].value, site, length)
-                     for site in sites if not (site == 'input' and 'input_term' in xs)}
-
-    if fallback:
-      xs['fallback'] = fallback
+    if rows:
+      xs['stats'] = rows
     loop_sites = tuple(site for site in sites if site not in moments) if train else ()
     if self._layer_backward():
       final_carry, ys = self._scan_with_layer_backward(params, cfg, carry, xs, loop_sites)
@@ -463,38 +459,34 @@ class RecurrentLayer(nn.Module):
     counts = self._step_counts(batch, length, mask_tm)
     return moments[:2] + (counts if self.input_statistics == 'frame' else jnp.sum(counts),)
 
-  def _hoisted_input_term(self, params, time_major, mask_tm, train, input_stats,
-                          fallback=None):
+  def _hoisted_input_term(self, params, time_major, mask_tm, train, input_rows):
     """W_x x for all steps `[T, B, G*H]` and its normalisation, outside the scan.
 
-    `fallback`: `(mean, var)` `[T, F]` population rows for steps with too few valid
-    sequences (`min_step_count`), or None."""
+    `input_rows`: `(mean, var)` `[T, F]` population rows of the input site (see
+    `_step_rows`), or None."""
     z = cells.matmul(time_major, params['input_kernel'], self.dtype)
     reduce_axes = (1,) if self.input_statistics == 'frame' else (0, 1)
-    stats = None
-    if self.input_norm == 'batch' and not train:
-      mean, var = self._population_rows(input_stats.value, 'input', z.shape[0])
-      stats = (mean[:, None, :], var[:, None, :])
-    rows = {} if fallback is None else dict(
-        fallback=tuple(a[:, None, :] for a in fallback), min_count=self.min_step_count)
+    stats = None if input_rows is None else tuple(a[:, None, :] for a in input_rows)
     y, moments = cells.apply_norm(
         self.input_norm, z, params.get('input_scale'), None, train=train,
         mask=None if self.padded_statistics else mask_tm,
         stats=stats, reduce_axes=reduce_axes, epsilon=self.epsilon,
-        axis_name=self.axis_name, **rows)
+        axis_name=self.axis_name, min_count=self.min_step_count)
     return y, moments
 
   def _per_step_training_statistics(self, site: str) -> bool:
     """Whether a site's training moments are per step (all but sequence-wise input)."""
     return site != 'input' or self.input_statistics == 'frame'
 
-  def _fallback_rows(self, stats, length: int) -> dict[str, tuple[Array, Array]]:
-    """`{site: (mean [T, F], var [T, F])}`: the population rows that a training step
-    with fewer than `min_step_count` valid sequences uses (empty when the guard is off)."""
-    if self.min_step_count <= 1:
+  def _step_rows(self, stats, length: int, train: bool) -> dict[str, tuple[Array, Array]]:
+    """`{site: (mean [T, F], var [T, F])}`: the population rows handed to the steps. In
+    inference every batch-norm site normalises with them; in training (only with
+    `min_step_count > 1`) the per-step sites use them at steps with too few valid
+    sequences."""
+    if train and self.min_step_count <= 1:
       return {}
     return {site: self._population_rows(stats[site].value, site, length)
-            for site in stats if self._per_step_training_statistics(site)}
+            for site in stats if not train or self._per_step_training_statistics(site)}
 
   def _population_rows(self, site_stats, site: str, length: int):
     """`[T, F]` population mean and var for each step (one row broadcast if shared)."""
