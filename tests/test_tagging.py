@@ -179,13 +179,20 @@ def test_tagger_input_errors_are_one_line():
 
 # ------------------------------------------------------------------ Kaldi reader
 def _write_kaldi(lengths, label_lengths=None, dims=3, seed=0):
-  import kaldiio  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(seed)
   feats = {f'utt{i}': (rng.normal(size=(n, dims)) * 2 + 5).astype(np.float32)
            for i, n in enumerate(lengths)}
   labels = {u: rng.integers(0, 4, size=n).astype(np.int32)
             for u, n in zip(feats, label_lengths or lengths)}
-  return feats, labels, kaldiio
+  return feats, labels
+
+
+def _write_ark(spec: str, arrays: dict) -> None:
+  """Write `{utterance: array}` with kaldiio's writer (`spec` as 'ark:...' or 'ark,scp:...')."""
+  import kaldiio  # pylint: disable=g-import-not-at-top
+  with kaldiio.WriteHelper(spec) as writer:
+    for utt, value in arrays.items():
+      writer(utt, value)
 
 
 def _kaldi_config(tmp_path, **data):
@@ -198,20 +205,14 @@ def _kaldi_config(tmp_path, **data):
 
 
 def test_kaldi_reader_normalises_drops_long_utterances_and_pairs_labels(tmp_path):
-  feats, labels, kaldiio = _write_kaldi([4, 6, 3, 12, 5])
-  with kaldiio.WriteHelper(f'ark,scp:{tmp_path}/train.ark,{tmp_path}/train.scp') as w:
-    for utt, value in feats.items():
-      w(utt, value)
+  feats, labels = _write_kaldi([4, 6, 3, 12, 5])
+  _write_ark(f'ark,scp:{tmp_path}/train.ark,{tmp_path}/train.scp', feats)
   with open(tmp_path / 'train_ali.txt', 'w') as f:
     for utt, value in labels.items():
       f.write(f"{utt} {' '.join(map(str, value))}\n")
-  valid_feats, valid_labels, _ = _write_kaldi([3, 11], seed=1)
-  with kaldiio.WriteHelper(f'ark:{tmp_path}/valid.ark') as w:
-    for utt, value in valid_feats.items():
-      w(utt, value)
-  with kaldiio.WriteHelper(f'ark:{tmp_path}/valid_ali.ark') as w:
-    for utt, value in valid_labels.items():
-      w(utt, value)
+  valid_feats, valid_labels = _write_kaldi([3, 11], seed=1)
+  _write_ark(f'ark:{tmp_path}/valid.ark', valid_feats)
+  _write_ark(f'ark:{tmp_path}/valid_ali.ark', valid_labels)
   config = _kaldi_config(tmp_path, train_feats=str(tmp_path / 'train.scp'),
                          train_labels=str(tmp_path / 'train_ali.txt'),
                          valid_feats=str(tmp_path / 'valid.ark'),
@@ -239,13 +240,9 @@ def test_kaldi_reader_normalises_drops_long_utterances_and_pairs_labels(tmp_path
 
 
 def test_kaldi_label_length_mismatch_names_the_utterance(tmp_path):
-  feats, labels, kaldiio = _write_kaldi([4, 6], label_lengths=[4, 5])
-  with kaldiio.WriteHelper(f'ark,scp:{tmp_path}/f.ark,{tmp_path}/f.scp') as w:
-    for utt, value in feats.items():
-      w(utt, value)
-  with kaldiio.WriteHelper(f'ark:{tmp_path}/ali.ark') as w:
-    for utt, value in labels.items():
-      w(utt, value)
+  feats, labels = _write_kaldi([4, 6], label_lengths=[4, 5])
+  _write_ark(f'ark,scp:{tmp_path}/f.ark,{tmp_path}/f.scp', feats)
+  _write_ark(f'ark:{tmp_path}/ali.ark', labels)
   config = _kaldi_config(tmp_path, train_feats=str(tmp_path / 'f.scp'),
                          train_labels=str(tmp_path / 'ali.ark'))
   with pytest.raises(ValueError, match="utterance 'utt1' has 6 feature frames but 5 labels"):
