@@ -19,6 +19,11 @@ Implementations: `flax_optimized_lstm`, and `VARIANT[:BACKWARD[:REMAT]]` for our
 e.g. `bn_lstm:layer` (whole-layer backward pass) or `bn_lstm:scan:dots` (autodiff of
 the scan, storing matmul outputs); without a backward, the layer's 'auto'.
 
+The JSON's `batch_sums` (and the second table) time what `normalization.batch_sum` does
+on CPU: per scan step, `jnp.sum(x, axis=0)` against `ones @ x` for `[B, F]` blocks of the
+sizes the layers sum at every step (XLA's CPU reduction over the batch axis slows several
+times once F passes about 512 at B64).
+
 Shapes: (a) B64 T784 I1 H100 (sequential MNIST); (b) B40 T320 I240 H240, bidirectional,
 lengths spread evenly over [T/2, T] (25 % of the steps are padding, masked; Flax gets the
 same `seq_lengths`); (c) B64 T100 I50 H1000.
@@ -51,7 +56,8 @@ SHAPES = {
               padding=0.0),
 }
 REFERENCE = 'flax_optimized_lstm'
-IMPLS = (REFERENCE, 'lstm:scan', 'lstm:layer', 'bn_lstm:scan', 'bn_lstm:layer')
+IMPLS = (REFERENCE, 'lstm:scan', 'lstm:layer', 'bn_lstm:scan', 'bn_lstm:scan:dots',
+         'bn_lstm:scan:full', 'bn_lstm:layer')
 
 _SHAPES = flags.DEFINE_list('shapes', ['a', 'b', 'c'], 'Shapes to run (a, b, c).')
 _IMPLS = flags.DEFINE_list('impls', list(IMPLS), 'Implementations to run.')
@@ -195,6 +201,48 @@ def run(shapes, impls, repeats) -> list[dict]:
   return results
 
 
+BATCH_SUM_SHAPES = ((64, 100), (64, 400), (64, 512), (64, 600), (64, 800), (64, 1000),
+                    (128, 400), (64, 4000))
+BATCH_SUM_STEPS = 784
+
+
+def _scanned_sum(batch_sum):
+  """A jitted scan whose every step sums its `[B, F]` carry over B and feeds it back."""
+  def step(carry, _):
+    return carry + 1e-3 * batch_sum(carry), None
+  return jax.jit(lambda x: jax.lax.scan(step, x, None, length=BATCH_SUM_STEPS)[0])
+
+
+def time_batch_sums(repeats: int) -> list[dict]:
+  """Process CPU microseconds per scan step of a batch-axis reduction and of the same sum
+  as a contraction with ones, interleaved."""
+  sums = {'reduce': lambda x: jnp.sum(x, axis=0),
+          'ones_contraction': lambda x: jnp.ones((x.shape[0],), x.dtype) @ x}
+  results = []
+  for shape in BATCH_SUM_SHAPES:
+    x = jax.random.normal(jax.random.key(0), shape)
+    loops = {name: _scanned_sum(f) for name, f in sums.items()}
+    for loop in loops.values():
+      jax.block_until_ready(loop(x))
+    times = {name: [] for name in loops}
+    for _ in range(repeats):
+      for name, loop in loops.items():
+        times[name].append(_time_once(loop, x)[1] * 1e3 / BATCH_SUM_STEPS)
+    results.append({'shape': list(shape), **{f'{name}_cpu_us_per_step': statistics.median(t)
+                                             for name, t in times.items()}})
+  return results
+
+
+def format_batch_sums(results: list[dict]) -> str:
+  lines = ['| [B, F] | reduce us/step | ones contraction us/step | reduce / contraction |',
+           '|---|---|---|---|']
+  for r in results:
+    reduce_us, dot_us = r['reduce_cpu_us_per_step'], r['ones_contraction_cpu_us_per_step']
+    lines.append(f"| {r['shape']} | {reduce_us:.1f} | {dot_us:.1f} | "
+                 f"{reduce_us / dot_us:.1f} |")
+  return '\n'.join(lines)
+
+
 def shape_label(name: str) -> str:
   s = SHAPES[name]
   label = f"({name}) B{s['batch']} T{s['time']} I{s['features']} H{s['hidden']}"
@@ -245,6 +293,8 @@ def main(argv):
       saved = json.load(f)
     print(saved.get('machine'))
     print(format_table(saved['results']))
+    if 'batch_sums' in saved:
+      print(format_batch_sums(saved['batch_sums']))
     return
   known = set(recurrent.VARIANTS)
   unknown = [i for i in _IMPLS.value if i != REFERENCE and i.split(':')[0] not in known]
@@ -254,11 +304,14 @@ def main(argv):
   repeats = 3 if _QUICK.value else _REPEATS.value
   facts = machine()   # the load average before this process adds its own
   results = run(_SHAPES.value, _IMPLS.value, repeats)
+  batch_sums = time_batch_sums(repeats)
   print(f'{facts} repeats={repeats}')
   print(format_table(results))
+  print(format_batch_sums(batch_sums))
   if _JSON.value:
     with open(_JSON.value, 'w') as f:
-      json.dump({'machine': facts, 'results': results}, f, indent=1)
+      json.dump({'machine': facts, 'results': results, 'batch_sums': batch_sums}, f,
+                indent=1)
 
 
 if __name__ == '__main__':

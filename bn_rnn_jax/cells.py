@@ -166,6 +166,17 @@ def _fuse_batch_norms(cfg: StepConfig, terms) -> bool:
           and cfg.recurrent_norm == 'batch')
 
 
+@jax.custom_vjp
+def _add_stacked_pair(y: Array) -> Array:
+  """`y[:, 0] + y[:, 1]` for `y [B, 2, F]`, whose backward pass is a broadcast (autodiff
+  pads the cotangent twice and adds, a pass over `[B, 2, F]` of its own on CPU)."""
+  return y[:, 0] + y[:, 1]
+
+
+_add_stacked_pair.defvjp(lambda y: (_add_stacked_pair(y), None),
+                         lambda _, g: (jnp.stack([g, g], axis=1),))
+
+
 def _fused_batch_norm_terms(params: Params, cfg: StepConfig, terms, mask, stats):
   """BN(W_x x) + BN(W_h h) as one batch norm over a stacked `[B, 2, 4H]` array.
 
@@ -184,7 +195,7 @@ def _fused_batch_norm_terms(params: Params, cfg: StepConfig, terms, mask, stats)
       min_count=cfg.min_step_count)
   count = count if jnp.ndim(count) == 0 else count[0]
   moments = {'input': (mean[0], var[0], count), 'recurrent': (mean[1], var[1], count)}
-  return y[:, 0] + y[:, 1], moments
+  return _add_stacked_pair(y), moments
 
 
 def lstm_step(params: Params, cfg: StepConfig, carry: tuple[Array, Array],

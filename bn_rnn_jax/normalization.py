@@ -43,6 +43,23 @@ def _psum(x, axis_name):
   return x if axis_name is None else lax.psum(x, axis_name)
 
 
+def batch_sum(v: Array, reduce_axes: Axes) -> Array:
+  """`jnp.sum(v, axis=reduce_axes)`, for the sums over batch (and time) of the moments
+  and of their backward pass.
+
+  On CPU the sum is a contraction with ones: XLA's CPU reduction over the batch axis
+  slows several times once the kept part passes about 32K elements (per scan step, a
+  `[64, 800]` sum over the batch took 47 us, the contraction 6 us; the `batch_sums` of
+  `benchmarks/rnn_speed.py`), and a BN-LSTM step sums such blocks four times. Other
+  backends keep the reduction, which they fuse with the producer of `v`.
+  """
+  if jax.default_backend() != 'cpu':
+    return jnp.sum(v, axis=reduce_axes)
+  ones = jnp.ones([v.shape[a] for a in reduce_axes], v.dtype)
+  return jnp.tensordot(ones, v, axes=(tuple(range(len(reduce_axes))), tuple(reduce_axes)),
+                       precision=lax.Precision.HIGHEST)
+
+
 def _valid_count(x: Array, mask: Optional[Array], reduce_axes: Axes,
                  axis_name: Optional[str]) -> Array:
   """Number of valid entries that each statistic averages over (psum-ed)."""
@@ -53,13 +70,13 @@ def _valid_count(x: Array, mask: Optional[Array], reduce_axes: Axes,
     count = jnp.asarray(n, x.dtype)
   else:
     mask = jnp.broadcast_to(mask, x.shape[:-1] + (1,)).astype(x.dtype)
-    count = jnp.sum(mask[..., 0], axis=reduce_axes)
+    count = batch_sum(mask[..., 0], reduce_axes)
   return _psum(count, axis_name)
 
 
 def _masked_sum(v: Array, mask: Optional[Array], reduce_axes: Axes) -> Array:
   # `where`, not `v * mask`: padding holding NaN or inf must not reach the sums (NaN*0).
-  return jnp.sum(v if mask is None else jnp.where(mask > 0, v, 0), axis=reduce_axes)
+  return batch_sum(v if mask is None else jnp.where(mask > 0, v, 0), reduce_axes)
 
 
 def batch_moments(x: Array,
@@ -163,8 +180,8 @@ def _batch_norm_bwd(reduce_axes, axis_name, epsilon, residuals, cotangents):
     dy = jnp.zeros_like(x_hat)
   # The two sums over the batch serve both the parameter gradients and dx: scale is
   # constant along the reduced axes (checked in `batch_norm`), so sum(g) = scale * sum(dy).
-  sum_dy = jnp.sum(dy, axis=reduce_axes)
-  sum_dy_x_hat = jnp.sum(dy * x_hat, axis=reduce_axes)
+  sum_dy = batch_sum(dy, reduce_axes)
+  sum_dy_x_hat = batch_sum(dy * x_hat, reduce_axes)
   expand = lambda s: jnp.expand_dims(s, reduce_axes)
   d_scale = None if scale is None else _sum_to_shape(expand(sum_dy_x_hat), scale)
   d_bias = None if bias is None else _sum_to_shape(expand(sum_dy), bias)

@@ -63,6 +63,10 @@ _GATES = {'lstm': 4, 'rnn': 1}
 _INPUT_INITS = {'orthogonal': nn.initializers.orthogonal(),
                 'glorot_uniform': nn.initializers.glorot_uniform()}
 
+# `remat="auto"` on CPU: the largest hidden size whose batch-normalised layers recompute
+# the whole step in the backward pass (see `RecurrentLayer._remat_mode`).
+_FULL_REMAT_MAX_HIDDEN = 256
+
 
 def reverse_valid(x: Array, mask: Optional[Array]) -> Array:
   """Reverse each sequence's valid prefix in time, leaving its padding where it is.
@@ -158,9 +162,9 @@ class RecurrentLayer(nn.Module):
     remat: what the backward pass recomputes instead of storing per step
       (`jax.checkpoint` of the step): 'none'; 'dots' (store only matmul outputs,
       recompute the pointwise math and normalisations); 'full' (store only the carry:
-      least memory, for long sequences); 'auto' = 'dots' on CPU for layers with batch
-      norm (fewer stored residuals made BN-LSTM fwd+bwd 1.15x faster at B64 T784 H100,
-      and no slower at B64 T100 H1000; benchmarks/rnn_speed.py), else 'none'. True and
+      least memory, for long sequences); 'auto' = on CPU for layers with batch norm,
+      'full' up to hidden size 256 and 'dots' above (measured with
+      benchmarks/rnn_speed.py; `_remat_mode` gives the numbers), else 'none'. True and
       False mean 'full' and 'none'. With `backward='layer'` the same names say what its
       forward scan stores (`layer_vjp`), with the same 'auto'.
     unroll: steps per scan iteration (`lax.scan(unroll=)`).
@@ -275,12 +279,22 @@ class RecurrentLayer(nn.Module):
   # ------------------------------------------------------------------ whole-layer backward
   def _remat_mode(self) -> str:
     """'none', 'dots' or 'full', with 'auto' resolved (the same rule for both backward
-    passes: at B64 T784 H100 BN-LSTM's whole-layer backward was also fastest with 'dots',
-    900 ms CPU with 'none', 733 with 'dots')."""
+    passes).
+
+    On CPU, a layer with batch norm stores less: at H <= 256 only the carry ('full':
+    recomputing the step costs one more `[B, H] x [H, G*H]` product, cheaper there than
+    storing and reloading the pointwise intermediates; BN-LSTM fwd+bwd at B64 T784 H100
+    ran 1.06-1.09x Flax's LSTM with 'full', 1.14-1.17x with 'dots'), above it the
+    matmul outputs ('dots': at B64 T100 H1000, 1.07-1.14x with 'dots', 1.33-1.39x with
+    'full'); `benchmarks/rnn_speed.py`. Elsewhere 'none'.
+    """
     mode = {True: 'full', False: 'none'}.get(self.remat, self.remat)
     if mode == 'auto':
       cpu_with_batch_norm = jax.default_backend() == 'cpu' and self._batch_sites()
-      mode = 'dots' if cpu_with_batch_norm else 'none'
+      if not cpu_with_batch_norm:
+        mode = 'none'
+      else:
+        mode = 'full' if self.hidden_size <= _FULL_REMAT_MAX_HIDDEN else 'dots'
     if mode not in ('none', 'dots', 'full'):
       raise ValueError("remat must be 'auto', 'none', 'dots', 'full' or a bool; got "
                        f'{self.remat!r}.')

@@ -29,6 +29,17 @@ def _data(seed=0, loc=0.0, std=1.0):
 # ----------------------------------------------------------------------------- moments
 
 
+@pytest.mark.parametrize('shape,reduce_axes', [((64, 800), (0,)), ((64, 2, 400), (0,)),
+                                               ((B, T, F), (0, 1)), ((B, T, F), (1,))])
+def test_batch_sum_is_the_sum_over_the_reduced_axes(shape, reduce_axes):
+  # On CPU it is a contraction with ones (the shapes include the large blocks where
+  # that path matters); it must still be the plain float32 sum.
+  x = np.random.default_rng(1).normal(size=shape)
+  got = normalization.batch_sum(jnp.float32(x), reduce_axes)
+  _close(got, np.sum(x, axis=reduce_axes))
+  assert got.dtype == jnp.float32
+
+
 def test_batch_moments_unmasked():
   x = _data()[:, 0]
   mean, var, count = normalization.batch_moments(jnp.float32(x))
