@@ -4,8 +4,8 @@ r"""Quickstart: LSTM vs BN-LSTM, same budget, real data, offline, CPU-friendly.
 
 Trains each variant of `config.variants` (default: lstm, bn_lstm) on scikit-learn's 8x8
 digits read pixel by pixel (64 steps), prints a table (steps, validation accuracy with
-population statistics, wall time) and writes `<workdir>/learning_curves.png`. About 2-3
-minutes on 2 CPU cores. Sequential MNIST at 14x14 (196 steps) instead:
+population statistics, wall time) and writes `<workdir>/learning_curves.png`. About a
+minute on 2 CPU cores. Sequential MNIST at 14x14 (196 steps) instead:
 
   python experiments/quickstart.py --workdir /tmp/quickstart_mnist \
       --config.data.name=mnist --config.data.mnist_dir=/path/to/mnist \
@@ -67,19 +67,6 @@ def summarize(workdir: str) -> dict:
           'best': max(r['accuracy'] for r in valid), 'time_s': valid[-1].get('time_s')}
 
 
-def format_table(rows: dict) -> str:
-  header = (f"{'variant':<10} {'steps':>6} {'acc@1/4':>12} {'acc@1/2':>12} "
-            f"{'acc@end':>8} {'best':>6} {'train time':>11}")
-  lines = [header, '-' * len(header)]
-  for variant, s in rows.items():
-    q, h = s['quarter'], s['half']
-    lines.append(
-        f"{variant:<10} {s['steps']:>6} {q['accuracy']:>6.3f} @{q['step']:<4} "
-        f"{h['accuracy']:>6.3f} @{h['step']:<4} {s['end']['accuracy']:>8.3f} "
-        f"{s['best']:>6.3f} {s['time_s']:>10.1f}s")
-  return '\n'.join(lines)
-
-
 def main(argv):
   del argv
   checkpoint.quiet_orbax_logs()
@@ -101,7 +88,7 @@ def main(argv):
   print(f'\nSequential {data}, batch {config.train.batch_size}, '
         f'{config.model.hidden_size} units; validation accuracy with population '
         f'statistics ({config.eval.population_stats}):\n')
-  print(format_table(rows))
+  print(report.quickstart_table(rows))
   print(f'\nLearning curves: {png}')
   if FLAGS.results:
     setup = (f'sequential {data}, batch {config.train.batch_size}, '
