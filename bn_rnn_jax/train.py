@@ -304,7 +304,7 @@ def default_config() -> ml_collections.ConfigDict:
                                  # the population rows (RecurrentLayer.min_step_count)
   m.forget_bias = 0.0
   m.unroll = 1
-  m.remat = False
+  m.remat = 'auto'               # RecurrentLayer.remat: on CPU, by size (README Speed)
   m.hoist_input = placeholder(bool)
   m.embed_size = placeholder(int)     # language models: None = one-hot inputs
   m.uniform_init_scale = placeholder(float)  # every param but BN's ~ U(-s, s) (Zaremba)

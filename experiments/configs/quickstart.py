@@ -1,4 +1,4 @@
-"""Quickstart: LSTM vs BN-LSTM on real data, offline, in about 2-3 minutes on 2 CPU cores.
+"""Quickstart: LSTM vs BN-LSTM on real data, offline, in about a minute on 2 CPU cores.
 
 Default data: scikit-learn's bundled 8x8 digits as 64-step pixel sequences (no download).
 The BN-LSTM's head start shows early in training (the first few hundred steps); both
