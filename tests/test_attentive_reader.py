@@ -453,7 +453,7 @@ def test_matches_the_float64_reference(arrays, compiled, variant, spec):
 # ====================================================================== training
 def _config(**overrides):
   config = fx.tiny_config('bn_e_star', **{
-      'model.hidden_size': 4, 'model.embed_size': 3, 'model.remat': False,
+      'model.hidden_size': 4, 'model.embed_size': 3, 'model.remat': 'none',
       'optimizer.name': 'adam', 'optimizer.clip_norm': 10.0, 'optimizer.learning_rate': 1e-2,
       'train.batch_size': 16, 'eval.batch_size': 8, 'eval.population_batches': 2,
       'checkpoint.best_metric': 'valid/error', 'checkpoint.best_mode': 'min', **overrides})
