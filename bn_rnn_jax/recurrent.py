@@ -291,8 +291,7 @@ class RecurrentLayer(nn.Module):
     """
     mode = {True: 'full', False: 'none'}.get(self.remat, self.remat)
     if mode == 'auto':
-      cpu_with_batch_norm = jax.default_backend() == 'cpu' and self._batch_sites()
-      if not cpu_with_batch_norm:
+      if jax.default_backend() != 'cpu' or not self._batch_sites():
         mode = 'none'
       else:
         mode = 'full' if self.hidden_size <= _FULL_REMAT_MAX_HIDDEN else 'dots'

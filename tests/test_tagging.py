@@ -178,7 +178,8 @@ def test_tagger_input_errors_are_one_line():
 
 
 # ------------------------------------------------------------------ Kaldi reader
-def _write_kaldi(lengths, label_lengths=None, dims=3, seed=0):
+def _kaldi_arrays(lengths, label_lengths=None, dims=3, seed=0):
+  """Random `{utterance: features [n, dims]}` and `{utterance: labels [n]}`."""
   rng = np.random.default_rng(seed)
   feats = {f'utt{i}': (rng.normal(size=(n, dims)) * 2 + 5).astype(np.float32)
            for i, n in enumerate(lengths)}
@@ -205,12 +206,12 @@ def _kaldi_config(tmp_path, **data):
 
 
 def test_kaldi_reader_normalises_drops_long_utterances_and_pairs_labels(tmp_path):
-  feats, labels = _write_kaldi([4, 6, 3, 12, 5])
+  feats, labels = _kaldi_arrays([4, 6, 3, 12, 5])
   _write_ark(f'ark,scp:{tmp_path}/train.ark,{tmp_path}/train.scp', feats)
   with open(tmp_path / 'train_ali.txt', 'w') as f:
     for utt, value in labels.items():
       f.write(f"{utt} {' '.join(map(str, value))}\n")
-  valid_feats, valid_labels = _write_kaldi([3, 11], seed=1)
+  valid_feats, valid_labels = _kaldi_arrays([3, 11], seed=1)
   _write_ark(f'ark:{tmp_path}/valid.ark', valid_feats)
   _write_ark(f'ark:{tmp_path}/valid_ali.ark', valid_labels)
   config = _kaldi_config(tmp_path, train_feats=str(tmp_path / 'train.scp'),
@@ -240,7 +241,7 @@ def test_kaldi_reader_normalises_drops_long_utterances_and_pairs_labels(tmp_path
 
 
 def test_kaldi_label_length_mismatch_names_the_utterance(tmp_path):
-  feats, labels = _write_kaldi([4, 6], label_lengths=[4, 5])
+  feats, labels = _kaldi_arrays([4, 6], label_lengths=[4, 5])
   _write_ark(f'ark,scp:{tmp_path}/f.ark,{tmp_path}/f.scp', feats)
   _write_ark(f'ark:{tmp_path}/ali.ark', labels)
   config = _kaldi_config(tmp_path, train_feats=str(tmp_path / 'f.scp'),
