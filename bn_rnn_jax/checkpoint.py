@@ -40,6 +40,7 @@ import os
 import shutil
 import socket
 import sys
+import time
 from typing import Any, Optional
 
 import jax
@@ -301,7 +302,13 @@ class WorkdirLock:
     try:
       fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
+      # The holder writes its pid just after taking the lock: give it a moment.
       holder = _read_holder(handle)
+      for _ in range(20):
+        if holder != 'unknown holder':
+          break
+        time.sleep(0.05)
+        holder = _read_holder(handle)
       handle.close()
       if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
         raise
