@@ -11,7 +11,8 @@ from bn_rnn_jax import recurrent
 from bn_rnn_jax.models import (AttentiveReader, LanguageModel, SequenceClassifier,
                                SequenceTagger)
 from bn_rnn_jax.normalization import (average_moment_records, batch_moments, batch_norm,
-                                      layer_norm, normalize, population_rows)
+                                      layer_norm, normalize, population_estimate,
+                                      population_rows)
 from bn_rnn_jax.recurrent import (VARIANTS, Bidirectional, RecurrentLayer, StackedRNN,
                                   estimate_population_stats, make_layer, reverse_valid)
 

@@ -354,6 +354,19 @@ def average_moment_records(records: Any) -> Any:
   return jax.tree.map(average, records, is_leaf=is_site)
 
 
+def population_estimate(records: Sequence[Any]) -> Any:
+  """`average_moment_records` of a sequence of per-minibatch records (trees of
+  `minibatch_moments_record` sites, without the leading axis), stacked here.
+
+  Stacking inside lets one compiled program (jit / pmap of this function) do the whole
+  estimate: stacked outside, each leaf shape compiled a stack of its own (on CPU, 0.4 s
+  of the quickstart's first evaluation).
+  """
+  if not records:
+    raise ValueError('The population estimate needs at least one minibatch record.')
+  return average_moment_records(jax.tree.map(lambda *leaves: jnp.stack(leaves), *records))
+
+
 def population_rows(stats: dict[str, Array], length: int) -> tuple[Array, Array]:
   """Population mean and var for steps 0..length-1: `[length, F]` each.
 

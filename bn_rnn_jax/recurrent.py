@@ -633,8 +633,10 @@ def estimate_population_stats(model: nn.Module, variables, batches,
                                       tuple(rng_names)))
   if not records:
     raise ValueError('estimate_population_stats needs at least one batch.')
-  stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *records)
-  return normalization.average_moment_records(stacked)
+  return _population_estimate(tuple(records))
+
+
+_population_estimate = jax.jit(normalization.population_estimate)
 
 
 def make_layer(variant: str, hidden_size: int, **overrides) -> RecurrentLayer:

@@ -434,7 +434,7 @@ class Trainer:
     self.p_eval_step = device_map(functools.partial(eval_step, **common))
     self.p_moments_step = device_map(functools.partial(moments_step, **common),
                                      in_axes=(0, 0, 0, 0, None))
-    self.p_average = device_map(normalization.average_moment_records)
+    self.p_population_estimate = device_map(normalization.population_estimate)
 
   # ---------------------------------------------------------------- placement
   def initial_state(self) -> TrainState:
@@ -492,8 +492,7 @@ class Trainer:
       batch = jax.tree.map(lambda *leaves: np.concatenate(leaves), *parts)
       records.append(self.p_moments_step(state.params, state.batch_stats,
                                          self.shard(batch), state.rng, first))
-    stacked = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *records)
-    return self.p_average(stacked)
+    return self.p_population_estimate(tuple(records))
 
   def evaluate(self, state: TrainState, split: str, kind: Optional[str] = None,
                max_batches: Optional[int] = None) -> dict:
