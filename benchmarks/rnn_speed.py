@@ -8,7 +8,10 @@ processes here); the table gives each one's ratio to Flax's
 `nn.RNN(nn.OptimizedLSTMCell)` in the same run. Peak memory of the same compiled
 fwd+bwd comes from XLA's buffer assignment (`jit(f).lower(...).compile()
 .memory_analysis()`), not from a measurement of the process; the instructions per step of
-each compiled loop body (forward + backward) come from the same executable's HLO.
+each compiled loop body (forward + backward) come from the same executable's HLO. The
+matmul GFLOP/s column divides the products a fwd+bwd must run (`matmul_gflop`, counted
+from the shape) by the wall time: where it is the same for two implementations, their
+products run at the same speed and the rest of the step costs next to nothing.
 
   python benchmarks/rnn_speed.py            # full table
   python benchmarks/rnn_speed.py --quick    # fewer repetitions
@@ -37,7 +40,6 @@ import platform
 import re
 import statistics
 import time
-from typing import Callable
 
 from absl import app
 from absl import flags
@@ -130,6 +132,30 @@ def _build(impl: str, shape: dict):
   return step, variables['params']
 
 
+def matmul_gflop(impl: str, shape: dict) -> float:
+  """GFLOP of the matrix products one fwd+bwd must run (counted, not measured).
+
+  Per step and direction: the forward `x W_x` and `h W_h` (2 B (I + H) 4H), the backward
+  dh and dW_h (2 x 2 B H 4H) and dW_x (2 B I 4H); no dx, the input takes no gradient.
+  A layer whose remat resolves to 'full' also recomputes the forward products. Flax's
+  cell and ours (input term in the step on CPU) count the same, so at a shape where the
+  products take the time (c) a ratio to Flax far below 1 would need our products to run
+  faster than the same products in Flax's step.
+  """
+  batch, length = shape['batch'], shape['time']
+  inputs, hidden = shape['features'], shape['hidden']
+  forward = 2 * batch * (inputs + hidden) * 4 * hidden
+  backward = 2 * batch * (2 * hidden + inputs) * 4 * hidden
+  per_step = forward + backward
+  if impl != REFERENCE:
+    layer = _layer(impl, shape)
+    layer = layer.forward_layer if isinstance(layer, recurrent.Bidirectional) else layer
+    if layer.clone()._remat_mode() == 'full':  # pylint: disable=protected-access
+      per_step += forward
+  directions = 2 if shape['bidirectional'] else 1
+  return directions * length * per_step / 1e9
+
+
 def compiled_facts(step, params) -> dict:
   """Peak memory and loop size of the compiled fwd+bwd.
 
@@ -197,7 +223,7 @@ def run(shapes, impls, repeats) -> list[dict]:
       wall, cpu = zip(*times[impl])
       results.append({'shape': shape_name, 'impl': impl, 'ms': statistics.median(wall),
                       'cpu_ms': statistics.median(cpu), 'repeats': repeats,
-                      **memory[impl]})
+                      'matmul_gflop': matmul_gflop(impl, shape), **memory[impl]})
   return results
 
 
@@ -254,17 +280,20 @@ def shape_label(name: str) -> str:
 def format_table(results: list[dict]) -> str:
   """Markdown: times and their ratios to Flax, and peak memory with its ratio to our lstm
   of the same backward mode."""
-  lines = ['| shape | impl | wall ms | wall / Flax | CPU ms | CPU / Flax | peak MiB '
-           '| peak / lstm | HLO per step (loops) |', '|---|---|---|---|---|---|---|---|---|']
+  lines = ['| shape | impl | wall ms | wall / Flax | CPU ms | CPU / Flax | matmul GFLOP/s '
+           '| peak MiB | peak / lstm | HLO per step (loops) |',
+           '|---|---|---|---|---|---|---|---|---|---|']
   by_key = {(r['shape'], r['impl']): r for r in results}
   for r in results:
     ref = by_key.get((r['shape'], REFERENCE))
     variant, _, mode = r['impl'].partition(':')
     plain = by_key.get((r['shape'], ':'.join(['lstm', mode]) if mode else 'lstm'))
     ratio = lambda key, base: f'{r[key] / base[key]:.2f}' if base else '-'
+    rate = lambda r: f"{r['matmul_gflop'] / (r['ms'] / 1e3):.0f}" if 'matmul_gflop' in r else '-'
     lines.append(
         f"| {shape_label(r['shape'])} | {r['impl']} | {r['ms']:.0f} | {ratio('ms', ref)} | "
-        f"{r['cpu_ms']:.0f} | {ratio('cpu_ms', ref)} | {r['peak_bytes'] / 2**20:.1f} | "
+        f"{r['cpu_ms']:.0f} | {ratio('cpu_ms', ref)} | {rate(r)} | "
+        f"{r['peak_bytes'] / 2**20:.1f} | "
         f"{ratio('peak_bytes', plain) if variant != REFERENCE else '-'} | "
         f"{' + '.join(map(str, r.get('loop_instructions', []))) or '-'} |")
   return '\n'.join(lines)

@@ -1,7 +1,8 @@
 r"""Overhead of the training loop: steps/s of `train._run` against the bare compiled step.
 
   python benchmarks/trainer_overhead.py [--steps_quickstart 60] [--steps_mnist 8]
-      [--population] [--out benchmarks/results/trainer_overhead_cpu.json]
+      [--population [--population_repeats 3]]
+      [--out benchmarks/results/trainer_overhead_cpu.json]
 
 For each shape (the quickstart's: 8x8 digits, T=64, B=64, H=100 BN-LSTM; seq-MNIST's:
 T=784, B=100, H=100 BN-LSTM), on the same batches and the same compiled step:
@@ -18,8 +19,10 @@ T=784, B=100, H=100 BN-LSTM), on the same batches and the same compiled step:
 Repeats alternate the three; the table gives medians and ratios (target loop/bare >= 0.95).
 
 `--population` also times the quickstart's bn_lstm and lstm runs end to end (300 steps,
-`experiments/configs/quickstart.py`) and the share of bn_lstm's time spent in the
-population estimate at each evaluation (`Trainer.population_stats`).
+`experiments/configs/quickstart.py`; medians of `--population_repeats` pairs, each run
+from empty compilation caches), the share of bn_lstm's time spent in the population
+estimate at each evaluation (`Trainer.population_stats`), and each run's XLA compile
+time (a fixed cost that weighs on a run this short).
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ import tempfile
 import time
 
 import jax
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bn_rnn_jax import metric_writer  # pylint: disable=wrong-import-position
@@ -140,9 +142,24 @@ def _shape(config, trainer) -> str:
           f'H{config.model.hidden_size} {config.model.variant}')
 
 
-def population_share() -> dict:
-  """The quickstart's 300-step runs (bn_lstm and lstm) and the estimate's share."""
-  spent = {'s': 0.0}
+_COMPILE_EVENT = '/jax/core/compile/backend_compile_duration'
+
+
+def population_share(repeats: int) -> dict:
+  """The quickstart's 300-step runs (lstm, then bn_lstm, `repeats` times), the estimate's
+  share, and the time XLA spent compiling (`jax.monitoring`'s backend compile events,
+  every program of the run: steps, estimate, evaluation). Each run starts with empty
+  compilation caches, as a fresh process would; the ratios are of the per-variant
+  medians, and each repeat's own ratio is listed too (one pair of runs moves by 10 %
+  here)."""
+  spent = {'s': 0.0, 'compile_s': 0.0}
+
+  def on_event(event, duration, **kwargs):
+    del kwargs
+    if event == _COMPILE_EVENT:
+      spent['compile_s'] += duration
+
+  jax.monitoring.register_event_duration_secs_listener(on_event)
   original = train.Trainer.population_stats
 
   def timed(self, state, kind=None):
@@ -152,22 +169,33 @@ def population_share() -> dict:
     return stats
 
   train.Trainer.population_stats = timed
-  result = {}
+  runs = {'lstm': [], 'bn_lstm': []}
   try:
-    for variant in ('lstm', 'bn_lstm'):
-      config = quickstart_config.get_config()
-      config.model.variant = variant
-      spent['s'] = 0.0
-      with tempfile.TemporaryDirectory() as workdir:
-        wall, cpu = _timed(lambda: train.train_and_evaluate(config, workdir))
-      result[variant] = {'wall_s': wall, 'cpu_s': cpu, 'population_s': spent['s']}
+    for _ in range(repeats):
+      for variant, variant_runs in runs.items():
+        config = quickstart_config.get_config()
+        config.model.variant = variant
+        jax.clear_caches()
+        spent['s'] = spent['compile_s'] = 0.0
+        with tempfile.TemporaryDirectory() as workdir:
+          wall, cpu = _timed(lambda: train.train_and_evaluate(config, workdir))
+        variant_runs.append({'wall_s': wall, 'cpu_s': cpu, 'population_s': spent['s'],
+                             'compile_s': spent['compile_s']})
   finally:
     train.Trainer.population_stats = original
-  bn = result['bn_lstm']
+  result = {variant: {key: statistics.median(r[key] for r in variant_runs)
+                      for key in variant_runs[0]} for variant, variant_runs in runs.items()}
+  bn, lstm = result['bn_lstm'], result['lstm']
+  result['repeats'] = repeats
+  result['runs'] = runs
+  result['bn_lstm_over_lstm_per_repeat'] = [
+      b['wall_s'] / l['wall_s'] for b, l in zip(runs['bn_lstm'], runs['lstm'])]
   result['bn_lstm_population_share'] = bn['population_s'] / bn['wall_s']
-  result['bn_lstm_over_lstm'] = bn['wall_s'] / result['lstm']['wall_s']
+  result['bn_lstm_over_lstm'] = bn['wall_s'] / lstm['wall_s']
   result['bn_lstm_over_lstm_without_population'] = (
-      (bn['wall_s'] - bn['population_s']) / result['lstm']['wall_s'])
+      (bn['wall_s'] - bn['population_s']) / lstm['wall_s'])
+  result['bn_lstm_over_lstm_without_compile'] = (
+      (bn['wall_s'] - bn['compile_s']) / (lstm['wall_s'] - lstm['compile_s']))
   result['evaluations'] = config.train.num_steps // config.eval.every
   result['population_batches'] = config.eval.population_batches
   return result
@@ -188,6 +216,8 @@ def main():
   parser.add_argument('--steps_mnist', type=int, default=8)
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--population', action='store_true')
+  parser.add_argument('--population_repeats', type=int, default=3,
+                      help='Pairs of quickstart runs behind the --population medians.')
   parser.add_argument('--out', default=os.path.join('benchmarks', 'results',
                                                     'trainer_overhead_cpu.json'))
   args = parser.parse_args()
@@ -202,11 +232,15 @@ def main():
   out = {'machine': machine(), 'command': 'python benchmarks/trainer_overhead.py ' +
          ' '.join(sys.argv[1:]), 'shapes': rows}
   if args.population:
-    out['quickstart_population'] = p = population_share()
-    print(f'quickstart (300 steps): lstm {p["lstm"]["wall_s"]:.1f} s, bn_lstm '
-          f'{p["bn_lstm"]["wall_s"]:.1f} s ({p["bn_lstm_over_lstm"]:.2f}x), of which the '
+    out['quickstart_population'] = p = population_share(args.population_repeats)
+    per_repeat = ', '.join(f'{r:.2f}' for r in p['bn_lstm_over_lstm_per_repeat'])
+    print(f'quickstart (300 steps, medians of {p["repeats"]}): lstm {p["lstm"]["wall_s"]:.1f} s, '
+          f'bn_lstm {p["bn_lstm"]["wall_s"]:.1f} s ({p["bn_lstm_over_lstm"]:.2f}x; per '
+          f'repeat {per_repeat}), of which the '
           f'population estimate {p["bn_lstm"]["population_s"]:.1f} s '
-          f'({100 * p["bn_lstm_population_share"]:.0f} %)')
+          f'({100 * p["bn_lstm_population_share"]:.0f} %); compilation: lstm '
+          f'{p["lstm"]["compile_s"]:.1f} s, bn_lstm {p["bn_lstm"]["compile_s"]:.1f} s '
+          f'({p["bn_lstm_over_lstm_without_compile"]:.2f}x without it)')
   with open(args.out, 'w') as f:
     json.dump(out, f, indent=2)
     f.write('\n')

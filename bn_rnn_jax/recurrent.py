@@ -284,9 +284,9 @@ class RecurrentLayer(nn.Module):
     On CPU, a layer with batch norm stores less: at H <= 256 only the carry ('full':
     recomputing the step costs one more `[B, H] x [H, G*H]` product, cheaper there than
     storing and reloading the pointwise intermediates; BN-LSTM fwd+bwd at B64 T784 H100
-    took 1.00x Flax's LSTM's CPU time with 'full', 1.28x with 'dots'), above it the
-    matmul outputs (at B64 T100 H1000: 1.08x with 'dots', 1.32x with 'full'; at H240 the
-    two were within noise and 'full' needs 0.37x the memory). `benchmarks/rnn_speed.py`,
+    took 1.13x Flax's LSTM's CPU time with 'full', 1.40x with 'dots'), above it the
+    matmul outputs (at B64 T100 H1000: 1.12x with 'dots', 1.32x with 'full'; at H240 the
+    two were close and 'full' needs 0.37x the memory). `benchmarks/rnn_speed.py`,
     README Speed. Elsewhere 'none'.
     """
     mode = {True: 'full', False: 'none'}.get(self.remat, self.remat)

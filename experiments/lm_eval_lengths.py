@@ -28,7 +28,6 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from bn_rnn_jax import checkpoint as checkpoint_lib
 from bn_rnn_jax import parallel

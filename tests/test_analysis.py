@@ -13,8 +13,6 @@ import sys
 
 from absl import flags
 from absl.testing import flagsaver
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import integrate

@@ -9,7 +9,6 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from bn_rnn_jax import tasks

@@ -21,7 +21,6 @@ against the average of the second half of the steps, s_inf:
 from __future__ import annotations
 
 import time
-from typing import Optional
 
 from absl import app
 from absl import flags
