@@ -167,35 +167,39 @@ def _fuse_batch_norms(cfg: StepConfig, terms) -> bool:
 
 
 @jax.custom_vjp
-def _add_stacked_pair(y: Array) -> Array:
-  """`y[:, 0] + y[:, 1]` for `y [B, 2, F]`, whose backward pass is a broadcast (autodiff
-  pads the cotangent twice and adds, a pass over `[B, 2, F]` of its own on CPU)."""
-  return y[:, 0] + y[:, 1]
+def _add_halves(y: Array) -> Array:
+  """`y[..., :F] + y[..., F:]` for `y [..., 2F]`, whose backward pass is a concatenation
+  (autodiff pads the cotangent twice and adds, a pass over `[..., 2F]` of its own)."""
+  half = y.shape[-1] // 2
+  return y[..., :half] + y[..., half:]
 
 
-_add_stacked_pair.defvjp(lambda y: (_add_stacked_pair(y), None),
-                         lambda _, g: (jnp.stack([g, g], axis=1),))
+_add_halves.defvjp(lambda y: (_add_halves(y), None),
+                   lambda _, g: (jnp.concatenate([g, g], axis=-1),))
 
 
 def _fused_batch_norm_terms(params: Params, cfg: StepConfig, terms, mask, stats):
-  """BN(W_x x) + BN(W_h h) as one batch norm over a stacked `[B, 2, 4H]` array.
+  """BN(W_x x) + BN(W_h h) as one batch norm over the `[B, 2 * 4H]` concatenation.
 
-  The two terms keep separate statistics and gammas (the stacked axis is not reduced);
-  one call instead of two halves the kernels the scanned step launches, which is what
-  the time goes to at small sizes (benchmarks/rnn_speed.py).
+  Each feature column keeps its own statistics, so the two terms keep separate
+  statistics and gammas; one call instead of two halves the kernels the scanned step
+  launches, which is what the time goes to at small sizes (benchmarks/rnn_speed.py).
+  Concatenated on the feature axis (not stacked on a new one) the block has the single
+  layout that both the batch sums (a contraction) and the pointwise work read, so XLA
+  materialises it once per pass instead of once per consumer.
   """
-  z = jnp.stack([terms['input'], terms['recurrent']], axis=1)
-  scale = jnp.stack([params['input_scale'], params['recurrent_scale']])
+  z = jnp.concatenate([terms['input'], terms['recurrent']], axis=-1)
+  scale = jnp.concatenate([params['input_scale'], params['recurrent_scale']])
   rows = None
   if 'input' in stats:  # population rows for steps with too few valid rows
-    rows = tuple(jnp.stack(pair) for pair in zip(stats['input'], stats['recurrent']))
+    rows = tuple(jnp.concatenate(pair) for pair in zip(stats['input'], stats['recurrent']))
   y, (mean, var, count) = apply_norm(
-      'batch', z, scale, None, train=True, mask=None if mask is None else mask[:, None],
-      stats=rows, epsilon=cfg.epsilon, axis_name=cfg.axis_name,
-      min_count=cfg.min_step_count)
-  count = count if jnp.ndim(count) == 0 else count[0]
-  moments = {'input': (mean[0], var[0], count), 'recurrent': (mean[1], var[1], count)}
-  return _add_stacked_pair(y), moments
+      'batch', z, scale, None, train=True, mask=mask, stats=rows, epsilon=cfg.epsilon,
+      axis_name=cfg.axis_name, min_count=cfg.min_step_count)
+  width = terms['input'].shape[-1]
+  moments = {'input': (mean[:width], var[:width], count),
+             'recurrent': (mean[width:], var[width:], count)}
+  return _add_halves(y), moments
 
 
 def lstm_step(params: Params, cfg: StepConfig, carry: tuple[Array, Array],

@@ -49,7 +49,7 @@ def batch_sum(v: Array, reduce_axes: Axes) -> Array:
 
   On CPU the sum is a contraction with ones: XLA's CPU reduction over the batch axis
   slows several times once the kept part passes about 32K elements (per scan step, a
-  `[64, 800]` sum over the batch took 54 us, the contraction 6 us; the `batch_sums` of
+  `[64, 800]` sum over the batch took 5-9x the contraction's time; the `batch_sums` of
   `benchmarks/results/rnn_speed_cpu.json`), and a BN-LSTM step sums such blocks four
   times. Other backends keep the reduction, which they fuse with the producer of `v`.
   """

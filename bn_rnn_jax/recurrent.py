@@ -65,7 +65,7 @@ _INPUT_INITS = {'orthogonal': nn.initializers.orthogonal(),
 
 # `remat="auto"` on CPU: the largest hidden size whose batch-normalised layers recompute
 # the whole step in the backward pass (see `RecurrentLayer._remat_mode`).
-_FULL_REMAT_MAX_HIDDEN = 256
+_FULL_REMAT_MAX_HIDDEN = 128
 
 
 def reverse_valid(x: Array, mask: Optional[Array]) -> Array:
@@ -281,13 +281,12 @@ class RecurrentLayer(nn.Module):
     """'none', 'dots' or 'full', with 'auto' resolved (the same rule for both backward
     passes).
 
-    On CPU, a layer with batch norm stores less: at H <= 256 only the carry ('full':
+    On CPU, a layer with batch norm stores less: at H <= 128 only the carry ('full':
     recomputing the step costs one more `[B, H] x [H, G*H]` product, cheaper there than
-    storing and reloading the pointwise intermediates; BN-LSTM fwd+bwd at B64 T784 H100
-    took 1.13x Flax's LSTM's CPU time with 'full', 1.40x with 'dots'), above it the
-    matmul outputs (at B64 T100 H1000: 1.12x with 'dots', 1.32x with 'full'; at H240 the
-    two were close and 'full' needs 0.37x the memory). `benchmarks/rnn_speed.py`,
-    README Speed. Elsewhere 'none'.
+    storing and reloading the pointwise intermediates: faster at H100), above it the
+    matmul outputs (faster at H240 and H1000). `benchmarks/rnn_speed.py` measures both
+    at those three sizes (README Speed); the bound sits between the first two, where
+    nothing was measured. Elsewhere 'none'.
     """
     mode = {True: 'full', False: 'none'}.get(self.remat, self.remat)
     if mode == 'auto':
