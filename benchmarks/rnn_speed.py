@@ -9,9 +9,9 @@ processes here); the table gives each one's ratio to Flax's
 fwd+bwd comes from XLA's buffer assignment (`jit(f).lower(...).compile()
 .memory_analysis()`), not from a measurement of the process; the instructions per step of
 each compiled loop body (forward + backward) come from the same executable's HLO. The
-matmul GFLOP/s column divides the products a fwd+bwd must run (`matmul_gflop`, counted
-from the shape) by the wall time: where it is the same for two implementations, their
-products run at the same speed and the rest of the step costs next to nothing.
+matmul GFLOP/s column divides the matrix products a fwd+bwd must run (`matmul_gflop`,
+counted from the shape) by the wall time: where the products take nearly all the time
+(shape (c)), it says how fast they run inside the loop.
 
   python benchmarks/rnn_speed.py            # full table
   python benchmarks/rnn_speed.py --quick    # fewer repetitions
@@ -138,9 +138,9 @@ def matmul_gflop(impl: str, shape: dict) -> float:
   Per step and direction: the forward `x W_x` and `h W_h` (2 B (I + H) 4H), the backward
   dh and dW_h (2 x 2 B H 4H) and dW_x (2 B I 4H); no dx, the input takes no gradient.
   A layer whose remat resolves to 'full' also recomputes the forward products. Flax's
-  cell and ours (input term in the step on CPU) count the same, so at a shape where the
-  products take the time (c) a ratio to Flax far below 1 would need our products to run
-  faster than the same products in Flax's step.
+  cell and ours (input term in the step on CPU) count the same, so where the products
+  take nearly all the time (shape (c)), a ratio to Flax far below 1 would need our
+  products to run faster than the same products in Flax's step.
   """
   batch, length = shape['batch'], shape['time']
   inputs, hidden = shape['features'], shape['hidden']
