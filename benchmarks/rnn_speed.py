@@ -150,7 +150,7 @@ def matmul_gflop(impl: str, shape: dict) -> float:
   if impl != REFERENCE:
     layer = _layer(impl, shape)
     layer = layer.forward_layer if isinstance(layer, recurrent.Bidirectional) else layer
-    if layer.clone()._remat_mode() == 'full':  # pylint: disable=protected-access
+    if layer._remat_mode() == 'full':  # pylint: disable=protected-access
       per_step += forward
   directions = 2 if shape['bidirectional'] else 1
   return directions * length * per_step / 1e9
@@ -289,10 +289,10 @@ def format_table(results: list[dict]) -> str:
     variant, _, mode = r['impl'].partition(':')
     plain = by_key.get((r['shape'], ':'.join(['lstm', mode]) if mode else 'lstm'))
     ratio = lambda key, base: f'{r[key] / base[key]:.2f}' if base else '-'
-    rate = lambda r: f"{r['matmul_gflop'] / (r['ms'] / 1e3):.0f}" if 'matmul_gflop' in r else '-'
+    rate = f"{r['matmul_gflop'] / (r['ms'] / 1e3):.0f}" if 'matmul_gflop' in r else '-'
     lines.append(
         f"| {shape_label(r['shape'])} | {r['impl']} | {r['ms']:.0f} | {ratio('ms', ref)} | "
-        f"{r['cpu_ms']:.0f} | {ratio('cpu_ms', ref)} | {rate(r)} | "
+        f"{r['cpu_ms']:.0f} | {ratio('cpu_ms', ref)} | {rate} | "
         f"{r['peak_bytes'] / 2**20:.1f} | "
         f"{ratio('peak_bytes', plain) if variant != REFERENCE else '-'} | "
         f"{' + '.join(map(str, r.get('loop_instructions', []))) or '-'} |")

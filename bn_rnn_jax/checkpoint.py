@@ -302,16 +302,16 @@ class WorkdirLock:
     try:
       fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
-      # The holder writes its pid just after taking the lock: give it a moment.
+      if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        handle.close()
+        raise
+      # The holder writes its pid just after taking the lock: give it up to a second.
+      deadline = time.monotonic() + 1.0
       holder = _read_holder(handle)
-      for _ in range(20):
-        if holder != 'unknown holder':
-          break
+      while holder == 'unknown holder' and time.monotonic() < deadline:
         time.sleep(0.05)
         holder = _read_holder(handle)
       handle.close()
-      if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-        raise
       raise WorkdirInUse(f'The workdir {os.path.dirname(self.path)} is in use by another '
                          f'run ({holder}); wait for it to finish or use another '
                          '--workdir.') from None
