@@ -163,7 +163,7 @@ class RecurrentLayer(nn.Module):
       (`jax.checkpoint` of the step): 'none'; 'dots' (store only matmul outputs,
       recompute the pointwise math and normalisations); 'full' (store only the carry:
       least memory, for long sequences); 'auto' = on CPU for layers with batch norm,
-      'full' up to hidden size 256 and 'dots' above (measured with
+      'full' up to hidden size 128 and 'dots' above (measured with
       benchmarks/rnn_speed.py; `_remat_mode` gives the numbers), else 'none'. True and
       False mean 'full' and 'none'. With `backward='layer'` the same names say what its
       forward scan stores (`layer_vjp`), with the same 'auto'.
