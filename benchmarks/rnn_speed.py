@@ -20,7 +20,13 @@ counted from the shape) by the wall time: where the products take nearly all the
 
 Implementations: `flax_optimized_lstm`, and `VARIANT[:BACKWARD[:REMAT]]` for our layer,
 e.g. `bn_lstm:layer` (whole-layer backward pass) or `bn_lstm:scan:dots` (autodiff of
-the scan, storing matmul outputs); without a backward, the layer's 'auto'.
+the scan, storing matmul outputs); without a backward, the layer's 'auto'. And a floor,
+not an LSTM: `products_only:scan` and `products_only:layer` run the matrix products of
+Flax's fwd+bwd with no gate math (`products_only`): all of them inside the steps, or
+only the two the recurrence forces (`h W_h`, `dz W_h^T`) with the input and weight-
+gradient products as one large product each. An LSTM that runs these products with
+XLA's matmul also runs its gate math, so the faster of the two bounds the ratio to Flax
+that any of ours can reach.
 
 The JSON's `batch_sums` (and the second table) time what `normalization.batch_sum` does
 on CPU: per scan step, `jnp.sum(x, axis=0)` against `ones @ x` for `[B, F]` blocks of the
@@ -29,7 +35,8 @@ times once F passes about 512 at B64).
 
 Shapes: (a) B64 T784 I1 H100 (sequential MNIST); (b) B40 T320 I240 H240, bidirectional,
 lengths spread evenly over [T/2, T] (25 % of the steps are padding, masked; Flax gets the
-same `seq_lengths`); (c) B64 T100 I50 H1000.
+same `seq_lengths`); (c) B64 T100 I50 H1000; (d) B32 T35 I650 H650 (a layer of
+`ptb_word.py`'s medium model: Zaremba's and Laurent's medium word-level PTB).
 """
 
 from __future__ import annotations
@@ -56,12 +63,16 @@ SHAPES = {
               padding=0.25),
     'c': dict(batch=64, time=100, features=50, hidden=1000, bidirectional=False,
               padding=0.0),
+    'd': dict(batch=32, time=35, features=650, hidden=650, bidirectional=False,
+              padding=0.0),
 }
 REFERENCE = 'flax_optimized_lstm'
-IMPLS = (REFERENCE, 'lstm:scan', 'lstm:layer', 'bn_lstm:scan', 'bn_lstm:scan:dots',
-         'bn_lstm:scan:full', 'bn_lstm:layer')
+PRODUCTS_ONLY = 'products_only'
+FLOORS = (f'{PRODUCTS_ONLY}:scan', f'{PRODUCTS_ONLY}:layer')
+IMPLS = (REFERENCE, *FLOORS, 'lstm', 'lstm:scan', 'lstm:layer', 'bn_lstm', 'bn_lstm:scan',
+         'bn_lstm:scan:dots', 'bn_lstm:scan:full', 'bn_lstm:layer')
 
-_SHAPES = flags.DEFINE_list('shapes', ['a', 'b', 'c'], 'Shapes to run (a, b, c).')
+_SHAPES = flags.DEFINE_list('shapes', ['a', 'b', 'c', 'd'], 'Shapes to run (a-d).')
 _IMPLS = flags.DEFINE_list('impls', list(IMPLS), 'Implementations to run.')
 _REPEATS = flags.DEFINE_integer('repeats', 9, 'Timed repetitions per implementation.')
 _QUICK = flags.DEFINE_bool('quick', False, 'Three repetitions.')
@@ -112,10 +123,75 @@ def _layer(impl: str, shape: dict) -> nn.Module:
   return make()
 
 
+def products_only(x, kernels, backward: str = 'scan'):
+  """The matrix products of one LSTM direction's fwd+bwd and (almost) nothing else: a
+  floor for any implementation that runs them with XLA's matmul on this machine.
+
+  x: `[B, T, I]`; kernels: `(W_x [I, 4H], W_h [H, 4H])`. Forward, per step, `z = x W_x +
+  h W_h`, the next `h` being z's first H columns (a slice, no gate math; `W_h[:, :H]` is
+  orthogonal, so h neither vanishes nor explodes). Backward, in reverse, `dz = [dh,
+  z[:, H:]]` and `dh = dz W_h^T`, then `dW_h = sum_t h_t^T dz_t`, `dW_x = sum_t x_t^T dz_t`.
+  `backward='scan'` runs every product inside the steps (the weight gradients summed step
+  by step, as the autodiff of a scan does); `'layer'` runs inside the steps only the two
+  the recurrence forces (`h W_h` and `dz W_h^T`) and the rest as one large product each
+  (`x W_x` before the forward scan, the weight gradients after the reverse one). Either
+  way the products are `matmul_gflop`'s count for Flax's cell. Returns `(dW_x, dW_h)`.
+  """
+  w_x, w_h = kernels
+  hidden = w_h.shape[0]
+  xs = jnp.swapaxes(x, 0, 1)
+  h0 = jnp.zeros((x.shape[0], hidden), x.dtype)
+  cotangent = lambda dh, z_t: jnp.concatenate([dh, z_t[:, hidden:]], axis=1)
+
+  if backward == 'layer':
+    def forward_step(h, x_term):
+      z = x_term + h @ w_h
+      return z[:, :hidden], (h, z)
+    _, (hs, zs) = jax.lax.scan(forward_step, h0, jnp.einsum('tbi,ig->tbg', xs, w_x))
+
+    def backward_step(dh, z_t):
+      dz = cotangent(dh, z_t)
+      return dz @ w_h.T, dz
+    _, dzs = jax.lax.scan(backward_step, h0, zs, reverse=True)
+    return jnp.einsum('tbi,tbg->ig', xs, dzs), jnp.einsum('tbh,tbg->hg', hs, dzs)
+
+  def forward_step(h, x_t):
+    z = x_t @ w_x + h @ w_h
+    return z[:, :hidden], (h, z)
+  _, (hs, zs) = jax.lax.scan(forward_step, h0, xs)
+
+  def backward_step(carry, step):
+    dh, dw_x, dw_h = carry
+    x_t, h_t, z_t = step
+    dz = cotangent(dh, z_t)
+    return (dz @ w_h.T, dw_x + x_t.T @ dz, dw_h + h_t.T @ dz), None
+  zero = jnp.zeros_like
+  (_, dw_x, dw_h), _ = jax.lax.scan(backward_step, (h0, zero(w_x), zero(w_h)),
+                                    (xs, hs, zs), reverse=True)
+  return dw_x, dw_h
+
+
+def _products_only_kernels(key, shape: dict):
+  """`(W_x, W_h)` per direction, `W_h[:, :H]` orthogonal (see `products_only`)."""
+  inputs, hidden = shape['features'], shape['hidden']
+  kernels = []
+  for direction in range(2 if shape['bidirectional'] else 1):
+    k_x, k_h, k_o = jax.random.split(jax.random.fold_in(key, direction), 3)
+    w_h = jax.random.normal(k_h, (hidden, 4 * hidden)) / np.sqrt(hidden)
+    w_h = w_h.at[:, :hidden].set(jax.nn.initializers.orthogonal()(k_o, (hidden, hidden)))
+    kernels.append((jax.random.normal(k_x, (inputs, 4 * hidden)) / np.sqrt(inputs), w_h))
+  return kernels
+
+
 def _build(impl: str, shape: dict):
   """A jitted `params -> (loss, grads)` function and its parameters."""
   x = jax.random.normal(jax.random.key(0), (shape['batch'], shape['time'], shape['features']))
   lengths, mask = lengths_and_mask(shape) if shape['padding'] else (None, None)
+  if impl in FLOORS:
+    backward = impl.partition(':')[2]
+    def products_step(params):
+      return jnp.float32(0.0), [products_only(x, kernels, backward) for kernels in params]
+    return jax.jit(products_step), _products_only_kernels(jax.random.key(1), shape)
   if impl == REFERENCE:
     model = FlaxLSTM(shape['hidden'], shape['bidirectional'])
     variables = model.init(jax.random.key(1), x, lengths)
@@ -147,7 +223,7 @@ def matmul_gflop(impl: str, shape: dict) -> float:
   forward = 2 * batch * (inputs + hidden) * 4 * hidden
   backward = 2 * batch * (2 * hidden + inputs) * 4 * hidden
   per_step = forward + backward
-  if impl != REFERENCE:
+  if impl != REFERENCE and impl not in FLOORS:
     layer = _layer(impl, shape)
     layer = layer.forward_layer if isinstance(layer, recurrent.Bidirectional) else layer
     if layer._remat_mode() == 'full':  # pylint: disable=protected-access
@@ -294,7 +370,7 @@ def format_table(results: list[dict]) -> str:
         f"| {shape_label(r['shape'])} | {r['impl']} | {r['ms']:.0f} | {ratio('ms', ref)} | "
         f"{r['cpu_ms']:.0f} | {ratio('cpu_ms', ref)} | {rate} | "
         f"{r['peak_bytes'] / 2**20:.1f} | "
-        f"{ratio('peak_bytes', plain) if variant != REFERENCE else '-'} | "
+        f"{ratio('peak_bytes', plain) if variant in recurrent.VARIANTS else '-'} | "
         f"{' + '.join(map(str, r.get('loop_instructions', []))) or '-'} |")
   return '\n'.join(lines)
 
@@ -326,10 +402,12 @@ def main(argv):
       print(format_batch_sums(saved['batch_sums']))
     return
   known = set(recurrent.VARIANTS)
-  unknown = [i for i in _IMPLS.value if i != REFERENCE and i.split(':')[0] not in known]
+  unknown = [i for i in _IMPLS.value
+             if i not in (REFERENCE, *FLOORS) and i.split(':')[0] not in known]
   if unknown or set(_SHAPES.value) - set(SHAPES):
     raise app.UsageError(f'Unknown impls {unknown} or shapes {_SHAPES.value}; impls: '
-                         f'{REFERENCE} or VARIANT[:BACKWARD[:REMAT]], shapes: {sorted(SHAPES)}.')
+                         f'{REFERENCE}, {", ".join(FLOORS)} or VARIANT[:BACKWARD[:REMAT]], '
+                         f'shapes: {sorted(SHAPES)}.')
   repeats = 3 if _QUICK.value else _REPEATS.value
   facts = machine()   # the load average before this process adds its own
   results = run(_SHAPES.value, _IMPLS.value, repeats)

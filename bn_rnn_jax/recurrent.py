@@ -66,6 +66,9 @@ _INPUT_INITS = {'orthogonal': nn.initializers.orthogonal(),
 # `remat="auto"` on CPU: the largest hidden size whose batch-normalised layers recompute
 # the whole step in the backward pass (see `RecurrentLayer._remat_mode`).
 _FULL_REMAT_MAX_HIDDEN = 128
+# `backward="auto"` on CPU: LSTM layers take the whole-layer backward pass when the hidden
+# size is at least this many times the (per-device) batch (see `_layer_backward`).
+_LAYER_BACKWARD_MIN_HIDDEN_PER_EXAMPLE = 8
 
 
 def reverse_valid(x: Array, mask: Optional[Array]) -> Array:
@@ -173,9 +176,11 @@ class RecurrentLayer(nn.Module):
       backward pass of `layer_vjp` (a reverse scan of the per-step cotangents only, then
       one `[H, B*T] x [B*T, G*H]` product for W_h and one for W_x); `remat` then says
       what its forward scan stores, and it keeps those cotangents (more memory). 'auto':
-      'scan', the faster one on every shape measured on CPU (`benchmarks/rnn_speed.py`,
-      README Speed; no accelerator was measured). Both compute the same gradients;
-      'layer' defines no forward-mode derivative (`jax.jvp`).
+      on CPU, 'layer' for LSTM layers whose hidden size is at least 8x the batch (the
+      per-device batch under pmap), where it was faster (`_layer_backward`), else
+      'scan'; 'scan' on accelerators (not measured). Both compute the same gradients;
+      'layer' defines no forward-mode derivative (`jax.jvp`, `jax.hessian`): pass
+      'scan' for those.
     dtype: compute dtype of the matmuls (e.g. jnp.bfloat16); statistics stay float32.
     axis_name: pmap axis name for cross-device batch moments.
     padded_statistics: count padded entries in the batch moments, as the implementation
@@ -299,15 +304,24 @@ class RecurrentLayer(nn.Module):
                        f'{self.remat!r}.')
     return mode
 
-  def _layer_backward(self) -> bool:
-    """`backward='auto'` is 'scan' (measured with `benchmarks/rnn_speed.py`, README Speed).
+  def _layer_backward(self, batch: int) -> bool:
+    """`backward`, with 'auto' resolved for a `batch` of this size (per device).
 
-    On the 2-core CPU it was measured on, the whole-layer pass was not clearly faster in
-    process CPU time at any shape (plain LSTM within 3 % either way, BN-LSTM from 2 %
-    faster to 20 % slower), and it keeps the `[T, B, G*H]` cotangents (1.25-1.7x the
-    peak memory). Accelerators were not measured, so they keep the autodiff path too.
+    On CPU, an LSTM layer takes the whole-layer pass when `hidden_size >= 8 * batch`.
+    The autodiff of the scan adds `h^T dz` into the `[H, 4H]` weight gradient at every
+    step: per step it reads and writes that accumulator (and the input kernel's), while
+    the whole-layer pass stores and rereads `[B, 4H]` cotangents instead, so it gains as
+    H / B grows. `benchmarks/rnn_speed.py` (README Speed) measured it: at (c) (B64,
+    H1000) and (d) (B32, H650) it is the faster one; at (a) (B64, H100) and at (b) (B40,
+    H240, bidirectional and masked) it is slower. The bound 8 sits above (b) (H / B = 6);
+    in one-off runs on unidirectional shapes the whole-layer pass was ahead from smaller
+    ratios too, by less. The tanh RNN cell and accelerators were not measured and keep
+    the autodiff path.
     """
-    return self.backward == 'layer'
+    if self.backward != 'auto':
+      return self.backward == 'layer'
+    return (jax.default_backend() == 'cpu' and self.cell == 'lstm'
+            and self.hidden_size >= _LAYER_BACKWARD_MIN_HIDDEN_PER_EXAMPLE * batch)
 
   def _scan_with_layer_backward(self, params, cfg, carry, xs, loop_sites):
     """`lax.scan` of the step with the whole-layer backward pass (`layer_vjp`)."""
@@ -441,7 +455,7 @@ class RecurrentLayer(nn.Module):
     if rows:
       xs['stats'] = rows
     loop_sites = tuple(site for site in sites if site not in moments) if train else ()
-    if self._layer_backward():
+    if self._layer_backward(batch):
       final_carry, ys = self._scan_with_layer_backward(params, cfg, carry, xs, loop_sites)
     else:
       step = functools.partial(

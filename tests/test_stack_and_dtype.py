@@ -134,6 +134,20 @@ def test_auto_remat_on_cpu_follows_the_measured_rule():
   assert mode('lstm', 100) == mode('lstm', 1000) == 'none'
 
 
+def test_auto_backward_on_cpu_follows_the_measured_rule():
+  # README Speed: on CPU, LSTM layers take the whole-layer backward pass from H = 8 B.
+  assert jax.default_backend() == 'cpu'
+  uses_layer = lambda variant, hidden, batch: br.make_layer(
+      variant, hidden, max_length=T)._layer_backward(batch)
+  assert [uses_layer('bn_lstm', h, 64) for h in (100, 511, 512, 1000)] == [
+      False, False, True, True]
+  assert uses_layer('lstm', 650, 32) and uses_layer('bn_input_only_seq', 250, 24)
+  assert not uses_layer('lstm', 240, 40)
+  assert not uses_layer('rnn', 1000, 8)
+  assert not br.make_layer('lstm', 1000, backward='scan')._layer_backward(8)
+  assert br.make_layer('lstm', 10, backward='layer')._layer_backward(64)
+
+
 @pytest.mark.parametrize('backward', ['scan', 'layer'])
 @pytest.mark.parametrize('remat', ['none', 'dots', 'full'])
 def test_remat_modes_give_the_same_gradients(data, remat, backward):
