@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import parallel
+from bn_rnn_jax import recurrent
 from bn_rnn_jax import train
 import training_fixtures as fx
 from training_fixtures import compilation_cache  # pylint: disable=unused-import
@@ -24,10 +25,17 @@ def test_eight_devices_see_eight():
   assert jax.local_device_count() == 8, 'tests/conftest.py should set 8 CPU devices'
 
 
-@pytest.mark.parametrize('variant', ['bn_lstm'])
-def test_pmapped_step_equals_single_device(variant):
+# hidden 16: with 2 examples per device, backward='auto' takes the whole-layer pass on
+# 8 CPU devices (H >= 8 B) and the autodiff of the scan on 1 (B16): the same step.
+@pytest.mark.parametrize('variant,hidden', [('bn_lstm', 8), ('bn_lstm', 16)])
+def test_pmapped_step_equals_single_device(variant, hidden):
   # h0 noise is drawn per global example (DESIGN.md decision 8): 8 devices draw 1 device's.
-  config = fx.tiny_config(variant, **{'model.initial_state': 'noise'})
+  config = fx.tiny_config(variant, **{'model.initial_state': 'noise',
+                                      'model.hidden_size': hidden})
+  layer = recurrent.make_layer(variant, hidden)
+  per_device = config.train.batch_size // 8
+  assert layer._layer_backward(per_device) == (hidden == 16)  # pylint: disable=protected-access
+  assert not layer._layer_backward(config.train.batch_size)  # pylint: disable=protected-access
   dataset = fx.synthetic_dataset(config)
   _, state8, metrics8, valid8 = fx.one_step(config, dataset, 8)
   init, state1, metrics1, valid1 = fx.one_step(config, dataset, 1)
