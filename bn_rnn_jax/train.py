@@ -86,8 +86,8 @@ def layer_options(config, train_length: int) -> dict:
                      f'config.model.max_length={max_length} (T_max) is smaller.')
   options = dict(max_length=max_length, axis_name=AXIS)
   for name in ('recurrent_init', 'initial_state', 'initial_state_noise', 'gamma_init',
-               'momentum', 'forget_bias', 'unroll', 'remat', 'epsilon', 'hoist_input',
-               'min_step_count'):
+               'momentum', 'forget_bias', 'unroll', 'remat', 'backward', 'epsilon',
+               'hoist_input', 'min_step_count'):
     if m.get(name) is not None:
       options[name] = m[name]
   options.update(dict(m.get('layer_options', {})))
@@ -305,6 +305,8 @@ def default_config() -> ml_collections.ConfigDict:
   m.forget_bias = 0.0
   m.unroll = 1
   m.remat = 'auto'               # RecurrentLayer.remat: on CPU, by size (README Speed)
+  m.backward = 'auto'            # RecurrentLayer.backward: 'scan' | 'layer' | 'auto' (on CPU
+                                 # 'layer' for LSTMs with H >= 8 B; README Speed)
   m.hoist_input = placeholder(bool)
   m.embed_size = placeholder(int)     # language models: None = one-hot inputs
   m.uniform_init_scale = placeholder(float)  # every param but BN's ~ U(-s, s) (Zaremba)
