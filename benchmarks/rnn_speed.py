@@ -142,23 +142,20 @@ def products_only(x, kernels, backward: str = 'scan'):
   xs = jnp.swapaxes(x, 0, 1)
   h0 = jnp.zeros((x.shape[0], hidden), x.dtype)
   cotangent = lambda dh, z_t: jnp.concatenate([dh, z_t[:, hidden:]], axis=1)
+  batched = backward == 'layer'
 
-  if backward == 'layer':
-    def forward_step(h, x_term):
-      z = x_term + h @ w_h
-      return z[:, :hidden], (h, z)
-    _, (hs, zs) = jax.lax.scan(forward_step, h0, jnp.einsum('tbi,ig->tbg', xs, w_x))
+  def forward_step(h, x_in):
+    z = (x_in if batched else x_in @ w_x) + h @ w_h
+    return z[:, :hidden], (h, z)
+  _, (hs, zs) = jax.lax.scan(forward_step, h0,
+                             jnp.einsum('tbi,ig->tbg', xs, w_x) if batched else xs)
 
+  if batched:
     def backward_step(dh, z_t):
       dz = cotangent(dh, z_t)
       return dz @ w_h.T, dz
     _, dzs = jax.lax.scan(backward_step, h0, zs, reverse=True)
     return jnp.einsum('tbi,tbg->ig', xs, dzs), jnp.einsum('tbh,tbg->hg', hs, dzs)
-
-  def forward_step(h, x_t):
-    z = x_t @ w_x + h @ w_h
-    return z[:, :hidden], (h, z)
-  _, (hs, zs) = jax.lax.scan(forward_step, h0, xs)
 
   def backward_step(carry, step):
     dh, dw_x, dw_h = carry
