@@ -250,10 +250,27 @@ FINITE = 'finite'  # the metrics entry of `train_step` that is not a metric
 
 
 def all_finite(tree) -> jax.Array:
-  """float32 scalar: 1.0 when every floating leaf of `tree` is finite, else 0.0."""
-  flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-           if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  """float32 scalar: 1.0 when every floating leaf of `tree` is finite, else 0.0.
+
+  Leaves of up to `_FINITE_CHECK_JOINED_SIZE` elements are checked together, one check
+  per dtype over their concatenation: a reduction per leaf costs compile time (0.4 s of
+  the quickstart BN-LSTM's train step, with its ~40 small statistics, parameter and
+  optimizer leaves), while copying the small leaves (1 MB there) costs no measurable
+  step time.
+  """
+  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  small = {}
+  flags = []
+  for x in leaves:
+    if jnp.size(x) <= _FINITE_CHECK_JOINED_SIZE:
+      small.setdefault(jnp.result_type(x), []).append(jnp.ravel(x))
+    else:
+      flags.append(jnp.all(jnp.isfinite(x)))
+  flags += [jnp.all(jnp.isfinite(jnp.concatenate(group))) for group in small.values()]
   return jnp.all(jnp.stack(flags)).astype(jnp.float32) if flags else jnp.float32(1.0)
+
+
+_FINITE_CHECK_JOINED_SIZE = 1 << 16
 
 
 def eval_step(params, batch_stats, batch, carry, *, model, task: Task):

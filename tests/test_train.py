@@ -83,6 +83,27 @@ def test_optimizer_clips_global_norm_then_rmsprop():
                              rtol=1e-5)
 
 
+@pytest.mark.parametrize('bad_leaf', ['small_f32', 'small_bf16', 'large_f32', None])
+@pytest.mark.parametrize('bad_value', [np.nan, np.inf, -np.inf])
+def test_all_finite_checks_every_floating_leaf(bad_leaf, bad_value):
+  """Small leaves are checked jointly (per dtype) and large ones alone; a single bad
+  entry anywhere gives 0.0, integer leaves are ignored (NumPy decides)."""
+  size = train._FINITE_CHECK_JOINED_SIZE  # pylint: disable=protected-access
+  rng = np.random.default_rng(0)
+  tree = {'small_f32': [rng.normal(size=(3, 5)).astype(np.float32), np.float32(2.0)],
+          'small_bf16': rng.normal(size=7).astype(jnp.bfloat16),
+          'large_f32': rng.normal(size=size + 1).astype(np.float32),
+          'ints': np.arange(4)}
+  if bad_leaf is not None:
+    leaf = tree[bad_leaf][0] if bad_leaf == 'small_f32' else tree[bad_leaf]
+    leaf.flat[rng.integers(leaf.size)] = bad_value
+  expected = all(np.all(np.isfinite(np.asarray(x, np.float64)))
+                 for x in jax.tree.leaves(tree) if np.asarray(x).dtype.kind != 'i')
+  assert expected == (bad_leaf is None)
+  got = float(jax.jit(train.all_finite)(tree))
+  assert got == float(expected)
+
+
 def test_config_errors_are_one_clear_line():
   bad = {'model.hidden_size': -3, 'train.batch_size': 0,
          'eval.population_stats': 'batch', 'checkpoint.best_mode': 'maximum'}
