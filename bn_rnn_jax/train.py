@@ -249,6 +249,9 @@ def train_step(state: TrainState, batch, *, model, task: Task, tx, carries_state
 FINITE = 'finite'  # the metrics entry of `train_step` that is not a metric
 
 
+_FINITE_CHECK_JOINED_SIZE = 1 << 16  # `all_finite` checks leaves up to this size jointly
+
+
 def all_finite(tree) -> jax.Array:
   """float32 scalar: 1.0 when every floating leaf of `tree` is finite, else 0.0.
 
@@ -258,19 +261,17 @@ def all_finite(tree) -> jax.Array:
   optimizer leaves), while copying the small leaves (1 MB there) costs no measurable
   step time.
   """
-  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
-  small = {}
-  flags = []
-  for x in leaves:
+  small, flags = {}, []
+  for x in jax.tree.leaves(tree):
+    dtype = jnp.result_type(x)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+      continue
     if jnp.size(x) <= _FINITE_CHECK_JOINED_SIZE:
-      small.setdefault(jnp.result_type(x), []).append(jnp.ravel(x))
+      small.setdefault(dtype, []).append(jnp.ravel(x))
     else:
       flags.append(jnp.all(jnp.isfinite(x)))
   flags += [jnp.all(jnp.isfinite(jnp.concatenate(group))) for group in small.values()]
   return jnp.all(jnp.stack(flags)).astype(jnp.float32) if flags else jnp.float32(1.0)
-
-
-_FINITE_CHECK_JOINED_SIZE = 1 << 16
 
 
 def eval_step(params, batch_stats, batch, carry, *, model, task: Task):
