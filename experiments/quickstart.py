@@ -2,103 +2,67 @@ r"""Quickstart: LSTM vs BN-LSTM, same budget, real data, offline, CPU-friendly.
 
   python experiments/quickstart.py --workdir /tmp/quickstart
 
-Trains each variant of `config.variants` (default: lstm, bn_lstm) on scikit-learn's 8x8
-digits read pixel by pixel (64 steps), prints a table (steps, validation accuracy with
-population statistics, wall time) and writes `<workdir>/learning_curves.png`. About a
-minute on 2 CPU cores. Sequential MNIST at 14x14 (196 steps) instead:
+Runs the `quickstart` campaign (`experiments/campaigns/quickstart.py`): both variants on
+scikit-learn's 8x8 digits read pixel by pixel (64 steps, nothing to download), five seeds,
+two runs at a time, then prints its table (every seed's validation accuracy, and what
+holds in every seed) and writes `<workdir>/learning_curves.png`. About 3 minutes on 2 CPU
+cores. It is
+
+  python -m experiments.campaign run quickstart --runs_dir=<workdir> ...
+  python -m experiments.campaign collect quickstart --results_dir=<workdir> ...
+  python -m experiments.campaign report quickstart --results_dir=<workdir> ...
+
+with the runs in `<workdir>/quickstart/<variant>_s<seed>`; a second invocation skips the
+finished runs and resumes the others. Any field of `experiments/configs/quickstart.py`
+can be set for every run with `--config.a.b=value`, `--config.variants` picks the
+variants and `--seeds` the seeds. Sequential MNIST at 14x14 (196 steps) instead:
 
   python experiments/quickstart.py --workdir /tmp/quickstart_mnist \
       --config.data.name=mnist --config.data.mnist_dir=/path/to/mnist \
-      --config.train.num_steps=600
-
-Each variant runs in `<workdir>/<variant>`; a second invocation resumes (or just
-re-reads finished runs). `--results=experiments/results/quickstart_digits.json` also writes
-the table's numbers (no paths), which `python experiments/report.py quickstart_digits`
-prints as the README's table.
+      --config.train.num_steps=600 --config.eval.every=100
 """
 
-import json
 import os
+import subprocess
 import sys
-import time
 
 from absl import app
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
-from bn_rnn_jax import checkpoint
-from bn_rnn_jax import metric_writer
-from bn_rnn_jax import train
-
-# plot.py sits beside this file (importable however this script is started).
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import plot  # pylint: disable=g-import-not-at-top,wrong-import-position
-import report  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs',
-                               'quickstart.py')
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file('config', _DEFAULT_CONFIG, 'Quickstart config file.')
-flags.DEFINE_string('workdir', '/tmp/quickstart', 'Directory for the runs and the plot.')
-flags.DEFINE_string('results', None, 'Also write the table as JSON here (e.g. under '
-                    'experiments/results/).')
+config_flags.DEFINE_config_file(
+    'config', os.path.join(ROOT, 'experiments', 'configs', 'quickstart.py'),
+    'The quickstart config; `--config.a.b=value` sets a field of every run.')
+flags.DEFINE_string('workdir', '/tmp/quickstart', 'Directory of the runs, table and plot.')
+flags.DEFINE_list('seeds', None, 'Seeds (default: the campaign\'s five).')
+flags.DEFINE_integer('parallel', 0, 'Runs at a time (default: the campaign\'s two).')
 
 
-def run_variant(config, variant: str, workdir: str) -> float:
-  """Train one variant in `workdir`; returns the wall time of this call in seconds."""
-  config = config.copy_and_resolve_references()
-  config.model.variant = variant
-  start = time.time()
-  train.train_and_evaluate(config, workdir)
-  return time.time() - start
-
-
-def summarize(workdir: str) -> dict:
-  """Validation accuracy (population statistics) at a quarter, half and end of training."""
-  valid = [r for r in metric_writer.read_metrics(workdir) if r['split'] == 'valid']
-  if not valid:
-    raise ValueError(f'No validation records in {workdir}/metrics.jsonl.')
-  last = valid[-1]['step']
-  def at(fraction):
-    target = fraction * last
-    return min(valid, key=lambda r: abs(r['step'] - target))
-  return {'steps': last, 'quarter': at(0.25), 'half': at(0.5), 'end': valid[-1],
-          'best': max(r['accuracy'] for r in valid), 'time_s': valid[-1].get('time_s')}
+def _value(value) -> str:
+  return repr(tuple(value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 def main(argv):
-  del argv
-  checkpoint.quiet_orbax_logs()
-  config = FLAGS.config
-  variants = tuple(config.get('variants', ('lstm', 'bn_lstm')))
-  data = config.data.name + (f' {config.data.resolution}x{config.data.resolution}'
-                             if config.data.name == 'mnist' else ' 8x8')
-  workdirs = [os.path.join(FLAGS.workdir, v) for v in variants]
-  try:
-    for variant, workdir in zip(variants, workdirs):
-      logging.info('Training %s on %s in %s', variant, data, workdir)
-      run_variant(config, variant, workdir)
-    rows = {v: summarize(w) for v, w in zip(variants, workdirs)}
-  except (ValueError, FileNotFoundError, FloatingPointError) as e:
-    sys.exit(f'error: {e}')
-  png = plot.plot_runs(workdirs, os.path.join(FLAGS.workdir, 'learning_curves.png'),
-                       metric='accuracy', splits=('valid',), labels=list(variants),
-                       title=f'Sequential {data}: validation accuracy (population stats)')
-  print(f'\nSequential {data}, batch {config.train.batch_size}, '
-        f'{config.model.hidden_size} units; validation accuracy with population '
-        f'statistics ({config.eval.population_stats}):\n')
-  print(report.quickstart_table(rows))
-  print(f'\nLearning curves: {png}')
-  if FLAGS.results:
-    setup = (f'sequential {data}, batch {config.train.batch_size}, '
-             f'{config.model.hidden_size} units, {config.train.num_steps} steps; validation '
-             f'accuracy with population statistics ({config.eval.population_stats})')
-    with open(FLAGS.results, 'w') as f:
-      command = report.command_line('experiments/quickstart.py', sys.argv[1:])
-      json.dump({'setup': setup, 'command': command, 'rows': rows}, f, indent=1)
-      f.write('\n')
-    print(f'Table numbers: {FLAGS.results}')
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  overrides = dict(config_flags.get_override_values(FLAGS['config']))
+  variants = overrides.pop('variants', None)
+  workdir = os.path.abspath(FLAGS.workdir)
+  options = [f'--set={key}={_value(value)}' for key, value in overrides.items()]
+  options += [f'--arms={",".join(variants)}'] if variants else []
+  options += [f'--seeds={",".join(FLAGS.seeds)}'] if FLAGS.seeds else []
+  campaign = [sys.executable, '-m', 'experiments.campaign']
+  steps = (['run', 'quickstart', f'--runs_dir={workdir}', f'--parallel={FLAGS.parallel}'],
+           ['collect', 'quickstart', f'--runs_dir={workdir}', f'--results_dir={workdir}'],
+           ['report', 'quickstart', f'--results_dir={workdir}',
+            f'--figure={os.path.join(workdir, "learning_curves.png")}'])
+  for step in steps:
+    # `-m` from the repository root: the campaign package imports as it does in the tests.
+    code = subprocess.call(campaign + step + options, cwd=ROOT)
+    if code:
+      sys.exit(code)
 
 
 if __name__ == '__main__':

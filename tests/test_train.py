@@ -239,7 +239,7 @@ def test_main_reports_missing_mnist_path(tmp_path):
 
 
 def test_quickstart_runs_end_to_end(tmp_path):
-  result = _run(['experiments/quickstart.py', '--workdir', str(tmp_path),
+  result = _run(['experiments/quickstart.py', '--workdir', str(tmp_path), '--seeds=0',
                  '--config.train.num_steps=4', '--config.eval.every=2',
                  '--config.train.log_every=2', '--config.model.hidden_size=8',
                  '--config.eval.population_batches=1', '--config.eval.max_batches=1',
@@ -247,4 +247,4 @@ def test_quickstart_runs_end_to_end(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'bn_lstm' in result.stdout and 'acc@end' in result.stdout
   assert os.path.getsize(tmp_path / 'learning_curves.png') > 1000
-  assert os.path.exists(tmp_path / 'bn_lstm' / 'metrics.jsonl')
+  assert os.path.exists(tmp_path / 'quickstart' / 'bn_lstm_s0' / 'metrics.jsonl')

@@ -34,6 +34,8 @@ from bn_rnn_jax import parallel
 from bn_rnn_jax import train
 from bn_rnn_jax.input_pipeline import mnist
 from bn_rnn_jax.input_pipeline import text
+# The one trailing moving average of the project's figures (the campaigns' tables use it).
+from experiments.campaign.tables import smooth  # pylint: disable=unused-import
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(os.path.dirname(_HERE))
@@ -269,11 +271,3 @@ def matplotlib_pyplot():
   from matplotlib import pyplot as plt
   return plt
 
-
-def smooth(values: Sequence[float], window: int) -> np.ndarray:
-  """Trailing moving average (shorter windows at the start), for noisy training curves."""
-  values = np.asarray(values, np.float64)
-  cumsum = np.cumsum(np.insert(values, 0, 0.0))
-  index = np.arange(1, values.size + 1)
-  lo = np.maximum(index - window, 0)
-  return (cumsum[index] - cumsum[lo]) / (index - lo)

@@ -1,0 +1,155 @@
+r"""Run, follow, collect and report the campaigns of experiments/campaigns/.
+
+  python -m experiments.campaign list                  # every table: command, expected time
+  python -m experiments.campaign run NAME [--parallel=2] [--seeds=0,1] [--set=k=v ...]
+  python -m experiments.campaign status NAME
+  python -m experiments.campaign collect NAME          # -> experiments/results/NAME.json
+  python -m experiments.campaign report [NAME ...]     # tables + NAME.png, from the JSON
+  python -m experiments.campaign speed NAME            # -> the campaign's speed JSON
+
+Runs live in `--runs_dir/<campaign>/<run>` (default `runs/`, outside version control);
+`run` skips finished runs and resumes the others, so the same command continues a
+campaign that was stopped. `--set=key=value` changes a config field of every run (and is
+recorded in the results JSON); `--tiny` applies the spec's tiny budget (two steps, a small
+model: what the tests run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from absl import app
+from absl import flags
+
+from experiments.campaign import collect
+from experiments.campaign import runner
+from experiments.campaign import show
+from experiments.campaign import spec as spec_lib
+from experiments.campaign import speed as speed_lib
+
+_COMMANDS = ('list', 'run', 'status', 'collect', 'report', 'speed', 'evaluate_run',
+             'speed_run')
+_RUNS_DIR = flags.DEFINE_string('runs_dir', 'runs', 'Where the runs live (one folder per '
+                                'campaign, one per run).')
+_RESULTS_DIR = flags.DEFINE_string('results_dir', None, 'Where results JSONs and figures '
+                                   'are written and read (default experiments/results).')
+_PARALLEL = flags.DEFINE_integer('parallel', 0, 'Runs at a time (0: the spec\'s).')
+_SEEDS = flags.DEFINE_list('seeds', None, 'Seeds to run (default: the spec\'s).')
+_ARMS = flags.DEFINE_list('arms', None, 'Arms to run (default: all).')
+_SET = flags.DEFINE_multi_string('set', [], 'KEY=VALUE: a config field of every run.')
+_TINY = flags.DEFINE_bool('tiny', False, 'The spec\'s tiny budget (two steps, small model).')
+_COMPILE_CACHE = flags.DEFINE_bool('compile_cache', False, 'A persistent XLA cache in '
+                                   '--runs_dir shared by the runs (faster starts).')
+_FIGURE = flags.DEFINE_string('figure', None, 'report: the PNG to write (default '
+                              '<results_dir>/<name>.png); "none" draws nothing.')
+
+
+def _extra(campaign: spec_lib.Campaign) -> dict:
+  """The `--tiny` and `--set` overrides, typed by the config's fields."""
+  trainer = spec_lib.get(campaign.source) if campaign.source else campaign
+  extra = dict(trainer.tiny) if _TINY.value else {}
+  if _SET.value:
+    base = trainer.config_of(trainer.runs(arms=[next(iter(trainer.arms))])[0])
+    extra.update(spec_lib.parse_assignment(text, base) for text in _SET.value)
+  return extra
+
+
+def _seeds():
+  return None if _SEEDS.value is None else [int(s) for s in _SEEDS.value]
+
+
+def _report(campaign: spec_lib.Campaign) -> None:
+  names = show.available(campaign, _RESULTS_DIR.value)
+  if not names:
+    raise FileNotFoundError(f'No results for {campaign.name!r} in '
+                            f'{_RESULTS_DIR.value or spec_lib.RESULTS}.')
+  for table in names:
+    print(f'## {campaign.name}: {table}\n\n'
+          f'{show.render(campaign, table, _RESULTS_DIR.value)}\n')
+  if _FIGURE.value != 'none' and names[0] in campaign.tables:
+    png = show.draw(campaign, _RESULTS_DIR.value, _FIGURE.value)
+    if png:
+      print(f'figure: {png}\n')
+
+
+def _run_one(command: str, campaign: spec_lib.Campaign, options: list[str]) -> int:
+  if command == 'run':
+    failed = runner.run(campaign, _RUNS_DIR.value, _PARALLEL.value, _seeds(), _ARMS.value,
+                        _extra(campaign), _COMPILE_CACHE.value, _TINY.value)
+    if failed:
+      print(f'{len(failed)} run(s) failed: {", ".join(failed)}', file=sys.stderr)
+      return 1
+  elif command == 'status':
+    print(runner.status(campaign, _RUNS_DIR.value, _seeds(), _ARMS.value, _extra(campaign)))
+  elif command == 'collect':
+    command = ' && '.join(collect.command_line([step, campaign.name, *options])
+                          for step in ('run', 'collect'))
+    result = collect.collect(campaign, _RUNS_DIR.value, _seeds(), _ARMS.value,
+                             _extra(campaign), command)
+    path = collect.path_of(campaign.name, _RESULTS_DIR.value)
+    collect.write(result, path)
+    print(f'wrote {path} ({len(result["runs"])} runs)')
+  elif command == 'report':
+    _report(campaign)
+  elif command == 'speed':
+    if campaign.speed is None:
+      raise ValueError(f'Campaign {campaign.name!r} has no speed table.')
+    # In a child with the spec's environment (e.g. one XLA thread), as the runs are.
+    env = {**os.environ, **campaign.env,
+           **runner.child_env(_RUNS_DIR.value, _COMPILE_CACHE.value)}
+    return subprocess.call([sys.executable, '-m', 'experiments.campaign', 'speed_run',
+                            campaign.name, *options], cwd=spec_lib.ROOT, env=env)
+  elif command == 'speed_run':
+    arms = [a for a in campaign.speed.arms if not _ARMS.value or a in _ARMS.value]
+    result = speed_lib.measure(campaign, _extra(campaign), arms)
+    path = collect.path_of(campaign.speed.name, _RESULTS_DIR.value)
+    collect.write(result, path)
+    for table in campaign.speed.tables.values():
+      print(table(result))
+    print(f'wrote {path}')
+  return 0
+
+
+def _evaluate_run(name: str, run_name: str) -> None:
+  """One evaluation of an evaluation campaign (launched by `run`)."""
+  campaign = spec_lib.get(name)
+  source = os.path.join(os.path.abspath(_RUNS_DIR.value), campaign.source, run_name)
+  out = os.path.join(os.path.abspath(_RUNS_DIR.value), campaign.name, run_name)
+  os.makedirs(out, exist_ok=True)
+  result = campaign.evaluate(source, _TINY.value)
+  with open(os.path.join(out, collect.EVALUATION + '.tmp'), 'w') as f:
+    json.dump(collect.scrub(result), f, indent=1)
+  os.replace(os.path.join(out, collect.EVALUATION + '.tmp'),
+             os.path.join(out, collect.EVALUATION))
+
+
+def main(argv):
+  if len(argv) < 2 or argv[1] not in _COMMANDS:
+    raise app.UsageError(f'Give a command: {" | ".join(_COMMANDS[:-2])}.')
+  command, names = argv[1], argv[2:]
+  if command == 'list':
+    print(show.listing())
+    return 0
+  if command == 'evaluate_run':
+    _evaluate_run(*names)
+    return 0
+  if not names and command == 'report':
+    names = [n for n in spec_lib.names()
+             if show.available(spec_lib.get(n), _RESULTS_DIR.value)]
+  if not names:
+    raise app.UsageError(f'{command} needs a campaign name: {", ".join(spec_lib.names())}.')
+  try:
+    campaigns = [spec_lib.get(n) for n in names]
+    options = list(sys.argv[1:])
+    for positional in argv[1:]:
+      options.remove(positional)
+    return max(_run_one(command, c, options) for c in campaigns)
+  except (ValueError, FileNotFoundError) as e:
+    sys.exit(f'error: {e}')
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,179 @@
+"""The one collector: runs' records into a results JSON, with the machine and no paths.
+
+`experiments/results/<campaign>.json`:
+
+  campaign, title, command   what made it (`command` names no path of this machine)
+  spec                       the campaign's spec (`Campaign.describe`), `--set` values
+  machine                    processor, cores, XLA flags, library versions, load average
+  setup, baselines           the spec's one-line setup and the data's baselines, if any
+  runs                       `{run name: {arm, seed, records, launches}}`: every record of
+                             the run's metrics.jsonl (`bn_rnn_jax.metric_writer`), and
+                             for an evaluation campaign its `evaluation` instead
+
+Records are written one per line, so the JSON stays readable and diffs stay small.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+from typing import Any, Mapping, Optional, Sequence
+
+from experiments.campaign import spec as spec_lib
+
+LAUNCHES = 'campaign_launches.jsonl'   # one line per launch of a run (runner.py)
+EVALUATION = 'evaluation.json'         # an evaluation job's output (runner.py)
+_LIBRARIES = ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'numpy')
+
+
+def machine(xla_flags: Optional[str] = None) -> dict:
+  """What a timing or a result depends on: processor, cores, XLA flags, versions, load."""
+  versions = {}
+  for name in _LIBRARIES:
+    try:
+      versions[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      versions[name] = None
+  return {'processor': processor(), 'cores': os.cpu_count(),
+          'xla_flags': xla_flags if xla_flags is not None else os.environ.get('XLA_FLAGS', ''),
+          'python': platform.python_version(), 'versions': versions,
+          'load_average_1_5_15_min': [round(v, 2) for v in os.getloadavg()]}
+
+
+def processor() -> str:
+  """The processor's model name (`/proc/cpuinfo`), or what `platform` knows."""
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        if line.startswith('model name'):
+          return line.split(':', 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def read_run(workdir: str) -> dict:
+  """`{'records', 'launches'}` of a training run's workdir."""
+  from bn_rnn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  return {'records': metric_writer.read_metrics(workdir),
+          'launches': read_launches(workdir)}
+
+
+def read_launches(workdir: str) -> list[dict]:
+  path = os.path.join(workdir, LAUNCHES)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence[int]] = None,
+            arms: Optional[Sequence[str]] = None, extra: Mapping[str, Any] = (),
+            command: str = '') -> dict:
+  """The results JSON of the runs under `runs_dir/<campaign>/`. A run without records is
+  left out with a note on stderr; the tables show what there is."""
+  runs = {}
+  missing = []
+  for run in campaign.runs(seeds, arms):
+    workdir = os.path.join(runs_dir, campaign.name, run.name)
+    entry = {'arm': run.arm, 'seed': run.seed}
+    if campaign.evaluate is not None:
+      path = os.path.join(workdir, EVALUATION)
+      if not os.path.exists(path):
+        missing.append(run.name)
+        continue
+      with open(path) as f:
+        entry['evaluation'] = json.load(f)
+      entry['source'] = f'{campaign.source}/{run.name}'
+    else:
+      if not os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
+        missing.append(run.name)
+        continue
+      entry.update(read_run(workdir))
+    runs[run.name] = entry
+  if missing:
+    print(f'collect {campaign.name}: no results yet for {", ".join(missing)}; left out.')
+  launches = [l for r in runs.values() for l in r.get('launches', [])]
+  result = {
+      'campaign': campaign.name, 'title': campaign.title, 'command': command,
+      'spec': {**campaign.describe(), 'set': scrub(dict(extra))},
+      'machine': launches[0]['machine'] if launches else {
+          **machine(campaign.env.get('XLA_FLAGS')), 'note': 'at collect time'},
+  }
+  first = campaign.runs(seeds, arms)[0]
+  config = None
+  if campaign.setup or campaign.baselines:
+    config = _source(campaign).config_of(first, extra)
+  if campaign.setup:
+    result['setup'] = campaign.setup(config)
+  if campaign.baselines:
+    result['baselines'] = campaign.baselines(config)
+  result['runs'] = runs
+  return result
+
+
+def _source(campaign: spec_lib.Campaign) -> spec_lib.Campaign:
+  return spec_lib.get(campaign.source) if campaign.source else campaign
+
+
+def scrub(value):
+  """Absolute paths (of this machine) replaced by '<path>', in any JSON value."""
+  if isinstance(value, dict):
+    return {k: scrub(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [scrub(v) for v in value]
+  if isinstance(value, str) and os.path.isabs(value):
+    return '<path>'
+  return value
+
+
+def command_line(argv: Sequence[str]) -> str:
+  """`python -m experiments.campaign <argv>` without the options that name paths."""
+  kept, skip = [], False
+  for arg in argv:
+    if skip:
+      skip = False
+      continue
+    name = arg.split('=', 1)[0]
+    if name in ('--runs_dir', '--results_dir'):
+      skip = '=' not in arg
+      continue
+    if name == '--set' or arg.startswith('--set='):
+      value = arg.split('=', 1)[1] if '=' in arg else None
+      if value and os.path.isabs(value.partition('=')[2]):
+        arg = f"--set={value.partition('=')[0]}=<path>"
+    kept.append(arg)
+  return ' '.join(['python -m experiments.campaign'] + kept)
+
+
+# ---------------------------------------------------------------------- JSON files
+def path_of(name: str, results_dir: Optional[str] = None) -> str:
+  return os.path.join(results_dir or spec_lib.RESULTS, f'{name}.json')
+
+
+def load(name: str, results_dir: Optional[str] = None) -> dict:
+  path = path_of(name, results_dir)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'No results for {name!r}: {path} does not exist (write it '
+                            f'with `python -m experiments.campaign collect`).')
+  with open(path) as f:
+    return json.load(f)
+
+
+def write(result: dict, path: str) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, 'w') as f:
+    f.write(dumps(result) + '\n')
+
+
+def dumps(value, indent: int = 0) -> str:
+  """JSON with one key per line down to lists of records, which get one record per line."""
+  pad = ' ' * (indent + 1)
+  if isinstance(value, dict) and value:
+    items = [f'{pad}{json.dumps(k)}: {dumps(v, indent + 1)}' for k, v in value.items()]
+    return '{\n' + ',\n'.join(items) + '\n' + ' ' * indent + '}'
+  if isinstance(value, list) and value and all(isinstance(v, (dict, list)) for v in value):
+    return '[\n' + ',\n'.join(pad + json.dumps(v) for v in value) + '\n' + ' ' * indent + ']'
+  return json.dumps(value)

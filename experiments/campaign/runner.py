@@ -1,0 +1,309 @@
+"""Launch a campaign's runs, skip the finished ones, resume the others, show one bar.
+
+Each run is an `experiments/main.py` process in `<runs_dir>/<campaign>/<run>` (its log in
+`stdout.log` there), at most `parallel` at a time, with the spec's environment. A run is
+finished when its metrics.jsonl holds the last records its config asks for (the test of
+the best checkpoint, or else every evaluation split at the last step): it is never
+launched again, so nothing is evaluated twice. Any other run is launched again and the
+trainer resumes it from its latest checkpoint exactly. A workdir whose config.json
+differs from the spec's (other than in the step budget) is an error, not mixed in.
+
+Each launch appends a line to the run's `campaign_launches.jsonl`: the machine, load
+average, exit code, wall and process CPU seconds (collect.py copies them into results).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Mapping, Optional, Sequence
+
+import ml_collections
+
+from experiments.campaign import collect
+from experiments.campaign import spec as spec_lib
+
+_POLL_S = 1.0
+
+
+@dataclasses.dataclass
+class Task:
+  """One process to run: a training run, or an evaluation of a finished one."""
+  key: str                       # '<campaign>/<run>'
+  workdir: str
+  argv: list[str]                # after `python`
+  env: dict
+  total: int                     # training steps (1 for an evaluation)
+  config: Optional[ml_collections.ConfigDict] = None   # training runs only
+  after: Optional[str] = None    # the key of a task that must finish first
+
+
+def plan(campaign: spec_lib.Campaign, runs_dir: str, seeds=None, arms=None,
+         extra: Mapping[str, Any] = (), compile_cache: bool = False,
+         tiny: bool = False) -> list[Task]:
+  """The tasks of a campaign (for an evaluation campaign, its source's runs first)."""
+  runs_dir = os.path.abspath(runs_dir)
+  env = child_env(runs_dir, compile_cache)
+  trainer = spec_lib.get(campaign.source) if campaign.source else campaign
+  tasks = []
+  for run in campaign.runs(seeds, arms):
+    workdir = os.path.join(runs_dir, trainer.name, run.name)
+    config = trainer.config_of(run, extra)
+    tasks.append(Task(f'{trainer.name}/{run.name}', workdir,
+                      trainer.main_args(run, workdir, extra), {**trainer.env, **env},
+                      config.train.num_steps, config))
+    if campaign.evaluate is not None:
+      argv = ['-m', 'experiments.campaign', 'evaluate_run', campaign.name, run.name,
+              f'--runs_dir={runs_dir}'] + (['--tiny'] if tiny else [])
+      tasks.append(Task(f'{campaign.name}/{run.name}',
+                        os.path.join(runs_dir, campaign.name, run.name), argv,
+                        {**campaign.env, **env}, 1, after=tasks[-1].key))
+  return tasks
+
+
+def child_env(runs_dir: str, compile_cache: bool) -> dict:
+  """What every child process gets beside the spec's environment: this repository first
+  on the import path, and optionally a persistent XLA cache in `runs_dir`."""
+  env = {'PYTHONPATH': os.pathsep.join(
+      [spec_lib.ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p])}
+  if compile_cache:
+    # Runs of the same shapes (the seeds of an arm) reuse each other's XLA programs.
+    env.update(JAX_COMPILATION_CACHE_DIR=os.path.join(os.path.abspath(runs_dir), 'jax_cache'),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
+  return env
+
+
+# ---------------------------------------------------------------------- state
+def progress(task: Task) -> tuple[str, int]:
+  """`(state, steps done)`: state is 'new', 'partial', 'finished' or 'running' (another
+  process holds the run's workdir lock)."""
+  if task.config is None:
+    done = os.path.exists(os.path.join(task.workdir, collect.EVALUATION))
+    return ('finished', 1) if done else ('new', 0)
+  if not os.path.exists(os.path.join(task.workdir, 'metrics.jsonl')):
+    return 'new', 0
+  check_config(task)
+  from bn_rnn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  records = metric_writer.read_metrics(task.workdir)
+  if finished(records, task.config):
+    return 'finished', task.total
+  if _locked(task.workdir):
+    state = 'running'
+  else:
+    state = 'partial'
+  return state, max((r['step'] for r in records if r['split'] == 'train'), default=0)
+
+
+def finished(records: Sequence[dict], config: ml_collections.ConfigDict) -> bool:
+  """Whether the records end as a finished run of `config` ends."""
+  last = config.train.num_steps
+  if config.eval.get('test_at_end', False):
+    return any(r['split'] == 'test' and r['step'] == last for r in records)
+  at_end = {r['split'] for r in records if r['step'] == last}
+  return {'train', *config.eval.splits} <= at_end
+
+
+def check_config(task: Task) -> None:
+  """A workdir trained with another config is an error (a longer or shorter budget is
+  not: the run goes on or is finished)."""
+  path = os.path.join(task.workdir, 'config.json')
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    found = _flat(json.load(f))
+  wanted = _flat(json.loads(task.config.to_json_best_effort()))
+  differ = sorted(k for k in set(found) | set(wanted)
+                  if found.get(k) != wanted.get(k) and k != 'train.num_steps')
+  if differ:
+    shown = ', '.join(f'{k}: {found.get(k)!r} there, {wanted.get(k)!r} wanted'
+                      for k in differ[:3])
+    raise ValueError(f'{task.workdir} holds a run of another config ({shown}); remove it '
+                     'or choose another --runs_dir.')
+
+
+def _flat(tree, prefix=''):
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flat(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
+  return out
+
+
+def _locked(workdir: str) -> bool:
+  path = os.path.join(workdir, 'lock')
+  if not os.path.exists(path):
+    return False
+  with open(path) as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      return True
+    fcntl.flock(f, fcntl.LOCK_UN)
+  return False
+
+
+# ---------------------------------------------------------------------- launching
+class _Child:
+  """A launched task: its process, log and launch record."""
+
+  def __init__(self, task: Task, done: int):
+    os.makedirs(task.workdir, exist_ok=True)
+    self.task, self.done = task, done
+    self.log_path = os.path.join(task.workdir, 'stdout.log')
+    self.record = {'machine': collect.machine(task.env.get('XLA_FLAGS')),
+                   'steps_before': done}
+    self._log = open(self.log_path, 'a')
+    self.start = time.time()
+    self.process = subprocess.Popen([sys.executable, *task.argv], cwd=spec_lib.ROOT,
+                                    env={**os.environ, **task.env}, stdout=self._log,
+                                    stderr=subprocess.STDOUT)
+
+  def poll(self) -> Optional[int]:
+    """The exit code once the process ended (its CPU time recorded), else None."""
+    pid, status, usage = os.wait4(self.process.pid, os.WNOHANG)
+    if pid == 0:
+      return None
+    self.process.returncode = os.waitstatus_to_exitcode(status)
+    self._log.close()
+    self.record.update(exit_code=self.process.returncode,
+                       wall_s=round(time.time() - self.start, 3),
+                       cpu_s=round(usage.ru_utime + usage.ru_stime, 3),
+                       load_average_end=[round(v, 2) for v in os.getloadavg()])
+    if self.task.config is not None:
+      self.record['steps_after'] = progress(self.task)[1]
+      with open(os.path.join(self.task.workdir, collect.LAUNCHES), 'a') as f:
+        f.write(json.dumps(self.record) + '\n')
+    return self.process.returncode
+
+  def last_line(self) -> str:
+    with open(self.log_path, errors='replace') as f:
+      lines = [l.strip() for l in f.read().splitlines()[-50:] if l.strip()]
+    errors = [l for l in lines if l.startswith('error:')]
+    return (errors or lines or ['(no output)'])[-1]
+
+  def stop(self) -> None:
+    self.process.terminate()
+    self.process.wait()
+    self._log.close()
+
+
+class Bar:
+  """One progress line over all tasks: steps, runs, elapsed time, ETA."""
+
+  def __init__(self, name: str, tasks: Sequence[Task], stream=None):
+    self.name, self.stream = name, stream or sys.stderr
+    self.total = sum(t.total for t in tasks)
+    self.start, self.first_done, self.last_print = time.time(), None, 0.0
+    self.tty = self.stream.isatty()
+
+  def show(self, done: int, finished: int, runs: int, running: int, force=False) -> None:
+    if self.first_done is None:
+      self.first_done = done
+    elapsed = time.time() - self.start
+    rate = (done - self.first_done) / elapsed if elapsed > 0 else 0.0
+    eta = _clock((self.total - done) / rate) if rate > 0 else '?'
+    width = 24
+    filled = int(width * done / max(self.total, 1))
+    line = (f'{self.name} [{"#" * filled}{"." * (width - filled)}] {done}/{self.total} '
+            f'steps | runs {finished}/{runs} finished, {running} running | '
+            f'{_clock(elapsed)} elapsed, ETA {eta}')
+    if self.tty:
+      self.stream.write('\r' + line.ljust(110))
+    elif force or time.time() - self.last_print >= 30:
+      self.stream.write(line + '\n')
+      self.last_print = time.time()
+    self.stream.flush()
+
+  def event(self, text: str) -> None:
+    self.stream.write(('\r' if self.tty else '') + text.ljust(110 if self.tty else 0) + '\n')
+    self.stream.flush()
+
+
+def _clock(seconds: float) -> str:
+  seconds = int(round(seconds))
+  return f'{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}'
+
+
+def run(campaign: spec_lib.Campaign, runs_dir: str, parallel: int = 0, seeds=None,
+        arms=None, extra: Mapping[str, Any] = (), compile_cache: bool = False,
+        tiny: bool = False) -> list[str]:
+  """Run every unfinished task; returns the keys of those that failed."""
+  tasks = plan(campaign, runs_dir, seeds, arms, extra, compile_cache, tiny)
+  parallel = parallel or campaign.parallel
+  states = {t.key: progress(t) for t in tasks}
+  busy = [k for k, (s, _) in states.items() if s == 'running']
+  if busy:
+    raise ValueError(f'{", ".join(busy)} are being trained by another process; wait for '
+                     'it to finish.')
+  counts = {s: sum(1 for v, _ in states.values() if v == s) for s in ('finished', 'partial')}
+  bar = Bar(campaign.name, tasks)
+  bar.event(f'{campaign.name}: {len(tasks)} runs in {os.path.abspath(runs_dir)}: '
+            f'{counts["finished"]} finished before (skipped), {counts["partial"]} to '
+            f'resume, {parallel} at a time')
+  pending = [t for t in tasks if states[t.key][0] != 'finished']
+  running: dict[str, _Child] = {}
+  failed: list[str] = []
+  try:
+    while pending or running:
+      for task in list(pending):
+        if len(running) >= parallel:
+          break
+        if task.after in failed:
+          pending.remove(task)
+          failed.append(task.key)
+          continue
+        if task.after and states[task.after][0] != 'finished':
+          continue
+        pending.remove(task)
+        done = states[task.key][1]
+        running[task.key] = _Child(task, done)
+        bar.event(f'started {task.key}' + (f' (resuming after step {done})' if done else ''))
+      time.sleep(_POLL_S)
+      for key, child in list(running.items()):
+        code = child.poll()
+        if code is None:
+          states[key] = ('running', progress(child.task)[1])
+          continue
+        del running[key]
+        states[key] = progress(child.task)
+        seconds = child.record['wall_s']
+        if code == 0 and states[key][0] == 'finished':
+          bar.event(f'finished {key} ({seconds:.0f} s)')
+        else:
+          failed.append(key)
+          bar.event(f'FAILED {key} (exit {code}): {child.last_line()}  [{child.log_path}]')
+      done = sum(s for _, s in states.values())
+      bar.show(done, sum(1 for s, _ in states.values() if s == 'finished'), len(tasks),
+               len(running), force=not (pending or running))
+  except KeyboardInterrupt:
+    for child in running.values():
+      child.stop()
+    bar.event(f'interrupted; `python -m experiments.campaign run {campaign.name}` '
+              'resumes the unfinished runs')
+    raise
+  return failed
+
+
+def status(campaign: spec_lib.Campaign, runs_dir: str, seeds=None, arms=None,
+           extra: Mapping[str, Any] = ()) -> str:
+  """One line per task: state, steps, wall time so far, launches."""
+  from bn_rnn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  lines = []
+  for task in plan(campaign, runs_dir, seeds, arms, extra):
+    state, done = progress(task)
+    wall = ''
+    if task.config is not None and state != 'new':
+      times = [r.get('time_s', 0.0) for r in metric_writer.read_metrics(task.workdir)]
+      wall = f'{max(times, default=0.0):8.0f} s'
+    launches = len(collect.read_launches(task.workdir))
+    lines.append(f'{task.key:<44} {state:<9} {done:>7}/{task.total:<7} {wall:>10}  '
+                 f'{launches} launch(es)')
+  return '\n'.join(lines)

@@ -1,0 +1,17 @@
+"""Campaign specs: one module per paper table or figure set, `get_campaign() -> Campaign`.
+
+Each module's docstring opens with its commands and expected cost, in the manner of
+big_vision's configs; `python -m experiments.campaign list` prints them all.
+"""
+
+NAMES = (
+    'quickstart',
+    'init_options',
+    'ptb_char_256',
+    'ptb_char_256_lengths',
+    'ptb_word_small',
+    'brown_tagger',
+    'attentive_reader_long',
+    'attentive_reader_1200',
+    'attentive_reader_200',
+)

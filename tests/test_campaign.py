@@ -1,0 +1,381 @@
+"""The campaign mechanism (experiments/campaign/, experiments/campaigns/).
+
+* Every table the docs quote regenerates from its committed JSON byte for byte: the docs
+  mark each quoted table with `<!-- campaign-table NAME TABLE -->` ... `<!-- /campaign-table -->`.
+* Every campaign runs end to end at a tiny budget (two steps per run, the spec's tiny
+  model, fixture data written here): runner, collector, tables, figure, speed.
+* The runner skips finished runs (nothing is evaluated twice) and resumes the others; the
+  collector records the machine and no paths; each run's command line builds exactly the
+  config the spec means.
+"""
+
+import glob
+import importlib
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+from absl import flags
+from ml_collections import config_flags
+import pytest
+
+from bn_rnn_jax import metric_writer
+from bn_rnn_jax import train
+from experiments.campaign import collect
+from experiments.campaign import runner
+from experiments.campaign import show
+from experiments.campaign import spec
+from experiments.campaigns import ptb_word_small
+from experiments.campaigns import quickstart
+import test_attentive_reader
+import test_language_model
+import test_tagging
+
+REPO = spec.ROOT
+MARKER = re.compile(r'<!-- campaign-table (\S+) (\S+) -->\n(.*?)<!-- /campaign-table -->',
+                    re.S)
+
+
+def _quoted_tables():
+  """`(doc, campaign, table, text)` of every marked block in the README and docs/."""
+  out = []
+  for path in [os.path.join(REPO, 'README.md')] + sorted(
+      glob.glob(os.path.join(REPO, 'docs', '**', '*.md'), recursive=True)):
+    with open(path) as f:
+      for name, table, block in MARKER.findall(f.read()):
+        text = block.strip('\n')
+        if text.startswith('```'):
+          text = text.split('\n', 1)[1].rsplit('```', 1)[0].rstrip('\n')
+        out.append((os.path.relpath(path, REPO), name, table, text))
+  return out
+
+
+QUOTED = _quoted_tables()
+
+
+def test_docs_quote_tables_of_every_committed_training_campaign():
+  assert len(QUOTED) >= 12
+  quoted = {name for _, name, _, _ in QUOTED}
+  for name in spec.names():
+    if spec.get(name).title.startswith('Attentive Reader') and name != (
+        'attentive_reader_long'):
+      continue   # the earlier reader runs are described in prose, not quoted
+    assert name in quoted, f'no quoted table of {name}'
+
+
+@pytest.mark.parametrize('doc,name,table,text', QUOTED,
+                         ids=[f'{n}:{t}' for _, n, t, _ in QUOTED])
+def test_quoted_table_regenerates_from_its_json(doc, name, table, text):
+  assert show.render(spec.get(name), table) == text, f'{doc}: {name} {table}'
+
+
+@pytest.mark.parametrize('name', spec.names())
+def test_every_committed_json_renders_and_names_no_local_path(name):
+  campaign = spec.get(name)
+  for table in show.available(campaign):
+    rendered = show.render(campaign, table)
+    assert rendered.strip() and 'nan' not in rendered
+  result = collect.load(name)
+  assert result['campaign'] == name and result['runs']
+  assert result['command'].startswith('python -m experiments.campaign run ' + name)
+
+
+def test_results_carry_no_paths_of_this_machine():
+  paths = [p for d in ('experiments/results', 'benchmarks/results')
+           for p in glob.glob(os.path.join(REPO, d, '**', '*.json'), recursive=True)]
+  assert paths
+  for path in paths:
+    with open(path) as f:
+      content = f.read()
+    for prefix in ('/tmp/', '/work/', '/root/', '/home/'):
+      assert prefix not in content, f'{path} names {prefix}...'
+
+
+def test_list_shows_every_campaign_with_command_and_expected_time():
+  text = show.listing()
+  for name in spec.names():
+    campaign = spec.get(name)
+    assert f'{name}: {campaign.title}' in text and campaign.command in text
+    assert f'expected: {campaign.expected}' in text
+    # big_vision's manner: the spec's header carries its commands
+    doc = importlib.import_module(f'experiments.campaigns.{name}').__doc__
+    assert f'python -m experiments.campaign run {name}' in doc
+    if campaign.speed:
+      assert f'python -m experiments.campaign speed {name}' in text
+
+
+# ---------------------------------------------------------------------- spec
+@pytest.mark.parametrize('name', spec.names())
+def test_every_run_command_builds_the_spec_config(name, tmp_path):
+  """`experiments/main.py`'s flags of every run (tiny mode too) parse, through
+  config_flags as main.py parses them, to the config the spec means; it validates."""
+  campaign = spec.get(name)
+  trainer = spec.get(campaign.source) if campaign.source else campaign
+  for extra in ({}, dict(trainer.tiny)):
+    for run in campaign.runs():
+      args = trainer.main_args(run, str(tmp_path), extra)
+      argv = ['main.py'] + args[1:]
+      values = flags.FlagValues()
+      config_flags.DEFINE_config_file('config', None, '', flag_values=values, sys_argv=argv)
+      flags.DEFINE_string('workdir', None, '', flag_values=values)
+      values(argv)
+      wanted = trainer.config_of(run, extra)
+      train.validate_config(wanted)
+      assert values.config.to_dict() == wanted.to_dict(), (name, run.name, extra)
+
+
+def test_set_values_are_read_as_the_fields_types():
+  config = spec.load_config('experiments/configs/quickstart.py')
+  assert spec.parse_assignment('train.num_steps=4', config) == ('train.num_steps', 4)
+  assert spec.parse_assignment('optimizer.learning_rate=1', config) == (
+      'optimizer.learning_rate', 1.0)
+  assert spec.parse_assignment('eval.test_at_end=true', config) == ('eval.test_at_end', True)
+  assert spec.parse_assignment('data.name=mnist', config) == ('data.name', 'mnist')
+  assert spec.parse_assignment("eval.splits=('valid',)", config) == ('eval.splits',
+                                                                      ('valid',))
+  with pytest.raises(ValueError, match='no field'):
+    spec.parse_assignment('train.num_stepz=4', config)
+  with pytest.raises(ValueError, match='not a int'):
+    spec.parse_assignment('train.num_steps=four', config)
+
+
+def test_unknown_campaign_and_arm_are_one_line_errors():
+  with pytest.raises(ValueError, match="Unknown campaign 'nope'"):
+    spec.get('nope')
+  with pytest.raises(ValueError, match=r"no arm\(s\) \['gru'\]"):
+    spec.get('quickstart').runs(arms=['gru'])
+
+
+# ---------------------------------------------------------------------- tables
+def _record(step, split, **values):
+  return {'step': step, 'split': split, **values}
+
+
+def _quickstart_result(lstm, bn):
+  """A quickstart JSON whose valid accuracy at steps 1, 2 and 4 is given per seed."""
+  runs = {}
+  for arm, per_seed in (('lstm', lstm), ('bn_lstm', bn)):
+    for seed, accuracies in enumerate(per_seed):
+      records = [_record(s, 'valid', accuracy=a, time_s=float(s))
+                 for s, a in zip((1, 2, 4), accuracies)]
+      runs[f'{arm}_s{seed}'] = {'arm': arm, 'seed': seed, 'records': records}
+  return {'spec': {'arms': {'lstm': {}, 'bn_lstm': {}}}, 'setup': 'tiny', 'runs': runs}
+
+
+def test_quickstart_table_says_what_holds_in_every_seed():
+  result = _quickstart_result(lstm=[(0.1, 0.2, 0.5), (0.1, 0.5, 0.6), (0.2, 0.3, 0.4)],
+                              bn=[(0.3, 0.4, 0.6), (0.4, 0.4, 0.7), (0.5, 0.6, 0.3)])
+  text = quickstart.table(result)
+  lines = {l.split(':')[0].strip(): l for l in text.split('\n') if l.startswith('  ')}
+  # a quarter of 4 steps is step 1; half is step 2
+  assert lines['at step 1'].endswith('ahead in every seed (min +0.200, max +0.300)')
+  assert '+0.200 -0.100 +0.300' in lines['at step 2']
+  assert lines['at step 2'].endswith('ahead in 2 of 3 seeds (min -0.100, max +0.300)')
+  assert lines['at step 4'].endswith('ahead in 2 of 3 seeds (min -0.100, max +0.100)')
+  assert '   1  bn_lstm     0.400    0.400    0.700  0.700' in text
+
+
+def test_word_ptb_table_reads_best_epochs_and_test_score():
+  """Best validation epoch, training perplexity at that epoch and at its lowest, the
+  final test score, Laurent's numbers beside them."""
+  runs = {}
+  for arm, valid in (('lstm', [130.0, 120.0, 125.0]), ('bn_input_only', [128.0, 126.0,
+                                                                          121.0])):
+    records = []
+    for epoch, ppl in enumerate(valid, start=1):
+      records.append(_record(10 * epoch, 'train', loss=math.log(100.0 / epoch)))
+      records.append(_record(10 * epoch, 'valid', perplexity=ppl))
+    records.append(_record(30, 'test', perplexity=111.0, checkpoint_step=20))
+    runs[f'{arm}_s0'] = {'arm': arm, 'seed': 0, 'records': records}
+  result = {'spec': {'arms': {'lstm': {'label': 'LSTM'}, 'bn_input_only': {'label': 'BN'}},
+                     'paper': {'table2_small': ptb_word_small.PAPER}}, 'runs': runs}
+  rows = ptb_word_small.table2(result).split('\n')[2:]
+  assert rows[0] == '| lstm | 120.0, epoch 2 (119.2) | 50.0 | 33.3 (78.5) | 111.0 |'
+  assert rows[1] == '| bn_input_only | 121.0, epoch 3 (120.9) | 33.3 | 33.3 (62.5) | 111.0 |'
+  assert ptb_word_small.valid_per_epoch(result).split('\n') == [
+      '* LSTM 130, **120**, 125', '* BN   128, 126, **121**']
+
+
+def test_markdown_and_first_past():
+  from experiments.campaign import tables  # pylint: disable=g-import-not-at-top
+  assert tables.markdown(['a', 'b'], [[1, ''], ['x', 2]]) == (
+      '| a | b |\n|---|---|\n| 1 | |\n| x | 2 |')
+  assert tables.first_past([1, 2, 3], [0.1, 0.5, 0.9], 0.4) == 2
+  assert tables.first_past([1, 2, 3], [0.9, 0.5, 0.1], 0.4, above=False) == 3
+  assert tables.first_past([1, 2], [0.1, 0.2], 0.4) is None
+
+
+# ---------------------------------------------------------------------- runner
+def _finished_config(test_at_end):
+  config = spec.load_config('experiments/configs/quickstart.py')
+  config.train.num_steps = 4
+  config.eval.test_at_end = test_at_end
+  return config
+
+
+def test_finished_needs_the_last_records_the_config_asks_for():
+  config = _finished_config(test_at_end=False)
+  partial = [_record(2, 'train'), _record(2, 'valid')]
+  assert not runner.finished(partial, config)
+  assert not runner.finished(partial + [_record(4, 'train')], config)
+  assert runner.finished(partial + [_record(4, 'train'), _record(4, 'valid')], config)
+  config = _finished_config(test_at_end=True)
+  done = partial + [_record(4, 'train'), _record(4, 'valid')]
+  assert not runner.finished(done, config)
+  assert runner.finished(done + [_record(4, 'test')], config)
+
+
+def test_a_workdir_of_another_config_is_an_error(tmp_path):
+  campaign = spec.get('quickstart')
+  task = runner.plan(campaign, str(tmp_path), seeds=[0], arms=['lstm'])[0]
+  os.makedirs(task.workdir)
+  other = task.config.copy_and_resolve_references()
+  other.model.hidden_size = 7
+  with open(os.path.join(task.workdir, 'config.json'), 'w') as f:
+    f.write(other.to_json_best_effort())
+  with open(os.path.join(task.workdir, 'metrics.jsonl'), 'w') as f:
+    f.write(json.dumps(_record(2, 'train')) + '\n')
+  with pytest.raises(ValueError, match=f'{task.workdir} holds a run of another config '
+                     r"\(model.hidden_size: 7 there, 100 wanted\)"):
+    runner.progress(task)
+  other.model.hidden_size = 100
+  other.train.num_steps = 5     # another budget is not another config: it resumes
+  with open(os.path.join(task.workdir, 'config.json'), 'w') as f:
+    f.write(other.to_json_best_effort())
+  assert runner.progress(task) == ('partial', 2)
+
+
+def test_command_line_names_no_paths():
+  assert collect.command_line(['run', 'x', '--runs_dir', '/tmp/a', '--seeds=0',
+                               '--results_dir=/b', '--set=data.path=/tmp/ptb',
+                               '--set=train.num_steps=2']) == (
+      'python -m experiments.campaign run x --seeds=0 --set=data.path=<path> '
+      '--set=train.num_steps=2')
+  assert collect.scrub({'a': ['/tmp/x', 'rel/y'], 'b': 3}) == {'a': ['<path>', 'rel/y'],
+                                                              'b': 3}
+
+
+# ---------------------------------------------------------------------- end to end
+@pytest.fixture(scope='module')
+def data(tmp_path_factory):
+  """Fixture data of every campaign's dataset (digits need none)."""
+  root = tmp_path_factory.mktemp('campaign_data')
+  (root / 'ptb').mkdir()
+  return {
+      'ptb': test_language_model.write_ptb_fixture(root / 'ptb', lines=(60, 12, 12)),
+      'brown': test_tagging._write_brown(root / 'brown'),  # pylint: disable=protected-access
+      'cloze': test_attentive_reader.write_questions(str(root / 'cloze')),
+  }
+
+
+DATA = {'ptb_char_256': 'ptb', 'ptb_char_256_lengths': 'ptb', 'ptb_word_small': 'ptb',
+        'brown_tagger': 'brown', 'attentive_reader_long': 'cloze',
+        'attentive_reader_1200': 'cloze', 'attentive_reader_200': 'cloze'}
+
+
+@pytest.fixture(scope='module')
+def tiny_runs(tmp_path_factory):
+  """One runs folder and XLA cache for every campaign's tiny runs (the lengths campaign
+  evaluates the tiny ptb_char_256 runs)."""
+  return tmp_path_factory.mktemp('campaign_runs')
+
+
+def _tiny(name, data, runs_dir, results_dir, arms=None, seeds=None):
+  """Run, collect, report (every table, the figure) and time a campaign at the tiny
+  budget (its first seed, `arms` or all); returns its results JSON."""
+  campaign = spec.get(name)
+  trainer = spec.get(campaign.source) if campaign.source else campaign
+  extra = dict(trainer.tiny)
+  if name in DATA:
+    extra['data.path'] = data[DATA[name]]
+  seeds = seeds or campaign.seeds[:1]
+  failed = runner.run(campaign, str(runs_dir), 2, seeds, arms, extra, compile_cache=True,
+                      tiny=True)
+  assert not failed, [open(os.path.join(runs_dir, k, 'stdout.log')).read()[-3000:]
+                      for k in failed]
+  result = collect.collect(campaign, str(runs_dir), seeds, arms, extra, 'tiny')
+  collect.write(result, collect.path_of(name, str(results_dir)))
+  if campaign.speed:   # the command line, as a user runs it
+    speed_arms = [a for a in campaign.speed.arms if arms is None or a in arms]
+    options = [f'--set={k}={spec.flag_value(v)}' for k, v in extra.items()
+               if k not in campaign.tiny]
+    done = subprocess.run(
+        [sys.executable, '-m', 'experiments.campaign', 'speed', name, '--tiny',
+         f'--arms={",".join(speed_arms)}', f'--runs_dir={runs_dir}',
+         f'--results_dir={results_dir}', '--compile_cache', *options],
+        cwd=REPO, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    timed = collect.load(campaign.speed.name, str(results_dir))
+    assert list(timed['arms']) == speed_arms
+    assert 'intra_op_parallelism_threads=1' in timed['machine']['xla_flags']
+  for table in show.table_names(campaign):
+    text = show.render(campaign, table, str(results_dir))
+    assert text.strip() and 'nan' not in text
+  if campaign.figure:
+    png = show.draw(campaign, str(results_dir))
+    assert os.path.getsize(png) > 1000
+  content = json.dumps(result)
+  assert str(runs_dir) not in content and str(data['ptb']) not in content
+  assert len(result['runs']) == len(campaign.runs(seeds, arms))
+  for run in result['runs'].values():
+    if 'records' in run:
+      assert run['records'][-1]['step'] == 2
+      launch = run['launches'][-1]
+      assert launch['exit_code'] == 0 and launch['cpu_s'] > 0
+      machine = launch['machine']
+      assert machine['cores'] >= 1 and machine['processor'] and machine['versions']['jax']
+      assert 'intra_op_parallelism_threads=1' in machine['xla_flags']
+      assert len(machine['load_average_1_5_15_min']) == 3
+    else:
+      assert run['evaluation']['rows'][-1]['length'] == 'whole'
+  return result
+
+
+# Arms of the quick end-to-end runs, where a campaign's other arms differ from these only
+# in config values: every arm's config is built, parsed and validated above, and the slow
+# test below trains them all. The reader's reference arm (lstm) is kept: its speed table
+# needs it; the earlier reader campaigns reuse its compiled programs.
+QUICK_ARMS = {'init_options': ['lstm_ours', 'bn_lstm_authors'],
+              'attentive_reader_long': ['lstm', 'bn_e_star_star'],
+              'attentive_reader_1200': ['lstm'],
+              'attentive_reader_200': ['lstm']}
+
+
+@pytest.mark.parametrize('name', spec.names())
+def test_campaign_end_to_end_at_a_tiny_budget(name, data, tiny_runs, tmp_path):
+  result = _tiny(name, data, tiny_runs, tmp_path, QUICK_ARMS.get(name))
+  if name.startswith('attentive_reader'):
+    assert set(result['baselines']) == {'train', 'valid', 'test'}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', sorted(QUICK_ARMS))
+def test_every_arm_end_to_end_at_a_tiny_budget(name, data, tiny_runs, tmp_path):
+  """The arms the quick test leaves out (the runs it made are skipped, not redone)."""
+  _tiny(name, data, tiny_runs, tmp_path)
+
+
+def test_run_again_skips_finished_runs_and_resumes_the_others(data, tiny_runs, tmp_path):
+  """After the tiny quickstart, the same `run` launches nothing; a longer budget resumes
+  the run from its checkpoint (one more launch); no step is evaluated twice."""
+  campaign = spec.get('quickstart')
+  extra = dict(campaign.tiny)
+  _tiny('quickstart', data, tiny_runs, tmp_path)
+  workdir = os.path.join(tiny_runs, 'quickstart', 'lstm_s0')
+  before = collect.read_launches(workdir)
+  assert runner.run(campaign, str(tiny_runs), 2, [0], None, extra) == []
+  assert collect.read_launches(workdir) == before
+  longer = {**extra, 'train.num_steps': 4}
+  assert runner.run(campaign, str(tiny_runs / 'longer'), 2, [0], ['lstm'], extra) == []
+  assert runner.run(campaign, str(tiny_runs / 'longer'), 2, [0], ['lstm'], longer) == []
+  resumed = os.path.join(tiny_runs, 'longer', 'quickstart', 'lstm_s0')
+  launches = collect.read_launches(resumed)
+  assert [(l['steps_before'], l['steps_after']) for l in launches] == [(0, 2), (2, 4)]
+  assert runner.run(campaign, str(tiny_runs / 'longer'), 2, [0], ['lstm'], longer) == []
+  records = metric_writer.read_metrics(resumed)
+  assert [r['step'] for r in records if r['split'] == 'train'] == [2, 4]
+  assert [r['step'] for r in records if r['split'] == 'valid'] == [2, 4]
+  assert len(collect.read_launches(resumed)) == 2
