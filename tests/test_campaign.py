@@ -107,6 +107,17 @@ def test_list_shows_every_campaign_with_command_and_expected_time():
       assert f'python -m experiments.campaign speed {name}' in text
 
 
+def test_experiment_modules_import_together_without_flag_clashes():
+  """The command line, the plotting and report modules, every spec and every figure
+  script in one process: no absl DuplicateFlagError."""
+  modules = ['experiments.campaign.__main__', 'experiments.plot', 'experiments.report'] + [
+      f'experiments.campaigns.{n}' for n in spec.names()] + [
+          f'experiments.analysis.{os.path.splitext(os.path.basename(p))[0]}' for p in
+          glob.glob(os.path.join(REPO, 'experiments', 'analysis', '*.py'))]
+  for module in modules:
+    importlib.import_module(module)
+
+
 # ---------------------------------------------------------------------- spec
 @pytest.mark.parametrize('name', spec.names())
 def test_every_run_command_builds_the_spec_config(name, tmp_path):
@@ -251,9 +262,10 @@ def test_a_workdir_of_another_config_is_an_error(tmp_path):
 def test_command_line_names_no_paths():
   assert collect.command_line(['run', 'x', '--runs_dir', '/tmp/a', '--seeds=0',
                                '--results_dir=/b', '--set=data.path=/tmp/ptb',
+                               '--set', 'model.variant=lstm', '--set', 'data.path=/tmp/b',
                                '--set=train.num_steps=2']) == (
       'python -m experiments.campaign run x --seeds=0 --set=data.path=<path> '
-      '--set=train.num_steps=2')
+      '--set=model.variant=lstm --set=data.path=<path> --set=train.num_steps=2')
   assert collect.scrub({'a': ['/tmp/x', 'rel/y'], 'b': 3}) == {'a': ['<path>', 'rel/y'],
                                                               'b': 3}
 

@@ -97,11 +97,14 @@ def _run_one(command: str, campaign: spec_lib.Campaign, options: list[str]) -> i
   elif command == 'speed':
     if campaign.speed is None:
       raise ValueError(f'Campaign {campaign.name!r} has no speed table.')
-    # In a child with the spec's environment (e.g. one XLA thread), as the runs are.
+    # In a child with the spec's environment (e.g. one XLA thread) and working folder,
+    # as the runs are.
     env = {**os.environ, **campaign.env,
            **runner.child_env(_RUNS_DIR.value, _COMPILE_CACHE.value)}
+    folders = [f'--runs_dir={os.path.abspath(_RUNS_DIR.value)}'] + (
+        [f'--results_dir={os.path.abspath(_RESULTS_DIR.value)}'] if _RESULTS_DIR.value else [])
     return subprocess.call([sys.executable, '-m', 'experiments.campaign', 'speed_run',
-                            campaign.name, *options], cwd=spec_lib.ROOT, env=env)
+                            campaign.name, *options, *folders], cwd=spec_lib.ROOT, env=env)
   elif command == 'speed_run':
     arms = [a for a in campaign.speed.arms if not _ARMS.value or a in _ARMS.value]
     result = speed_lib.measure(campaign, _extra(campaign), arms)

@@ -87,6 +87,7 @@ def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence
       with open(path) as f:
         entry['evaluation'] = json.load(f)
       entry['source'] = f'{campaign.source}/{run.name}'
+      entry['launches'] = read_launches(workdir)
     else:
       if not os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
         missing.append(run.name)
@@ -130,20 +131,19 @@ def scrub(value):
 
 
 def command_line(argv: Sequence[str]) -> str:
-  """`python -m experiments.campaign <argv>` without the options that name paths."""
-  kept, skip = [], False
-  for arg in argv:
-    if skip:
-      skip = False
-      continue
-    name = arg.split('=', 1)[0]
+  """`python -m experiments.campaign <argv>` without the options that name paths of
+  this machine (`--runs_dir`, `--results_dir`; a `--set` value that is one reads <path>)."""
+  kept, args = [], list(argv)
+  while args:
+    arg = args.pop(0)
+    name, has_value, value = arg.partition('=')
+    if name in ('--runs_dir', '--results_dir', '--set') and not has_value and args:
+      value = args.pop(0)   # the `--flag value` spelling
     if name in ('--runs_dir', '--results_dir'):
-      skip = '=' not in arg
       continue
-    if name == '--set' or arg.startswith('--set='):
-      value = arg.split('=', 1)[1] if '=' in arg else None
-      if value and os.path.isabs(value.partition('=')[2]):
-        arg = f"--set={value.partition('=')[0]}=<path>"
+    if name == '--set':
+      key, _, setting = value.partition('=')
+      arg = f'--set={key}={"<path>" if os.path.isabs(setting) else setting}'
     kept.append(arg)
   return ' '.join(['python -m experiments.campaign'] + kept)
 

@@ -177,10 +177,9 @@ class _Child:
                        wall_s=round(time.time() - self.start, 3),
                        cpu_s=round(usage.ru_utime + usage.ru_stime, 3),
                        load_average_end=[round(v, 2) for v in os.getloadavg()])
-    if self.task.config is not None:
-      self.record['steps_after'] = progress(self.task)[1]
-      with open(os.path.join(self.task.workdir, collect.LAUNCHES), 'a') as f:
-        f.write(json.dumps(self.record) + '\n')
+    self.record['steps_after'] = progress(self.task)[1]
+    with open(os.path.join(self.task.workdir, collect.LAUNCHES), 'a') as f:
+      f.write(json.dumps(self.record) + '\n')
     return self.process.returncode
 
   def last_line(self) -> str:
@@ -283,6 +282,8 @@ def run(campaign: spec_lib.Campaign, runs_dir: str, parallel: int = 0, seeds=Non
       done = sum(s for _, s in states.values())
       bar.show(done, sum(1 for s, _ in states.values() if s == 'finished'), len(tasks),
                len(running), force=not (pending or running))
+    if not failed and all(s == 'finished' for s, _ in states.values()):
+      bar.event(f'{campaign.name}: all {len(tasks)} runs finished')
   except KeyboardInterrupt:
     for child in running.values():
       child.stop()

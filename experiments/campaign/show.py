@@ -60,9 +60,9 @@ def listing() -> str:
   for name in spec_lib.names():
     campaign = spec_lib.get(name)
     results = os.path.relpath(collect.path_of(name), spec_lib.ROOT)
-    there = 'committed' if os.path.exists(collect.path_of(name)) else 'not run yet'
+    there = '' if os.path.exists(collect.path_of(name)) else ', not collected yet'
     lines = [f'{name}: {campaign.title}',
-             f'  tables:   {", ".join(campaign.tables)} ({results}, {there})',
+             f'  tables:   {", ".join(campaign.tables)} ({results}{there})',
              f'  command:  {campaign.command}',
              f'  report:   python -m experiments.campaign report {name}',
              f'  expected: {campaign.expected}']
