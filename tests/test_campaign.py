@@ -15,8 +15,10 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 from absl import flags
 from ml_collections import config_flags
@@ -391,3 +393,51 @@ def test_run_again_skips_finished_runs_and_resumes_the_others(data, tiny_runs, t
   assert [r['step'] for r in records if r['split'] == 'train'] == [2, 4]
   assert [r['step'] for r in records if r['split'] == 'valid'] == [2, 4]
   assert len(collect.read_launches(resumed)) == 2
+
+
+def test_a_killed_campaign_resumes_exactly(tiny_runs):
+  """Kill the runner and its run (SIGKILL to the process group) after the first
+  checkpoint; `run` again resumes the run from it and ends with the records of an
+  uninterrupted one."""
+  campaign = spec.get('quickstart')
+  budget = {**campaign.tiny, 'train.num_steps': 100, 'train.log_every': 5, 'eval.every': 50,
+            'checkpoint.every': 10}
+  argv = [sys.executable, '-m', 'experiments.campaign', 'run', 'quickstart', '--tiny',
+          '--arms=lstm', '--seeds=0', f'--runs_dir={tiny_runs / "killed"}',
+          '--compile_cache'] + [f'--set={k}={v}' for k, v in budget.items()
+                                if k not in campaign.tiny or v != campaign.tiny[k]]
+  killed = os.path.join(tiny_runs, 'killed', 'quickstart', 'lstm_s0')
+  process = subprocess.Popen(argv, cwd=REPO, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.time() + 300   # the checkpoint of step 10 is written, step 15 done
+    while time.time() < deadline and not (
+        os.path.isdir(os.path.join(killed, 'checkpoints', '10')) and
+        any(r['split'] == 'train' and r['step'] >= 15 for r in _records_so_far(killed))):
+      time.sleep(0.1)
+  finally:
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+  task = runner.plan(campaign, str(tiny_runs / 'killed'), [0], ['lstm'], budget)[0]
+  deadline = time.time() + 30   # the killed run's process ends (its lock goes with it)
+  while runner.progress(task)[0] == 'running' and time.time() < deadline:
+    time.sleep(0.1)
+  assert not runner.finished(_records_so_far(killed), campaign.config_of(
+      campaign.runs([0], ['lstm'])[0], budget))
+  assert runner.run(campaign, str(tiny_runs / 'killed'), 1, [0], ['lstm'], budget,
+                    compile_cache=True) == []
+  assert runner.run(campaign, str(tiny_runs / 'whole'), 1, [0], ['lstm'], budget,
+                    compile_cache=True) == []
+  with open(os.path.join(killed, 'stdout.log')) as f:
+    assert re.search(r'Resumed from the checkpoint of step [1-9]0\.', f.read())
+  whole = os.path.join(tiny_runs, 'whole', 'quickstart', 'lstm_s0')
+  strip = lambda records: [{k: v for k, v in r.items() if k != 'time_s'} for r in records]
+  assert strip(metric_writer.read_metrics(killed)) == strip(metric_writer.read_metrics(whole))
+  assert [r['step'] for r in metric_writer.read_metrics(killed) if r['split'] == 'valid'] == [
+      50, 100]
+
+
+def _records_so_far(workdir):
+  if not os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
+    return []
+  return metric_writer.read_metrics(workdir)

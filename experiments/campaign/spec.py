@@ -175,7 +175,7 @@ class Campaign:
            'env': dict(self.env), 'paper': dict(self.paper), 'expected': self.expected}
     if self.source:
       out['source'] = self.source
-    return _jsonable(out)
+    return jsonable(out)
 
 
 # ---------------------------------------------------------------------- configs
@@ -246,11 +246,11 @@ def flag_value(value: Any) -> str:
   return str(value)
 
 
-def _jsonable(value):
+def jsonable(value):
   if isinstance(value, Mapping):
-    return {str(k): _jsonable(v) for k, v in value.items()}
+    return {str(k): jsonable(v) for k, v in value.items()}
   if isinstance(value, (list, tuple)):
-    return [_jsonable(v) for v in value]
+    return [jsonable(v) for v in value]
   return value
 
 

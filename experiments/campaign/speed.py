@@ -63,10 +63,15 @@ def measure(campaign: spec_lib.Campaign, extra: Mapping[str, Any] = (),
   for record in out.values():
     record['wall_s_per_step'] = tables.median(record['wall_s_per_step_rounds'])
     record['cpu_s_per_step'] = tables.median(record['cpu_s_per_step_rounds'])
-  shapes = sorted({str(tuple(_leading_shape(b))) for b in host_batches})
+  shapes = []   # each distinct batch layout once: {leaf path: shape}
+  for batch in host_batches:
+    layout = {jax.tree_util.keystr(path): list(leaf.shape)
+              for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0]}
+    if layout not in shapes:
+      shapes.append(layout)
   return {'campaign': campaign.name, 'speed': speed.name,
           'command': f'python -m experiments.campaign speed {campaign.name}',
-          'spec': spec_lib._jsonable({  # pylint: disable=protected-access
+          'spec': spec_lib.jsonable({
               'config': campaign.config, 'arms': arms,
               'overrides': dict(speed.overrides), 'set': collect.scrub(dict(extra)),
               'steps': speed.steps, 'rounds': speed.rounds, 'what': speed.what,
@@ -74,9 +79,4 @@ def measure(campaign: spec_lib.Campaign, extra: Mapping[str, Any] = (),
           'machine': {**collect.machine(), 'load_average_at_start': load_at_start,
                       'backend': jax.default_backend()},
           'batch_shapes': shapes, 'arms': out}
-
-
-def _leading_shape(batch):
-  import jax  # pylint: disable=g-import-not-at-top
-  return jax.tree.leaves(batch)[0].shape
 
