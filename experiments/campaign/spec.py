@@ -133,11 +133,10 @@ class Campaign:
 
   @property
   def command(self) -> str:
-    """The commands that make its results JSON (and its speed JSON)."""
+    """The commands that make its results JSON (`speed` makes the speed JSON)."""
     prefix = 'python -m experiments.campaign'
     parallel = f' --parallel={self.parallel}' if self.parallel > 1 else ''
-    out = f'{prefix} run {self.name}{parallel} && {prefix} collect {self.name}'
-    return out
+    return f'{prefix} run {self.name}{parallel} && {prefix} collect {self.name}'
 
   def runs(self, seeds: Optional[Sequence[int]] = None,
            arms: Optional[Sequence[str]] = None) -> list[Run]:
