@@ -11,7 +11,7 @@ Summarise the runs (reads `<output>_speed.json` if it is there):
       --workdirs=/tmp/brown/lstm,/tmp/brown/bn_input_only_seq,/tmp/brown/bn_input_only \
       --output=experiments/results/brown_tagger
 
-Training is `train.train_and_evaluate` with `experiments/configs/brown_tagger.py`. The
+Training is `loop.train_and_evaluate` with `experiments/configs/brown_tagger.py`. The
 report writes `<output>.json` (curves, a Table-1-like summary, baselines, speed) and
 `<output>.png` (FCE against steps in the manner of Laurent Fig. 1: dotted = training,
 solid = validation). Training FCE is measured like validation, with population statistics,
@@ -35,7 +35,7 @@ import numpy as np
 
 from bn_rnn_jax import checkpoint
 from bn_rnn_jax import metric_writer
-from bn_rnn_jax import train
+from bn_rnn_jax import loop
 from bn_rnn_jax.input_pipeline import tagging
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs'))
@@ -102,7 +102,7 @@ def measure_speed(data_path=None, rounds: int = 5, steps: int = 20) -> dict:
   for variant in brown_tagger.VARIANTS:
     config = make_config(variant, data_path)
     config.train.num_devices = 1
-    trainers[variant] = trainer = train.Trainer(config, None, dataset)
+    trainers[variant] = trainer = loop.Trainer(config, None, dataset)
     states[variant] = trainer.to_devices(trainer.initial_state())
   # The same `steps` batches for every variant, every round; compile their shapes first.
   batches = [trainers['lstm'].train_batch(s) for s in range(steps)]
@@ -251,7 +251,7 @@ def main(argv):
   config = make_config(FLAGS.variant, FLAGS.data_path, FLAGS.num_steps)
   logging.info('Training %s for %d steps in %s', FLAGS.variant, config.train.num_steps,
                FLAGS.workdir)
-  train.train_and_evaluate(config, FLAGS.workdir)
+  loop.train_and_evaluate(config, FLAGS.workdir)
 
 
 if __name__ == '__main__':

@@ -34,7 +34,7 @@ from ml_collections import config_flags
 
 from bn_rnn_jax import checkpoint
 from bn_rnn_jax import metric_writer
-from bn_rnn_jax import train
+from bn_rnn_jax import loop
 
 # report.py sits beside this file (importable however this script is started).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -106,7 +106,7 @@ def main(argv):
       config = run_config(base, variant, option, _STEPS.value, _EVAL_EVERY.value)
       workdir = os.path.join(_WORKDIR.value, variant, option)
       logging.info('Training %s / %s in %s', variant, option, workdir)
-      train.train_and_evaluate(config, workdir)
+      loop.train_and_evaluate(config, workdir)
       runs[variant][option] = summarize(workdir)
   c = run_config(base, _VARIANTS.value[0], _OPTIONS.value[0], _STEPS.value,
                  _EVAL_EVERY.value)

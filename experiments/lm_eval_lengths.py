@@ -32,6 +32,7 @@ import ml_collections
 from bn_rnn_jax import checkpoint as checkpoint_lib
 from bn_rnn_jax import parallel
 from bn_rnn_jax import train
+from bn_rnn_jax import loop
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list('workdirs', None, 'Trained language-model run directories.')
@@ -54,7 +55,7 @@ def load_run(workdir: str, which: str, data_path=None):
     config = ml_collections.ConfigDict(json.load(f))
   if data_path:
     config.data.path = data_path
-  trainer = train.Trainer(config, workdir)
+  trainer = loop.Trainer(config, workdir)
   if trainer.dataset.task != 'language_model' or trainer.dataset.carries_state:
     raise ValueError(f'{workdir}: a character-level language model (independent '
                      'segments) is needed for this evaluation.')
@@ -82,7 +83,7 @@ def batch_stats_evaluator(config, trainer, length: int):
 
   def sums(params, batch):
     (_, logits), _ = trainer.task.apply(
-        model, {'params': params, 'batch_stats': fresh}, batch, True, None,
+        model, {'params': params, 'batch_stats': fresh}, batch, train=True, carry=None,
         rngs={'dropout': jax.random.PRNGKey(0), 'noise': jax.random.PRNGKey(1)},
         mutable=['batch_stats'])
     s, n = trainer.task.loss_sums(logits, batch)

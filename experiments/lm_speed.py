@@ -3,7 +3,7 @@ r"""Training steps per second of a language-model config, variant against varian
   python experiments/lm_speed.py --config=experiments/configs/ptb_char.py \
       --variants=lstm,bn_lstm,bn_input_only --steps=5 --rounds=3
 
-Builds the real trainer (`train.Trainer`: pmapped train step, real batches from the
+Builds the real trainer (`loop.Trainer`: pmapped train step, real batches from the
 config's data) for every variant in one process, compiles each once, then times `steps`
 consecutive training steps per variant, round-robin over `rounds` rounds, so that load
 from other processes hits all variants alike. Prints and optionally writes (`--output`
@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from ml_collections import config_flags
 
-from bn_rnn_jax import train
+from bn_rnn_jax import loop
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file('config', None, 'Language-model config file.',
@@ -36,7 +36,7 @@ flags.mark_flags_as_required(['config'])
 def build(config, variant):
   config = config.copy_and_resolve_references()
   config.model.variant = variant
-  trainer = train.Trainer(config)
+  trainer = loop.Trainer(config)
   state = trainer.to_devices(trainer.initial_state())
   state, metrics = trainer.p_train_step(state, trainer.train_batch(0))   # compile
   jax.block_until_ready(metrics)

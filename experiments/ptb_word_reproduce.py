@@ -8,7 +8,7 @@ Summarise finished (or running) workdirs next to the paper's Table 2:
       --workdirs=/tmp/runs/ptb_word_small/lstm,/tmp/runs/ptb_word_small/bn_input_only \
       --output=experiments/results/ptb_word_small
 
-Training is `train.train_and_evaluate` with `experiments/configs/ptb_word.py` (the same as
+Training is `loop.train_and_evaluate` with `experiments/configs/ptb_word.py` (the same as
 `experiments/main.py --config=experiments/configs/ptb_word.py:small`), including Zaremba
 et al.'s initialisation of every parameter from U(-s, s) (`config.model.uniform_init_scale`,
 `train.uniform_init`; batch-norm scales keep their initial gamma).
@@ -28,7 +28,7 @@ from absl import flags
 from absl import logging
 
 from bn_rnn_jax import metric_writer
-from bn_rnn_jax import train
+from bn_rnn_jax import loop
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs'))
 import ptb_word  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -145,7 +145,7 @@ def main(argv):
     raise app.UsageError('--workdir is required for training.')
   config = make_config(FLAGS.size, FLAGS.variant, FLAGS.data_path, FLAGS.num_epochs)
   logging.info('Config:\n%s', config)
-  train.train_and_evaluate(config, FLAGS.workdir)
+  loop.train_and_evaluate(config, FLAGS.workdir)
 
 
 if __name__ == '__main__':

@@ -29,7 +29,7 @@ from ml_collections import config_flags
 
 from bn_rnn_jax import checkpoint
 from bn_rnn_jax import metric_writer
-from bn_rnn_jax import train
+from bn_rnn_jax import loop
 
 # plot.py sits beside this file (importable however this script is started).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +50,7 @@ def run_variant(config, variant: str, workdir: str) -> float:
   config = config.copy_and_resolve_references()
   config.model.variant = variant
   start = time.time()
-  train.train_and_evaluate(config, workdir)
+  loop.train_and_evaluate(config, workdir)
   return time.time() - start
 
 

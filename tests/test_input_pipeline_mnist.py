@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import input_pipeline as ip
+from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import mnist
 
 SHARED_MNIST = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -18,8 +19,7 @@ needs_mnist = pytest.mark.skipif(
 
 
 def _config(**data):
-  from bn_rnn_jax import train  # pylint: disable=g-import-not-at-top
-  config = train.default_config()
+  config = config_lib.default_config()
   config.data = mnist.default_data_config('mnist')
   config.data.mnist_dir = SHARED_MNIST
   config.data.update(data)

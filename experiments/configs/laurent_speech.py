@@ -38,17 +38,15 @@ estimate (moments averaged over 10 training batches) and early stopping on valid
 length buckets of 100 frames so that few programs compile.
 """
 
-from bn_rnn_jax import tasks
-from bn_rnn_jax import train
+from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import tagging
 
 VARIANTS = ('lstm', 'bn_input_only_seq', 'bn_input_only')
 
 
 def get_config():
-  config = train.default_config()
+  config = config_lib.default_config()
   config.data = tagging.default_data_config('kaldi')
-  tasks.add_tagger_fields(config)
 
   m = config.model
   m.variant = 'bn_input_only_seq'
@@ -58,14 +56,14 @@ def get_config():
   m.gamma_init = 1.0
   m.kernel_init = 'glorot_uniform'
   m.recurrent_init = 'glorot_uniform'
-  m.layer_options.input_init = 'glorot_uniform'
+  m.input_init = 'glorot_uniform'
   m.forget_bias = 0.0            # "all the biases were set to zero"
 
   o = config.optimizer
   o.name = 'sgd'
   o.learning_rate = 1e-4
   o.momentum = 0.9
-  o.clip_norm = 0.0
+  o.clip_norm = None
 
   config.train.batch_size = 24
   config.train.num_steps = 150_000   # ~100 epochs of 35,746 utterances / 24

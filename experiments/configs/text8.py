@@ -14,7 +14,7 @@ Not from the paper: the step budget (the paper gives none; 50,000 steps is 12.8 
 of 3,906 steps) and the softmax initialiser (Flax's LeCun normal).
 """
 
-from bn_rnn_jax import train
+from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import text
 
 VARIANTS = ('lstm', 'bn_lstm', 'bn_input_only')
@@ -23,7 +23,7 @@ VARIANTS = ('lstm', 'bn_lstm', 'bn_input_only')
 def get_config(variant: str = 'bn_lstm'):
   if variant not in VARIANTS:
     raise ValueError(f'text8.py: variant must be one of {VARIANTS}; got {variant!r}.')
-  config = train.default_config()
+  config = config_lib.default_config()
   config.data = text.default_data_config('text8')      # path data/text8, T = 180
 
   config.model.variant = variant
