@@ -587,13 +587,24 @@ def _make_workdir(workdir: str) -> None:
 
 
 def _check_eval_splits(config, trainer: Trainer) -> None:
-  """Every split the run will evaluate has a batch: found now, not hours later."""
-  splits = list(config.eval.splits)
-  if config.eval.get('test_at_end', False):
-    splits.append('test')
-  for split in splits:
+  """Every split the run will evaluate has a batch, and `best_metric` names a metric the
+  task logs: found now, not hours later."""
+  name = config.checkpoint.best_metric.split('/')[1]
+  if trainer.task.metrics and name not in trainer.task.metrics:
+    raise ValueError(f'config.checkpoint.best_metric={config.checkpoint.best_metric!r} names '
+                     f'no metric of the {trainer.dataset.task!r} task; it logs '
+                     f'{sorted(trainer.task.metrics)}.')
+  for split in config.eval.splits:
     if next(iter(trainer.dataset.eval_batches(split)), None) is None:
       raise ValueError(f'Split {split!r} has no evaluation batches (empty data?).')
+  if config.eval.get('test_at_end', False):
+    try:
+      if next(iter(trainer.dataset.eval_batches('test')), None) is None:
+        raise ValueError("Split 'test' has no evaluation batches (empty data?).")
+    except ValueError as e:
+      raise ValueError(f'{e} The end-of-run test (config.eval.test_at_end) needs a test '
+                       'split: give the data one, or pass --config.eval.test_at_end=False.'
+                       ) from None
 
 
 class _Window:
