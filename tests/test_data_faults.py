@@ -11,6 +11,7 @@ import io
 import logging
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -145,6 +146,11 @@ def test_archive_holding_two_data_sets_is_refused(tmp_path):
   with pytest.raises(ValueError, match=f'{tgz} holds more than one data set') as error:
     reading.load(tgz)
   assert 'cnn/questions/' in one_line(error) and 'dailymail/questions/' in str(error.value)
+  shutil.copy(tgz, tmp_path / 'other.tgz')    # a folder of two archives: which one?
+  with pytest.raises(ValueError) as error:
+    reading.load(str(tmp_path))
+  assert one_line(error) == (f'{tmp_path} holds 2 archives (both.tgz, other.tgz); set '
+                             'config.data.path to the one to read.')
 
 
 def test_crlf_files_read_alike_from_a_folder_and_an_archive(tmp_path):

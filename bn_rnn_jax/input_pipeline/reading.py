@@ -25,7 +25,8 @@ source's absolute path and the options that shape the tokens (vocabulary cap, to
 format version); inside, the file records the SHA-256 of the source's content (the
 archive's bytes, or the name and bytes of every `.question` file of a folder), those
 options, and a checksum of its arrays. A cache is used only when all three match the
-source and options of this start; a damaged one (truncated, flipped bits, not an `.npz`)
+source and options of this start (so every start reads the source's bytes once, to hash
+them, but parses nothing); a damaged one (truncated, flipped bits, not an `.npz`)
 or a stale one (the source's content or an option changed) is reported as a warning and
 built again. Caches are written under a unique temporary name and renamed into place, so
 concurrent starts sharing one cache folder never collide, and they are read without
