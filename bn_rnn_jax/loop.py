@@ -209,14 +209,25 @@ def _write_config(config, workdir: str) -> None:
 
 
 def _check_eval_splits(trainer: Trainer) -> None:
-  """Every split the run will evaluate has a batch: found now, not hours later."""
+  """Every split the run will evaluate has a batch, and `best_metric` names a metric the
+  task logs: found now, not hours later."""
   config = trainer.config
-  splits = list(config.eval.splits)
-  if config.eval.test_at_end:
-    splits.append('test')
-  for split in splits:
+  name = config.checkpoint.best_metric.split('/')[1]
+  if trainer.task.metrics and name not in trainer.task.metrics:
+    raise ValueError(f'config.checkpoint.best_metric={config.checkpoint.best_metric!r} names '
+                     f'no metric of the {trainer.dataset.task!r} task; it logs '
+                     f'{sorted(trainer.task.metrics)}.')
+  for split in config.eval.splits:
     if next(iter(trainer.dataset.eval_batches(split)), None) is None:
       raise ValueError(f'Split {split!r} has no evaluation batches (empty data?).')
+  if config.eval.test_at_end:
+    try:
+      if next(iter(trainer.dataset.eval_batches('test')), None) is None:
+        raise ValueError("Split 'test' has no evaluation batches (empty data?).")
+    except ValueError as e:
+      raise ValueError(f'{e} The end-of-run test (config.eval.test_at_end) needs a test '
+                       'split: give the data one, or pass --config.eval.test_at_end=False.'
+                       ) from None
 
 
 def _better(value: float, best: Optional[float], mode: str) -> bool:

@@ -23,8 +23,15 @@ class MetricWriter:
 
   def truncate(self, step: int) -> None:
     """Drop records past `step` (written after the checkpoint a run resumes from), and
-    a partial last line that a crash mid-write left (with a warning)."""
-    if not (self.enabled and os.path.lexists(self.path)):
+    a partial last line that a crash mid-write left (with a warning). A run resuming
+    without its file warns that the history before `step` is gone."""
+    if not self.enabled:
+      return
+    if not os.path.lexists(self.path):
+      if step > 0:
+        logging.warning('%s is missing, but the run resumes from step %d: the metrics up '
+                        'to that step are gone; the file restarts with the records after '
+                        'it.', self.path, step)
       return
     records = _read_records(self.path)
     with open(self.path, 'w') as f:

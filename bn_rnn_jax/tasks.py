@@ -15,6 +15,8 @@ your own module; the loop in `train.py` never changes.
       (`batch['weights']`, and `batch['mask']` for tokens); count = their number. The
       loop divides by the *global* count, so N devices compute the one-device step.
   finalize(means) -> metrics with derived values (e.g. bpc = loss / ln 2, perplexity)
+  metrics: the names of the metrics `finalize` returns, so that a config naming another
+      (`checkpoint.best_metric`) is refused at start; () = not declared, not checked.
 
 The `config.model` fields a task's model reads are all in `config.default_config()`.
 
@@ -45,6 +47,7 @@ class Task:
   apply: Callable[..., Any]
   loss_sums: Callable[..., Any]
   finalize: Callable[[dict], dict] = dict
+  metrics: tuple[str, ...] = ()
 
 
 TASKS: dict[str, Task] = {}
@@ -142,9 +145,10 @@ def _language_model_finalize(means):
 
 
 register('classification', Task(_build_classifier, _apply_classifier,
-                                _classification_sums))
+                                _classification_sums, metrics=('loss', 'accuracy')))
 register('language_model', Task(_build_language_model, _apply_language_model,
-                                _language_model_sums, _language_model_finalize))
+                                _language_model_sums, _language_model_finalize,
+                                metrics=('loss', 'accuracy', 'bpc', 'perplexity')))
 
 
 # ---------------------------------------------------------------------- tagging
@@ -171,7 +175,8 @@ def _tagging_finalize(means):
   return {**means, 'fce': means['loss']}
 
 
-register('tagging', Task(_build_tagger, _apply_classifier, _tagging_sums, _tagging_finalize))
+register('tagging', Task(_build_tagger, _apply_classifier, _tagging_sums, _tagging_finalize,
+                         metrics=('loss', 'accuracy', 'fer', 'fce')))
 
 
 # ---------------------------------------------------------------------- reading comprehension
@@ -190,8 +195,8 @@ def _reader_sums(logits, batch):
   """Sums of cross-entropy and accuracy over weighted questions.
 
   A question whose answer is not a candidate (only when `data.top_k_sentences` stripped it
-  from the document) is always wrong and adds 0 to the loss, which would otherwise be
-  ~|NON_CANDIDATE_LOGIT|.
+  from the document: the reader drops the others) is always wrong and adds 0 to the loss,
+  which would otherwise be ~|NON_CANDIDATE_LOGIT|.
   """
   labels = batch['labels']
   answerable = jnp.take_along_axis(batch['inputs']['candidates'], labels[:, None], 1)[:, 0]
@@ -206,4 +211,4 @@ def _reader_finalize(means):
 
 
 register('reading_comprehension', Task(_build_reader, _apply_reader, _reader_sums,
-                                       _reader_finalize))
+                                       _reader_finalize, metrics=('loss', 'accuracy', 'error')))

@@ -107,10 +107,11 @@ def launch(args) -> None:
          'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
          'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0'}
   # Parse the data once before the runs start, so that no two runs write the cache.
-  subprocess.run([sys.executable, '-c', 'import sys; from bn_rnn_jax.input_pipeline import '
-                  'reading; from experiments.configs import attentive_reader as c; '
-                  'd = c.get_config("lstm,cpu").data; reading.load(d.path, d.vocab_size, '
-                  f'd.top_k_sentences, {cache_dir!r})'], check=True, env=env, cwd=ROOT)
+  subprocess.run([sys.executable, '-c', 'from bn_rnn_jax.input_pipeline import reading, '
+                  'resolve_path; from experiments.configs import attentive_reader as c; '
+                  'd = c.get_config("lstm,cpu").data; reading.load(resolve_path(d, "path"), '
+                  f'd.vocab_size, d.top_k_sentences, {cache_dir!r})'], check=True, env=env,
+                 cwd=ROOT)
   # Variant by variant, its seeds side by side: with `--parallel` = seeds, both seeds of a
   # variant share the machine's load alike.
   queue = [(v, s) for v in args.variants for s in args.seeds]
@@ -143,11 +144,12 @@ def launch(args) -> None:
 # ====================================================================== report
 def baselines(cache_dir: str, config_arg: str = 'lstm,cpu') -> dict:
   """The data's frequency baselines per split, computed from the data."""
+  from bn_rnn_jax import input_pipeline  # pylint: disable=g-import-not-at-top
   from bn_rnn_jax.input_pipeline import reading  # pylint: disable=g-import-not-at-top
   from experiments.configs import attentive_reader  # pylint: disable=g-import-not-at-top
   data = attentive_reader.get_config(config_arg).data
-  arrays = reading.load(os.path.join(ROOT, data.path), data.vocab_size, data.top_k_sentences,
-                        cache_dir)
+  arrays = reading.load(input_pipeline.resolve_path(data, 'path'), data.vocab_size,
+                        data.top_k_sentences, cache_dir)
   return {split: reading.frequency_baselines(arrays, split)
           for split in ('train', 'valid', 'test')}
 
@@ -336,13 +338,13 @@ def measure_speed(args) -> None:
   one length group, T = 128), wall and process CPU time, after a warm-up. Writes
   `experiments/results/attentive_reader_speed.json`."""
   import jax  # pylint: disable=g-import-not-at-top
-  from bn_rnn_jax import models, tasks  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax import input_pipeline, models, tasks  # pylint: disable=g-import-not-at-top
   from bn_rnn_jax.input_pipeline import reading  # pylint: disable=g-import-not-at-top
   from experiments.configs import attentive_reader  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
   config = attentive_reader.get_config('lstm,cpu')
-  arrays = reading.load(os.path.join(ROOT, config.data.path), config.data.vocab_size, 0,
-                        os.path.join(args.runs_dir, 'data_cache'))
+  arrays = reading.load(input_pipeline.resolve_path(config.data, 'path'),
+                        config.data.vocab_size, 0, os.path.join(args.runs_dir, 'data_cache'))
   dataset = reading.ReadingDataset(arrays, batch_size=40, seed=0, length_multiple=64,
                                    length_groups=8)
   batch = next(b for b in (dataset.train_batch(s) for s in range(100))

@@ -32,6 +32,12 @@ def parse_flags(argv):
   ml_collections' "did you mean") instead of a traceback."""
   try:
     return FLAGS(argv)
+  except flags.IllegalFlagValueError as e:
+    # A config file's own error (e.g. an unknown variant in `file.py:arg`) comes wrapped in
+    # ml_collections' and absl's messages with the traceback as text: keep the innermost.
+    while (e.__cause__ or e.__context__) is not None:
+      e = e.__cause__ or e.__context__
+    sys.exit(f'error: {" ".join(str(e).split())}')
   except (AttributeError, KeyError) as e:
     detail = ' '.join(str(e).replace('\\n', ' ').strip('\'"').split())
     detail = detail.replace("\\'", "'")

@@ -17,6 +17,7 @@ from bn_rnn_jax import train
 from bn_rnn_jax import config as config_lib
 from bn_rnn_jax import loop
 from bn_rnn_jax.input_pipeline import reading
+import real_data
 import reference
 import training_fixtures as fx
 from training_fixtures import compilation_cache  # pylint: disable=unused-import
@@ -24,8 +25,7 @@ from training_fixtures import compilation_cache  # pylint: disable=unused-import
 WORDS = ('the', 'a', 'house', 'runs', 'said', 'of', 'and', 'river', 'old', 'new')
 SPLITS = {'training': 24, 'validation': 8, 'test': 8}
 MAX_LENGTH = 48   # T_max of the tiny readers; the fixtures' batches are 32 wide
-REAL_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'shared',
-                         'data', 'brown_cloze')
+REAL_DATA = real_data.path('brown_cloze')
 
 
 # ====================================================================== fixtures
@@ -512,9 +512,7 @@ def test_kill_and_resume_is_exact(arrays, tmp_path):
 
 
 # ====================================================================== real data
-@pytest.mark.skipif(not os.path.isdir(REAL_DATA),
-                    reason='../shared/data/brown_cloze (the project machines\' copy of the '
-                           'Brown cloze set) is not present')
+@real_data.needs('brown_cloze', 'training')
 def test_real_brown_cloze_folder():
   """The real set reads, every answer is a candidate of its document (brown_cloze's
   contexts always contain the answer), and the shuffle keeps that true."""

@@ -13,6 +13,7 @@ from bn_rnn_jax import tasks
 from bn_rnn_jax import train
 from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import tagging
+import real_data
 import reference as ref
 import training_fixtures as fx
 from training_fixtures import compilation_cache  # pylint: disable=unused-import
@@ -21,8 +22,7 @@ VARIANTS = ('lstm', 'bn_input_only_seq', 'bn_input_only')
 B, T, I, H, C = 4, 7, 3, 4, 5
 LENGTHS = np.array([7, 5, 3, 1])
 MASK = (np.arange(T)[None, :] < LENGTHS[:, None]).astype(np.float32)
-SHARED_BROWN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            '..', 'shared', 'data', 'brown')
+REAL_BROWN = real_data.path('brown')
 
 
 def _tagger(variant):
@@ -340,10 +340,9 @@ def test_brown_reader_errors_name_the_file_or_path(tmp_path):
     tagging.get_dataset(_brown_config(folder))
 
 
-@pytest.mark.skipif(not os.path.isdir(SHARED_BROWN),
-                    reason=f'the shared Brown corpus is not at {SHARED_BROWN}')
+@real_data.needs('brown', 'ca01')
 def test_brown_reader_on_the_shared_corpus():
-  splits = tagging.load_brown(SHARED_BROWN)
+  splits = tagging.load_brown(REAL_BROWN)
   tokens = sum(len(words) for split in splits.values() for words, _ in split)
   assert tokens == 1_161_192           # the corpus README's count (data/README.md)
   sizes = {s: len(v) for s, v in splits.items()}

@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from bn_rnn_jax import parallel
+from bn_rnn_jax import input_pipeline
 from bn_rnn_jax import train
 from bn_rnn_jax import config as config_lib
 from bn_rnn_jax import loop
@@ -39,14 +40,14 @@ from bn_rnn_jax.input_pipeline import text
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(os.path.dirname(_HERE))
-# The shared data folder of this workplace sits next to the repository (../shared/data).
-DEFAULT_DATA_ROOT = os.path.join(os.path.dirname(REPO_ROOT), 'shared', 'data')
+# The data root of `bn_rnn_jax.input_pipeline` ($BN_RNN_JAX_DATA; '' when unset).
+DEFAULT_DATA_ROOT = input_pipeline.data_root() or ''
 DEFAULT_OUTPUT_DIR = os.path.join(REPO_ROOT, 'experiments', 'results', 'figures')
 
 OUTPUT_DIR = flags.DEFINE_string('output_dir', DEFAULT_OUTPUT_DIR,
                                  'Where the PNG and JSON of the figure are written.')
 MNIST_DIR = flags.DEFINE_string(
-    'mnist_dir', os.path.join(DEFAULT_DATA_ROOT, 'mnist'),
+    'mnist_dir', os.path.join(DEFAULT_DATA_ROOT, 'mnist') if DEFAULT_DATA_ROOT else None,
     'Folder with train-images-idx3-ubyte.gz etc.; scikit-learn 8x8 digits when absent.')
 PTB_DIR = flags.DEFINE_string('ptb_dir', os.path.join(DEFAULT_DATA_ROOT, 'ptb'),
                               'Folder with ptb.train.txt / ptb.valid.txt.')

@@ -1,7 +1,7 @@
 r"""Attentive Reader (Cooijmans et al. 2016 sec. 5.4, App. C; Hermann et al. 2015).
 
   python experiments/main.py --config experiments/configs/attentive_reader.py:bn_e_star \
-      --workdir runs/ar_bn_e_star --config.data.path=data/cnn.tgz
+      --workdir runs/ar_bn_e_star --config.data.path=cnn.tgz   # under the data root
   # the reduced CPU preset of this project's runs on brown_cloze_large:
   python experiments/main.py --config experiments/configs/attentive_reader.py:lstm,cpu \
       --workdir runs/ar_lstm_cpu

@@ -1,7 +1,7 @@
 """Laurent et al.'s speech experiment (sec. 5.1) transposed to Brown POS tagging.
 
 WSJ cannot be had here; Brown part-of-speech tagging is a real variable-length labelling
-task that is (`../shared/data/brown`, split and tag set in
+task that is (`brown/` under the data root, split and tag set in
 `bn_rnn_jax/input_pipeline/tagging.py`: 47,582 / 4,970 / 4,744 sentences, 104 base tags).
 Tokens go through an embedding and play the part of frames. The architecture is the
 paper's (a stack of bidirectional LSTMs, a softmax at every step, BN on each LSTM's input
@@ -29,7 +29,7 @@ VARIANTS = ('lstm', 'bn_input_only_seq', 'bn_input_only')
 
 def get_config():
   config = config_lib.default_config()
-  config.data = tagging.default_data_config('brown')   # path ../shared/data/brown
+  config.data = tagging.default_data_config('brown')   # <data root>/brown
 
   m = config.model
   m.variant = 'bn_input_only_seq'

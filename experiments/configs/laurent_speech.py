@@ -16,10 +16,15 @@ ark,t:ali_si284.txt`, and the same for dev93):
 
   python experiments/main.py --config experiments/configs/laurent_speech.py \
       --workdir runs/wsj_bn --config.model.variant=bn_input_only_seq \
+      --config.data.root=/path/to/kaldi/egs/wsj/s5 \
       --config.data.train_feats=data/train_si284/feats.scp \
       --config.data.train_labels=ali_si284.txt \
       --config.data.valid_feats=data/test_dev93/feats.scp \
-      --config.data.valid_labels=ali_dev93.txt
+      --config.data.valid_labels=ali_dev93.txt \
+      --config.eval.test_at_end=False   # no test split: the paper reports dev93 only
+
+The paths are relative to the data root; the arks that a feats.scp names are read as
+Kaldi's tools read them (Kaldi's own scripts write absolute paths there).
 
 Features must already hold the deltas (e.g. `add-deltas scp:feats.scp ark,scp:d.ark,d.scp`);
 they are mean/variance normalised per dimension with training-set statistics.

@@ -36,7 +36,7 @@ def get_config(variant: str = 'bn_lstm'):
   if variant not in VARIANTS:
     raise ValueError(f'ptb_char.py: variant must be one of {VARIANTS}; got {variant!r}.')
   config = config_lib.default_config()
-  config.data = text.default_data_config('ptb_char')   # path ../shared/data/ptb, T = 100
+  config.data = text.default_data_config('ptb_char')   # <data root>/ptb, T = 100
 
   config.model.variant = variant
   config.model.hidden_size = 1000

@@ -73,7 +73,7 @@ def get_config(size: str = 'small'):
     raise ValueError(f'ptb_word.py: size must be one of {sorted(SIZES)}; got {size!r}.')
   units, init, dropout, seq_length, clip, epochs, decay, after = SIZES[size]
   config = config_lib.default_config()
-  config.data = text.default_data_config('ptb_word')   # path ../shared/data/ptb
+  config.data = text.default_data_config('ptb_word')   # <data root>/ptb
   config.data.seq_length = seq_length
   config.size = size
 
