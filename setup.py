@@ -4,7 +4,7 @@ from setuptools import find_packages, setup
 
 setup(
     name='bn_rnn_jax',
-    version='0.1.0',
+    version='0.2.0',
     description='Recurrent batch normalization (BN-LSTM) in JAX/Flax',
     packages=find_packages(include=['bn_rnn_jax', 'bn_rnn_jax.*']),
     python_requires='>=3.10',

@@ -55,7 +55,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from bn_rnn_jax import recurrent
+from bn_rnn_jax import stack
+from bn_rnn_jax import variants
 
 SHAPES = {
     'a': dict(batch=64, time=784, features=1, hidden=100, bidirectional=False, padding=0.0),
@@ -116,10 +117,10 @@ def _layer(impl: str, shape: dict) -> nn.Module:
     overrides['unroll'] = _UNROLL.value
   if _HOIST.value is not None:
     overrides['hoist_input'] = _HOIST.value == 'true'
-  make = lambda: recurrent.make_layer(variant, shape['hidden'], max_length=shape['time'],
+  make = lambda: variants.make_layer(variant, shape['hidden'], max_length=shape['time'],
                                       **overrides)
   if shape['bidirectional']:
-    return recurrent.Bidirectional(make(), make())
+    return stack.Bidirectional(make(), make())
   return make()
 
 
@@ -222,8 +223,8 @@ def matmul_gflop(impl: str, shape: dict) -> float:
   per_step = forward + backward
   if impl != REFERENCE and impl not in FLOORS:
     layer = _layer(impl, shape)
-    layer = layer.forward_layer if isinstance(layer, recurrent.Bidirectional) else layer
-    if layer._remat_mode() == 'full':  # pylint: disable=protected-access
+    layer = layer.forward_layer if isinstance(layer, stack.Bidirectional) else layer
+    if layer.execution_policy(batch).remat == 'full':
       per_step += forward
   directions = 2 if shape['bidirectional'] else 1
   return directions * length * per_step / 1e9
@@ -367,7 +368,7 @@ def format_table(results: list[dict]) -> str:
         f"| {shape_label(r['shape'])} | {r['impl']} | {r['ms']:.0f} | {ratio('ms', ref)} | "
         f"{r['cpu_ms']:.0f} | {ratio('cpu_ms', ref)} | {rate} | "
         f"{r['peak_bytes'] / 2**20:.1f} | "
-        f"{ratio('peak_bytes', plain) if variant in recurrent.VARIANTS else '-'} | "
+        f"{ratio('peak_bytes', plain) if variant in variants.VARIANTS else '-'} | "
         f"{' + '.join(map(str, r.get('loop_instructions', []))) or '-'} |")
   return '\n'.join(lines)
 
@@ -398,7 +399,7 @@ def main(argv):
     if 'batch_sums' in saved:
       print(format_batch_sums(saved['batch_sums']))
     return
-  known = set(recurrent.VARIANTS)
+  known = set(variants.VARIANTS)
   unknown = [i for i in _IMPLS.value
              if i not in (REFERENCE, *FLOORS) and i.split(':')[0] not in known]
   if unknown or set(_SHAPES.value) - set(SHAPES):

@@ -42,6 +42,7 @@ import jax
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bn_rnn_jax import metric_writer  # pylint: disable=wrong-import-position
 from bn_rnn_jax import train  # pylint: disable=wrong-import-position
+from bn_rnn_jax import loop
 from experiments.configs import quickstart as quickstart_config  # pylint: disable=wrong-import-position
 from experiments.configs import seq_mnist as seq_mnist_config  # pylint: disable=wrong-import-position
 
@@ -89,7 +90,7 @@ def _timed(fn):
 
 def measure(name: str, num_steps: int, repeats: int) -> dict:
   config = _config(name, num_steps)
-  trainer = train.Trainer(config, None)
+  trainer = loop.Trainer(config, None)
   host_state = trainer.initial_state()
   # Built once: building it (model.init under a fresh jit) is setup, not the loop's work.
   trainer.initial_state = lambda: host_state
@@ -160,7 +161,7 @@ def population_share(repeats: int) -> dict:
       spent['compile_s'] += duration
 
   jax.monitoring.register_event_duration_secs_listener(on_event)
-  original = train.Trainer.population_stats
+  original = loop.Trainer.population_stats
 
   def timed(self, state, kind=None):
     t0 = time.perf_counter()
@@ -168,7 +169,7 @@ def population_share(repeats: int) -> dict:
     spent['s'] += time.perf_counter() - t0
     return stats
 
-  train.Trainer.population_stats = timed
+  loop.Trainer.population_stats = timed
   runs = {'lstm': [], 'bn_lstm': []}
   try:
     for _ in range(repeats):
@@ -178,11 +179,11 @@ def population_share(repeats: int) -> dict:
         jax.clear_caches()
         spent['s'] = spent['compile_s'] = 0.0
         with tempfile.TemporaryDirectory() as workdir:
-          wall, cpu = _timed(lambda: train.train_and_evaluate(config, workdir))
+          wall, cpu = _timed(lambda: loop.train_and_evaluate(config, workdir))
         variant_runs.append({'wall_s': wall, 'cpu_s': cpu, 'population_s': spent['s'],
                              'compile_s': spent['compile_s']})
   finally:
-    train.Trainer.population_stats = original
+    loop.Trainer.population_stats = original
   result = {variant: {key: statistics.median(r[key] for r in variant_runs)
                       for key in variant_runs[0]} for variant, variant_runs in runs.items()}
   bn, lstm = result['bn_lstm'], result['lstm']

@@ -1,19 +1,52 @@
 """bn_rnn_jax: batch-normalised recurrent networks in JAX/Flax.
 
 Cooijmans et al. 2016 (BN-LSTM) and Laurent et al. 2016 (input-only BN), with per-step
-statistics in the Flax `batch_stats` collection, scanned with `lax.scan`, pmap-ready.
+statistics in the Flax `batch_stats` collection, scanned with `lax.scan`, mapped over
+devices with exact cross-device moments.
+
+The public names below load on first use, so that `from bn_rnn_jax import config` (what
+experiment configs import) does not import JAX.
+
+  Layers     RecurrentLayer, make_layer, VARIANTS, LayerOptions, StackedRNN,
+             Bidirectional, MaskedBatchNorm, reverse_valid
+  Models     SequenceClassifier, LanguageModel, SequenceTagger, AttentiveReader
+  Statistics estimate_population_stats, batch_norm, batch_moments, layer_norm, normalize
+  Training   default_config, train_and_evaluate, Trainer
 """
 
-from bn_rnn_jax import cells
-from bn_rnn_jax import initializers
-from bn_rnn_jax import normalization
-from bn_rnn_jax import recurrent
-from bn_rnn_jax.models import (AttentiveReader, LanguageModel, SequenceClassifier,
-                               SequenceTagger)
-from bn_rnn_jax.normalization import (average_moment_records, batch_moments, batch_norm,
-                                      layer_norm, normalize, population_estimate,
-                                      population_rows)
-from bn_rnn_jax.recurrent import (VARIANTS, Bidirectional, RecurrentLayer, StackedRNN,
-                                  estimate_population_stats, make_layer, reverse_valid)
+import importlib
 
-__version__ = '0.1.0'
+__version__ = '0.2.0'
+
+_NAMES = {
+    'RecurrentLayer': 'recurrent',
+    'make_layer': 'variants', 'VARIANTS': 'variants', 'LayerOptions': 'variants',
+    'StackedRNN': 'stack', 'Bidirectional': 'stack',
+    'MaskedBatchNorm': 'batch_stats',
+    'reverse_valid': 'sequence',
+    'SequenceClassifier': 'models', 'LanguageModel': 'models',
+    'SequenceTagger': 'models', 'AttentiveReader': 'models',
+    'estimate_population_stats': 'population',
+    'batch_norm': 'normalization', 'batch_moments': 'normalization',
+    'layer_norm': 'normalization', 'normalize': 'normalization',
+    'default_config': 'config',
+    'train_and_evaluate': 'loop', 'Trainer': 'loop',
+}
+_MODULES = ('batch_stats', 'cells', 'checkpoint', 'config', 'initializers', 'input_pipeline',
+            'layer_vjp', 'loop', 'metric_writer', 'models', 'normalization', 'optim',
+            'parallel', 'policy', 'population', 'recurrent', 'sequence', 'stack', 'tasks',
+            'train', 'variants')
+
+__all__ = sorted(_NAMES) + list(_MODULES)
+
+
+def __getattr__(name):
+  if name in _NAMES:
+    return getattr(importlib.import_module(f'{__name__}.{_NAMES[name]}'), name)
+  if name in _MODULES:
+    return importlib.import_module(f'{__name__}.{name}')
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def __dir__():
+  return __all__

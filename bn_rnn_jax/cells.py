@@ -1,7 +1,7 @@
 """Recurrent step functions: pure `(params, carry, step_inputs) -> (carry, step_outputs)`.
 
 The layers in `recurrent.py` scan these over time. A step never touches the `batch_stats`
-collection (DESIGN.md decision 1): in training it *returns* the batch moments it used, in
+collection: in training it *returns* the batch moments it used, in
 inference it *receives* the population statistics of its time step as inputs.
 
 Gate order is `(f, i, o, g)` (Cooijmans et al. eq. 6): forget, input, output, candidate.
@@ -52,6 +52,8 @@ class StepConfig:
     min_step_count: a training step whose batch moments average fewer valid entries is
       normalised with the population rows given as `inputs['stats']` instead (see
       `RecurrentLayer.min_step_count`).
+    batch_sums: how the sums over the batch run ('reduce', 'contraction' or 'auto';
+      `policy.py`).
   """
   recurrent_norm: Optional[str] = None
   input_norm: Optional[str] = None
@@ -62,6 +64,7 @@ class StepConfig:
   compute_dtype: Any = jnp.float32
   padded_statistics: bool = False
   min_step_count: int = 1
+  batch_sums: str = 'auto'
 
 
 def _statistics_mask(cfg: StepConfig, mask: Optional[Array]) -> Optional[Array]:
@@ -87,7 +90,7 @@ def matmul(x: Array, kernel: Array, compute_dtype) -> Array:
 def apply_norm(kind: Optional[str], z: Array, scale: Optional[Array], bias: Optional[Array],
                *, train: bool, mask: Optional[Array] = None, stats=None,
                reduce_axes=(0,), epsilon: float, axis_name: Optional[str] = None,
-               min_count: int = 1):
+               min_count: int = 1, batch_sums: str = 'auto'):
   """Normalise `z [..., F]` by `kind`.
 
   Returns `(y, moments)`. `moments` is `(mean, var, count)` of a training-mode batch norm
@@ -112,7 +115,7 @@ def apply_norm(kind: Optional[str], z: Array, scale: Optional[Array], bias: Opti
   if train:
     y, mean, var, count = normalization.batch_norm(
         z, scale, bias, mask=mask, reduce_axes=reduce_axes, axis_name=axis_name,
-        epsilon=epsilon)
+        epsilon=epsilon, batch_sums=batch_sums)
     if stats is not None:
       few = jnp.expand_dims(count < min_count, tuple(sorted(
           a % z.ndim for a in reduce_axes)))[..., None]
@@ -158,7 +161,8 @@ def _step_input_term(params: Params, cfg: StepConfig, terms: dict[str, Array],
   return apply_norm(cfg.input_norm, terms['input'], params.get('input_scale'), None,
                     train=cfg.train, mask=_statistics_mask(cfg, inputs.get('mask')),
                     stats=inputs.get('stats', {}).get('input'), epsilon=cfg.epsilon,
-                    axis_name=cfg.axis_name, min_count=cfg.min_step_count)
+                    axis_name=cfg.axis_name, min_count=cfg.min_step_count,
+                    batch_sums=cfg.batch_sums)
 
 
 def _fuse_batch_norms(cfg: StepConfig, terms) -> bool:
@@ -195,7 +199,7 @@ def _fused_batch_norm_terms(params: Params, cfg: StepConfig, terms, mask, stats)
     rows = tuple(jnp.concatenate(pair) for pair in zip(stats['input'], stats['recurrent']))
   y, (mean, var, count) = apply_norm(
       'batch', z, scale, None, train=True, mask=mask, stats=rows, epsilon=cfg.epsilon,
-      axis_name=cfg.axis_name, min_count=cfg.min_step_count)
+      axis_name=cfg.axis_name, min_count=cfg.min_step_count, batch_sums=cfg.batch_sums)
   width = terms['input'].shape[-1]
   moments = {'input': (mean[:width], var[:width], count),
              'recurrent': (mean[width:], var[width:], count)}
@@ -237,7 +241,8 @@ def lstm_cell(params: Params, cfg: StepConfig, carry: tuple[Array, Array],
   stats = inputs.get('stats', {})
   moments = {}
   kw = dict(train=cfg.train, mask=_statistics_mask(cfg, mask), epsilon=cfg.epsilon,
-            axis_name=cfg.axis_name, min_count=cfg.min_step_count)
+            axis_name=cfg.axis_name, min_count=cfg.min_step_count,
+            batch_sums=cfg.batch_sums)
 
   if _fuse_batch_norms(cfg, terms):
     gates, moments = _fused_batch_norm_terms(params, cfg, terms, _statistics_mask(cfg, mask),
@@ -294,7 +299,7 @@ def rnn_cell(params: Params, cfg: StepConfig, carry: Array, terms: dict[str, Arr
     pre, recurrent_moments = apply_norm(
         cfg.recurrent_norm, pre, params['scale'], params['bias'], train=cfg.train,
         mask=_statistics_mask(cfg, mask), stats=stats.get('recurrent'), epsilon=cfg.epsilon,
-        axis_name=cfg.axis_name, min_count=cfg.min_step_count)
+        axis_name=cfg.axis_name, min_count=cfg.min_step_count, batch_sums=cfg.batch_sums)
     if recurrent_moments is not None:
       moments['recurrent'] = recurrent_moments
   h = jnp.tanh(pre)

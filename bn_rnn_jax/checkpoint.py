@@ -9,7 +9,7 @@ Each save holds `state` (a host pytree: step, params, batch_stats, opt_state, rn
 and `meta` (JSON: the loop's bookkeeping, e.g. the best metric and the partial training-
 metric window, so that a resumed run logs exactly what an uninterrupted one logs).
 
-What a save guarantees (DESIGN.md decision 9):
+What a save guarantees (docs/design.md, "A run never lies about its state"):
 - It is a snapshot: the state's host arrays and a deep copy of `meta` are handed to orbax,
   which serialises them later on a background thread; the loop may go on mutating its own.
 - It holds finite values only: a state with a NaN or inf in a floating leaf is refused

@@ -1,9 +1,11 @@
-"""A run's metrics: `metrics.jsonl` (one JSON object per line), TensorBoard, absl logs."""
+"""A run's metrics: `metrics.jsonl` (one JSON object per line), TensorBoard, absl logs;
+the window of training metrics between log lines, and progress (steps/s, ETA)."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 
 from absl import logging
 
@@ -21,8 +23,15 @@ class MetricWriter:
 
   def truncate(self, step: int) -> None:
     """Drop records past `step` (written after the checkpoint a run resumes from), and
-    a partial last line that a crash mid-write left (with a warning)."""
-    if not (self.enabled and os.path.lexists(self.path)):
+    a partial last line that a crash mid-write left (with a warning). A run resuming
+    without its file warns that the history before `step` is gone."""
+    if not self.enabled:
+      return
+    if not os.path.lexists(self.path):
+      if step > 0:
+        logging.warning('%s is missing, but the run resumes from step %d: the metrics up '
+                        'to that step are gone; the file restarts with the records after '
+                        'it.', self.path, step)
       return
     records = _read_records(self.path)
     with open(self.path, 'w') as f:
@@ -82,3 +91,41 @@ def _read_records(path: str) -> list[dict]:
                        f'"step" and a "split"): {line[:60]!r}.')
     records.append(record)
   return records
+
+
+class MetricWindow:
+  """Training metrics of the steps since the last log line, summed on the host in step
+  order (float64; the sums are checkpointed, so a resumed run logs what an uninterrupted
+  one logs)."""
+
+  def __init__(self, sums: dict, steps: int):
+    self.sums, self.steps = dict(sums), steps
+
+  def add(self, metrics: dict) -> None:
+    for k, v in metrics.items():
+      self.sums[k] = self.sums.get(k, 0.0) + v
+    self.steps += 1
+
+  def means(self) -> dict:
+    return {k: v / self.steps for k, v in self.sums.items()}
+
+  def reset(self) -> None:
+    self.sums, self.steps = {}, 0
+
+
+class Progress:
+  """Steps/s and ETA lines (absl logging); wall time accumulated across restarts."""
+
+  def __init__(self, start: int, num_steps: int, previous_s: float):
+    self.start, self.num_steps = start, num_steps
+    self.t0 = time.time()
+    self.previous_s = previous_s
+
+  def elapsed(self) -> float:
+    return self.previous_s + time.time() - self.t0
+
+  def log(self, step: int) -> None:
+    rate = (step - self.start) / max(time.time() - self.t0, 1e-9)
+    eta = (self.num_steps - step) / max(rate, 1e-9)
+    logging.info('step %d/%d: %.2f steps/s, ETA %s', step, self.num_steps, rate,
+                 time.strftime('%H:%M:%S', time.gmtime(eta)))

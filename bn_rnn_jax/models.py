@@ -1,12 +1,13 @@
 """Models built from the recurrent layers: sequence classifier, language model, frame
 tagger (Laurent et al. sec. 5.1) and Attentive Reader (Cooijmans et al. sec. 5.4).
 
-Modules only; losses and metrics live in `tasks.py`, training in `train.py`.
+Modules only; losses and metrics live in `tasks.py`, training in `train.py`. Each model
+takes `layer_options` (`variants.LayerOptions`, or a dict), the `RecurrentLayer` fields
+of its recurrent stack.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Mapping, Optional, Sequence
 
@@ -14,8 +15,9 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from bn_rnn_jax import normalization
-from bn_rnn_jax import recurrent
+from bn_rnn_jax import batch_stats
+from bn_rnn_jax import stack
+from bn_rnn_jax import variants
 
 Array = jax.Array
 
@@ -52,12 +54,16 @@ class SequenceClassifier(nn.Module):
   hidden_size: int = 100
   num_layers: int = 1
   dropout_rate: float = 0.0
-  layer_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  layer_options: Mapping[str, Any] = variants.LayerOptions()
+
+  def __post_init__(self):
+    object.__setattr__(self, 'layer_options', variants.as_layer_options(self.layer_options))
+    super().__post_init__()
   bidirectional: bool = False
 
   @nn.compact
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *, train: bool):
-    carries, _ = recurrent.StackedRNN(
+    carries, _ = stack.StackedRNN(
         variant=self.variant, hidden_size=self.hidden_size, num_layers=self.num_layers,
         dropout_rate=self.dropout_rate, bidirectional=self.bidirectional,
         layer_options=self.layer_options, name='rnn')(inputs, mask, train=train)
@@ -87,7 +93,11 @@ class LanguageModel(nn.Module):
   hidden_size: int = 1000
   num_layers: int = 1
   dropout_rate: float = 0.0
-  layer_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  layer_options: Mapping[str, Any] = variants.LayerOptions()
+
+  def __post_init__(self):
+    object.__setattr__(self, 'layer_options', variants.as_layer_options(self.layer_options))
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, tokens: Array, mask: Optional[Array] = None, *, train: bool,
@@ -98,7 +108,7 @@ class LanguageModel(nn.Module):
       x = jax.nn.one_hot(tokens, self.vocab_size, dtype=jnp.float32)
     else:
       x = nn.Embed(self.vocab_size, self.embed_size, name='embed')(tokens)
-    carries, h = recurrent.StackedRNN(
+    carries, h = stack.StackedRNN(
         variant=self.variant, hidden_size=self.hidden_size, num_layers=self.num_layers,
         dropout_rate=self.dropout_rate, layer_options=self.layer_options,
         name='rnn')(x, mask, train=train, initial_carries=initial_carries)
@@ -127,7 +137,7 @@ class SequenceTagger(nn.Module):
     kernel_init: 'lecun_normal' (Flax's default) or 'glorot_uniform' (Laurent et al.) for
       the projection and softmax kernels; their biases start at zero.
     variant, hidden_size, num_layers, dropout_rate, bidirectional, layer_options: as
-      `recurrent.StackedRNN`.
+      `stack.StackedRNN`.
 
   Call: `(inputs, mask [B, T] | None, train=...)` -> logits `[B, T, num_classes]`.
   Logits at padded steps are those of a zero hidden state; losses must mask them.
@@ -142,7 +152,11 @@ class SequenceTagger(nn.Module):
   num_layers: int = 5
   dropout_rate: float = 0.0
   bidirectional: bool = True
-  layer_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  layer_options: Mapping[str, Any] = variants.LayerOptions()
+
+  def __post_init__(self):
+    object.__setattr__(self, 'layer_options', variants.as_layer_options(self.layer_options))
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *, train: bool):
@@ -162,7 +176,7 @@ class SequenceTagger(nn.Module):
       x = inputs
       if self.input_projection is not None:
         x = nn.Dense(self.input_projection, kernel_init=kernel_init, name='projection')(x)
-    _, h = recurrent.StackedRNN(
+    _, h = stack.StackedRNN(
         variant=self.variant, hidden_size=self.hidden_size, num_layers=self.num_layers,
         dropout_rate=self.dropout_rate, bidirectional=self.bidirectional,
         layer_options=self.layer_options, name='rnn')(x, mask, train=train)
@@ -178,13 +192,13 @@ READER_VARIANTS: dict[str, dict[str, Any]] = {
     # BN-LSTM and BN-everywhere as the paper ran them: moments biased by zero padding.
     'bn_lstm': dict(layer='bn_lstm', overrides=dict(padded_statistics=True)),
     'bn_everywhere': dict(layer='bn_lstm', overrides=dict(padded_statistics=True),
-                          attention_norm='frame'),
+                          attention_norm='per_step'),
     # BN-e*: sequence-wise masked statistics for the input terms (Laurent eq. 20-21), per-step
     # masked ones for the recurrent terms and the cell.
-    'bn_e_star': dict(layer='bn_lstm', overrides=dict(input_statistics='sequence'),
+    'bn_e_star': dict(layer='bn_lstm', overrides=dict(statistics='sequence'),
                       attention_norm='sequence'),
     # BN-e**: BN-e*, bidirectional; the backward layers reverse each sequence's valid part.
-    'bn_e_star_star': dict(layer='bn_lstm', overrides=dict(input_statistics='sequence'),
+    'bn_e_star_star': dict(layer='bn_lstm', overrides=dict(statistics='sequence'),
                            attention_norm='sequence', bidirectional=True),
     'lstm_bidirectional': dict(layer='lstm', bidirectional=True),
 }
@@ -192,61 +206,6 @@ READER_VARIANTS: dict[str, dict[str, Any]] = {
 # Logit of an entity that is not a candidate: finite, so that log-softmax and its gradient
 # stay NaN-free, and exp(NON_CANDIDATE_LOGIT - max) is exactly 0 in float32.
 NON_CANDIDATE_LOGIT = -1e30
-
-
-class MaskedBatchNorm(nn.Module):
-  """`BN(x; gamma, beta)` of one term of the attention (Cooijmans sec. 5.4, BN-everywhere),
-  built on `normalization` (masked, cross-device moments; population statistics in
-  `batch_stats` as `{'mean', 'var', 'count'}` like the recurrent layers' sites).
-
-  Attributes:
-    statistics: 'batch' for x `[B, F]`; for x `[B, T, F]` with a mask `[B, T]`, 'frame'
-      (one row of statistics per step, `max_length` rows; inference past the last
-      trained row reuses it) or 'sequence' (one row over batch and valid steps).
-    max_length, momentum, epsilon, gamma_init, axis_name: as `RecurrentLayer`.
-
-  Call: `(x, mask | None, train=...)` -> x normalised (float32).
-  """
-  statistics: str = 'batch'
-  max_length: int = 1000
-  momentum: float = 0.99
-  epsilon: float = 1e-5
-  gamma_init: float = 0.1
-  axis_name: Optional[str] = None
-
-  @nn.compact
-  def __call__(self, x: Array, mask: Optional[Array] = None, *, train: bool) -> Array:
-    if self.statistics not in ('batch', 'frame', 'sequence'):
-      raise ValueError("MaskedBatchNorm.statistics must be 'batch', 'frame' or 'sequence'; "
-                       f'got {self.statistics!r}.')
-    if (x.ndim == 3) == (self.statistics == 'batch'):
-      raise ValueError(f'statistics={self.statistics!r} does not fit x of shape {x.shape}.')
-    features = x.shape[-1]
-    rows = self.max_length if self.statistics == 'frame' else 1
-    stats = self.variable('batch_stats', 'stats', normalization.init_population_stats, rows,
-                          features)
-    scale = self.param('scale', nn.initializers.constant(self.gamma_init), (features,))
-    bias = self.param('bias', nn.initializers.zeros, (features,))
-    if not train:
-      if self.statistics == 'frame':
-        mean, var = normalization.population_rows(stats.value, x.shape[1])   # [T, F]
-      else:
-        mean, var = stats.value['mean'][0], stats.value['var'][0]
-      return normalization.normalize(x, mean, var, scale, bias, self.epsilon)
-    if self.statistics == 'frame':
-      normalization.check_length(x.shape[1], self.max_length, 'document')
-    reduce_axes = (0, 1) if self.statistics == 'sequence' else (0,)
-    y, mean, var, count = normalization.batch_norm(
-        x, scale, bias, mask=None if mask is None else mask[..., None],
-        reduce_axes=reduce_axes, axis_name=self.axis_name, epsilon=self.epsilon)
-    if not self.is_initializing():
-      record = normalization.minibatch_moments_record(
-          *jax.lax.stop_gradient((mean, var, count)), rows)
-      if self.is_mutable_collection('batch_stats'):
-        stats.value = normalization.update_running_stats(stats.value, record, self.momentum)
-      if self.is_mutable_collection('batch_moments'):
-        self.put_variable('batch_moments', 'stats', record)
-    return y
 
 
 class AttentiveReader(nn.Module):
@@ -259,7 +218,8 @@ class AttentiveReader(nn.Module):
     logits = W_g g + b over the entity vocabulary, non-candidates set to
     `NON_CANDIDATE_LOGIT` (never predicted).
   N is the identity, or a batch norm with its own gamma, beta (`MaskedBatchNorm`) in the
-  BN-everywhere variants: per-step masked statistics for W_ym y_d ('frame', BN-everywhere)
+  BN-everywhere variants: per-step masked statistics for W_ym y_d ('per_step',
+  BN-everywhere)
   or sequence-wise masked ones ('sequence', BN-e*, BN-e**); batch statistics for the
   `[B, F]` terms.
 
@@ -282,7 +242,11 @@ class AttentiveReader(nn.Module):
   embed_size: Optional[int] = None
   num_layers: int = 1
   dropout_rate: float = 0.0
-  layer_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  layer_options: Mapping[str, Any] = variants.LayerOptions()
+
+  def __post_init__(self):
+    object.__setattr__(self, 'layer_options', variants.as_layer_options(self.layer_options))
+    super().__post_init__()
 
   def _spec(self) -> dict[str, Any]:
     if self.variant not in READER_VARIANTS:
@@ -295,9 +259,9 @@ class AttentiveReader(nn.Module):
     if statistics is None:
       return lambda x, mask, *, train: x
     o = self.layer_options
-    keep = {k: o[k] for k in ('max_length', 'momentum', 'epsilon', 'axis_name', 'gamma_init')
-            if o.get(k) is not None}
-    return MaskedBatchNorm(statistics=statistics, name=name, **keep)
+    keep = {k: o[k] for k in ('max_length', 'momentum', 'epsilon', 'axis_name', 'gamma_init',
+                              'batch_sums') if o.get(k) is not None}
+    return batch_stats.MaskedBatchNorm(statistics=statistics, name=name, **keep)
 
   @nn.compact
   def __call__(self, inputs: Mapping[str, Array], mask: Optional[Array] = None, *,
@@ -315,9 +279,9 @@ class AttentiveReader(nn.Module):
     # 'bn_lstm' then see the paper's zero padding, and junk in the padding changes nothing.
     x_d = jnp.where(document_mask[..., None] > 0, embed(document), 0.0)
     x_q = jnp.where(query_mask[..., None] > 0, embed(query), 0.0)
-    options = {**dict(self.layer_options), **spec.get('overrides', {})}
+    options = self.layer_options.replace(**spec.get('overrides', {}))
     encoder = functools.partial(
-        recurrent.StackedRNN, variant=spec['layer'], hidden_size=self.hidden_size,
+        stack.StackedRNN, variant=spec['layer'], hidden_size=self.hidden_size,
         num_layers=self.num_layers, dropout_rate=self.dropout_rate,
         bidirectional=spec.get('bidirectional', False), layer_options=options)
     _, y_d = encoder(name='document_encoder')(x_d, document_mask, train=train)  # [B, T, D]
@@ -326,7 +290,7 @@ class AttentiveReader(nn.Module):
     width = y_d.shape[-1]
 
     term_norm = spec.get('attention_norm')
-    flat_norm = None if term_norm is None else 'batch'
+    flat_norm = term_norm  # on [B, F] terms: one row of batch statistics either way
     dense = lambda name: nn.Dense(width, use_bias=False, name=name)
     y_m = self._norm(term_norm, 'document_attention_norm')(
         dense('document_attention')(y_d), document_mask, train=train)             # W_ym y_d(t)

@@ -27,11 +27,13 @@ the longest training length are reused past it (Cooijmans et al. sec. 3).
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from bn_rnn_jax import policy
 
 Array = jax.Array
 Axes = tuple[int, ...]
@@ -43,17 +45,16 @@ def _psum(x, axis_name):
   return x if axis_name is None else lax.psum(x, axis_name)
 
 
-def batch_sum(v: Array, reduce_axes: Axes) -> Array:
+def batch_sum(v: Array, reduce_axes: Axes, batch_sums: str = 'auto') -> Array:
   """`jnp.sum(v, axis=reduce_axes)`, for the sums over batch (and time) of the moments
   and of their backward pass.
 
-  On CPU the sum is a contraction with ones: XLA's CPU reduction over the batch axis
-  slows several times once the kept part passes about 32K elements (per scan step, a
-  `[64, 800]` sum over the batch took 5-9x the contraction's time; the `batch_sums` of
-  `benchmarks/results/rnn_speed_cpu.json`), and a BN-LSTM step sums such blocks four
-  times. Other backends keep the reduction, which they fuse with the producer of `v`.
+  `batch_sums`: 'reduce' (`jnp.sum`), 'contraction' (a contraction with ones, at the
+  highest precision) or 'auto', the backend's choice (`policy.batch_sums_for`: the
+  contraction on CPU, whose reduction over the batch axis slows several times once the
+  kept part passes about 32K elements).
   """
-  if jax.default_backend() != 'cpu':
+  if policy.batch_sums_for(jax.default_backend(), batch_sums) == 'reduce':
     return jnp.sum(v, axis=reduce_axes)
   ones = jnp.ones([v.shape[a] for a in reduce_axes], v.dtype)
   return jnp.tensordot(ones, v, axes=(tuple(range(len(reduce_axes))), tuple(reduce_axes)),
@@ -61,7 +62,7 @@ def batch_sum(v: Array, reduce_axes: Axes) -> Array:
 
 
 def _valid_count(x: Array, mask: Optional[Array], reduce_axes: Axes,
-                 axis_name: Optional[str]) -> Array:
+                 axis_name: Optional[str], batch_sums: str) -> Array:
   """Number of valid entries that each statistic averages over (psum-ed)."""
   if mask is None:
     n = 1
@@ -70,19 +71,21 @@ def _valid_count(x: Array, mask: Optional[Array], reduce_axes: Axes,
     count = jnp.asarray(n, x.dtype)
   else:
     mask = jnp.broadcast_to(mask, x.shape[:-1] + (1,)).astype(x.dtype)
-    count = batch_sum(mask[..., 0], reduce_axes)
+    count = batch_sum(mask[..., 0], reduce_axes, batch_sums)
   return _psum(count, axis_name)
 
 
-def _masked_sum(v: Array, mask: Optional[Array], reduce_axes: Axes) -> Array:
+def _masked_sum(v: Array, mask: Optional[Array], reduce_axes: Axes,
+                batch_sums: str) -> Array:
   # `where`, not `v * mask`: padding holding NaN or inf must not reach the sums (NaN*0).
-  return batch_sum(v if mask is None else jnp.where(mask > 0, v, 0), reduce_axes)
+  return batch_sum(v if mask is None else jnp.where(mask > 0, v, 0), reduce_axes, batch_sums)
 
 
 def batch_moments(x: Array,
                   mask: Optional[Array] = None,
                   reduce_axes: Sequence[int] = (0,),
-                  axis_name: Optional[str] = None):
+                  axis_name: Optional[str] = None,
+                  batch_sums: str = 'auto'):
   """Masked, cross-device mean and biased variance.
 
   Args:
@@ -90,24 +93,27 @@ def batch_moments(x: Array,
     mask: broadcastable to `x.shape[:-1] + (1,)`; 1 = valid, 0 = padding.
     reduce_axes: axes to reduce; the remaining ones index separate statistics.
     axis_name: pmap axis over which sums and counts are psum-ed.
+    batch_sums: how the sums over the batch run (`batch_sum`).
 
   Returns:
     `(mean, var, count)`: mean and var have `x`'s shape with `reduce_axes` removed;
-    count is the global number of valid entries per statistic (features excluded),
-    clamped at 1 so that an all-padding statistic is 0/1 instead of NaN.
+    count is the global number of valid entries per statistic (features excluded; 0
+    for a statistic that saw only padding). The division uses the count clamped at 1,
+    so an all-padding statistic has mean 0 and variance 0 instead of NaN.
   """
   reduce_axes = tuple(a % x.ndim for a in reduce_axes)
   # Statistics in at least float32, also under a bfloat16 compute dtype.
   x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
   if mask is not None:
     mask = jnp.broadcast_to(mask, x.shape[:-1] + (1,)).astype(x.dtype)
-  count = _valid_count(x, mask, reduce_axes, axis_name)
+  count = _valid_count(x, mask, reduce_axes, axis_name, batch_sums)
   safe_count = jnp.maximum(count, 1.0)
   count_f = safe_count[..., None] if jnp.ndim(safe_count) else safe_count
-  mean = _psum(_masked_sum(x, mask, reduce_axes), axis_name) / count_f
+  mean = _psum(_masked_sum(x, mask, reduce_axes, batch_sums), axis_name) / count_f
   centred = x - jnp.expand_dims(mean, reduce_axes)
   # Two passes: E[x^2] - E[x]^2 cancels catastrophically in float32 when |mean| >> std.
-  var = _psum(_masked_sum(centred * centred, mask, reduce_axes), axis_name) / count_f
+  var = _psum(_masked_sum(centred * centred, mask, reduce_axes, batch_sums),
+              axis_name) / count_f
   return mean, var, count
 
 
@@ -122,14 +128,15 @@ def normalize(x: Array, mean: Array, var: Array, scale: Optional[Array] = None,
   return y
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _batch_norm(x, scale, bias, mask, reduce_axes, axis_name, epsilon):
-  out, _ = _batch_norm_forward(x, scale, bias, mask, reduce_axes, axis_name, epsilon)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _batch_norm(x, scale, bias, mask, reduce_axes, axis_name, epsilon, batch_sums):
+  out, _ = _batch_norm_forward(x, scale, bias, mask, reduce_axes, axis_name, epsilon,
+                               batch_sums)
   return out
 
 
-def _batch_norm_forward(x, scale, bias, mask, reduce_axes, axis_name, epsilon):
-  mean, var, count = batch_moments(x, mask, reduce_axes, axis_name)
+def _batch_norm_forward(x, scale, bias, mask, reduce_axes, axis_name, epsilon, batch_sums):
+  mean, var, count = batch_moments(x, mask, reduce_axes, axis_name, batch_sums)
   inv_std = lax.rsqrt(var + epsilon)
   x_hat = (x - jnp.expand_dims(mean, reduce_axes)) * jnp.expand_dims(inv_std, reduce_axes)
   y = x_hat
@@ -141,11 +148,11 @@ def _batch_norm_forward(x, scale, bias, mask, reduce_axes, axis_name, epsilon):
   return (y, mean, var, count), residuals
 
 
-def _batch_norm_fwd(x, scale, bias, mask, reduce_axes, axis_name, epsilon):
+def _batch_norm_fwd(x, scale, bias, mask, reduce_axes, axis_name, epsilon, batch_sums):
   # symbolic_zeros=True wraps the differentiable arguments in CustomVJPPrimal.
   unwrap = lambda a: a.value if isinstance(a, jax.custom_derivatives.CustomVJPPrimal) else a
   return _batch_norm_forward(unwrap(x), unwrap(scale), unwrap(bias), unwrap(mask),
-                             reduce_axes, axis_name, epsilon)
+                             reduce_axes, axis_name, epsilon, batch_sums)
 
 
 def _sum_to_shape(value: Array, like: Array) -> Array:
@@ -160,7 +167,7 @@ def _is_zero(cotangent) -> bool:
   return cotangent is None or isinstance(cotangent, jax.custom_derivatives.SymbolicZero)
 
 
-def _batch_norm_bwd(reduce_axes, axis_name, epsilon, residuals, cotangents):
+def _batch_norm_bwd(reduce_axes, axis_name, epsilon, batch_sums, residuals, cotangents):
   """Closed-form backward pass of batch norm (Ioffe & Szegedy 2015, sec. 3).
 
   With g = dL/dx_hat, N the global valid count, m the mask and sums over all entries
@@ -180,8 +187,8 @@ def _batch_norm_bwd(reduce_axes, axis_name, epsilon, residuals, cotangents):
     dy = jnp.zeros_like(x_hat)
   # The two sums over the batch serve both the parameter gradients and dx: scale is
   # constant along the reduced axes (checked in `batch_norm`), so sum(g) = scale * sum(dy).
-  sum_dy = batch_sum(dy, reduce_axes)
-  sum_dy_x_hat = batch_sum(dy * x_hat, reduce_axes)
+  sum_dy = batch_sum(dy, reduce_axes, batch_sums)
+  sum_dy_x_hat = batch_sum(dy * x_hat, reduce_axes, batch_sums)
   expand = lambda s: jnp.expand_dims(s, reduce_axes)
   d_scale = None if scale is None else _sum_to_shape(expand(sum_dy_x_hat), scale)
   d_bias = None if bias is None else _sum_to_shape(expand(sum_dy), bias)
@@ -217,7 +224,8 @@ def batch_norm(x: Array,
                mask: Optional[Array] = None,
                reduce_axes: Sequence[int] = (0,),
                axis_name: Optional[str] = None,
-               epsilon: float = DEFAULT_EPSILON):
+               epsilon: float = DEFAULT_EPSILON,
+               batch_sums: str = 'auto'):
   """Training-mode batch norm with a closed-form backward pass.
 
   `BN(x; scale, bias) = bias + scale * (x - mean) / sqrt(var + epsilon)` with the masked,
@@ -228,6 +236,7 @@ def batch_norm(x: Array,
     scale, bias: `[F]` or None (None = 1 / 0, and no parameter).
     mask, reduce_axes, axis_name: as in `batch_moments`.
     epsilon: added to the variance.
+    batch_sums: how the sums over the batch run (`batch_sum`).
 
   Returns:
     `(y, mean, var, count)`: y like x; the moments and counts as `batch_moments`.
@@ -244,7 +253,7 @@ def batch_norm(x: Array,
                        f'axis {reduce_axes} of x with shape {x.shape}.')
   if mask is not None:
     mask = jnp.broadcast_to(mask, x.shape[:-1] + (1,)).astype(x.dtype)
-  return _batch_norm(x, scale, bias, mask, reduce_axes, axis_name, epsilon)
+  return _batch_norm(x, scale, bias, mask, reduce_axes, axis_name, epsilon, batch_sums)
 
 
 def layer_norm(x: Array, scale: Optional[Array] = None, bias: Optional[Array] = None,
@@ -324,47 +333,6 @@ def update_running_stats(stats: dict[str, Array], record: dict[str, Array],
       'var': blend(stats['var'], record['var']),
       'count': stats['count'] + record['count'],
   }
-
-
-def average_moment_records(records: Any) -> Any:
-  """The papers' population estimate: the average of minibatch moments.
-
-  Args:
-    records: a pytree whose statistics sites are `{'mean', 'var', 'count'}` dicts whose
-      leaves carry a leading axis of N minibatches (as stacked by the trainer).
-
-  Returns:
-    The same tree without the leading axis: per row, the mean of the minibatch means and
-    of the minibatch variances over the minibatches that saw that row; `count` is the
-    number of such minibatches. Rows no minibatch saw keep mean 0, var 1.
-  """
-  def is_site(node):
-    return isinstance(node, dict) and set(node) == {'mean', 'var', 'count'}
-
-  def average(site):
-    count = jnp.sum(site['count'], axis=0)
-    weights = site['count'][..., None]
-    denom = jnp.maximum(count, 1.0)[:, None]
-    seen = count[:, None] > 0
-    mean = jnp.sum(site['mean'] * weights, axis=0) / denom
-    var = jnp.sum(site['var'] * weights, axis=0) / denom
-    return {'mean': jnp.where(seen, mean, 0.0), 'var': jnp.where(seen, var, 1.0),
-            'count': count}
-
-  return jax.tree.map(average, records, is_leaf=is_site)
-
-
-def population_estimate(records: Sequence[Any]) -> Any:
-  """`average_moment_records` of a sequence of per-minibatch records (trees of
-  `minibatch_moments_record` sites, without the leading axis), stacked here.
-
-  Stacking inside lets one compiled program (jit / pmap of this function) do the whole
-  estimate: stacked outside, each leaf shape compiled a stack of its own (on CPU, 0.4 s
-  of the quickstart's first evaluation).
-  """
-  if not records:
-    raise ValueError('The population estimate needs at least one minibatch record.')
-  return average_moment_records(jax.tree.map(lambda *leaves: jnp.stack(leaves), *records))
 
 
 def population_rows(stats: dict[str, Array], length: int) -> tuple[Array, Array]:

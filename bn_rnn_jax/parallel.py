@@ -1,4 +1,4 @@
-"""Device layout in one place (DESIGN.md decision 5).
+"""Device layout in one place (docs/design.md, "Parallelism in one place").
 
 Train and eval steps are written for one device's batch and mapped over the local devices
 by one of two backends (`config.parallel.backend`):
@@ -34,8 +34,9 @@ import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bn_rnn_jax.config import PARALLEL_BACKENDS as BACKENDS
+
 AXIS = 'batch'
-BACKENDS = ('pmap', 'shard_map')
 
 
 def maybe_initialize_distributed(config) -> None:
@@ -51,21 +52,23 @@ def maybe_initialize_distributed(config) -> None:
   kwargs = {}
   if dist.get('coordinator_address'):
     kwargs['coordinator_address'] = dist.coordinator_address
-  if dist.get('num_processes', 0):
+  if dist.get('num_processes') is not None:
     kwargs['num_processes'] = dist.num_processes
-  if dist.get('process_id', -1) >= 0:
+  if dist.get('process_id') is not None:
     kwargs['process_id'] = dist.process_id
   logging.info('jax.distributed.initialize(%s)', kwargs)
   jax.distributed.initialize(**kwargs)
 
 
-def local_devices(num_devices: int = 0) -> list[Any]:
-  """The first `num_devices` local devices (0 = all of them)."""
+def local_devices(num_devices: Optional[int] = None) -> list[Any]:
+  """The first `num_devices` local devices (None = all of them)."""
   devices = jax.local_devices()
-  if num_devices < 0 or num_devices > len(devices):
+  if num_devices is None:
+    return devices
+  if num_devices <= 0 or num_devices > len(devices):
     raise ValueError(f'config.train.num_devices={num_devices} but this process has '
-                     f'{len(devices)} local devices (0 = use all).')
-  return devices[:num_devices] if num_devices else devices
+                     f'{len(devices)} local devices (None = use all).')
+  return devices[:num_devices]
 
 
 def check_divisible(global_batch: int, num_devices: int, what: str = 'batch size') -> int:

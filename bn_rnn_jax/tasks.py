@@ -7,7 +7,7 @@ your own module; the loop in `train.py` never changes.
   build_model(config, model_kwargs, layer_options) -> flax module
       `model_kwargs` come from the dataset (sizes such as `num_classes`), `layer_options`
       are the `RecurrentLayer` fields of `config.model` (`train.layer_options`).
-  apply(model, variables, batch, train, carry, **apply_kwargs)
+  apply(model, variables, batch, *, train, carry, **apply_kwargs)
       -> ((final_carries | None, outputs), mutated collections)
       `apply_kwargs` are `model.apply` keywords (`rngs`, `mutable`).
   loss_sums(outputs, batch) -> (sums {'loss': ..., <metric>: ...}, count)
@@ -15,6 +15,10 @@ your own module; the loop in `train.py` never changes.
       (`batch['weights']`, and `batch['mask']` for tokens); count = their number. The
       loop divides by the *global* count, so N devices compute the one-device step.
   finalize(means) -> metrics with derived values (e.g. bpc = loss / ln 2, perplexity)
+  metrics: the names of the metrics `finalize` returns, so that a config naming another
+      (`checkpoint.best_metric`) is refused at start; () = not declared, not checked.
+
+The `config.model` fields a task's model reads are all in `config.default_config()`.
 
 Registered here:
   'classification'  `SequenceClassifier`, logits `[B, C]`, labels `[B]`.
@@ -32,7 +36,6 @@ import math
 from typing import Any, Callable
 
 import jax.numpy as jnp
-import ml_collections
 import optax
 
 from bn_rnn_jax import models
@@ -44,6 +47,7 @@ class Task:
   apply: Callable[..., Any]
   loss_sums: Callable[..., Any]
   finalize: Callable[[dict], dict] = dict
+  metrics: tuple[str, ...] = ()
 
 
 TASKS: dict[str, Task] = {}
@@ -77,11 +81,24 @@ def apply_model(model, variables, args, train, apply_kwargs, **call_kwargs):
   return out if 'mutable' in apply_kwargs else (out, {})
 
 
+def weighted_sums(values: dict, weights) -> tuple[dict, Any]:
+  """`({name: sum(value * weights)}, sum(weights))` over the entries whose weight is
+  positive; `where`, not a product alone, so that a non-finite value at a padded entry
+  (weight 0) does not leak in (NaN * 0 is NaN)."""
+  valid = weights > 0
+  sums = {name: jnp.sum(jnp.where(valid, value.astype(jnp.float32) * weights, 0.0))
+          for name, value in values.items()}
+  return sums, jnp.sum(weights)
+
+
 def example_sums(per_example_loss, correct, weights):
   """Sums of a per-example loss and accuracy over weighted (non-padding) examples."""
-  correct = correct.astype(jnp.float32)
-  return ({'loss': jnp.sum(per_example_loss * weights),
-           'accuracy': jnp.sum(correct * weights)}, jnp.sum(weights))
+  return weighted_sums({'loss': per_example_loss, 'accuracy': correct}, weights)
+
+
+def token_weights(batch):
+  """`[B, T]` weights of the valid tokens of valid examples."""
+  return batch['mask'].astype(jnp.float32) * batch['weights'][:, None]
 
 
 # ---------------------------------------------------------------------- classification
@@ -90,7 +107,7 @@ def _build_classifier(config, model_kwargs, layer_options):
                                    layer_options=layer_options)
 
 
-def _apply_classifier(model, variables, batch, train, carry, **kwargs):
+def _apply_classifier(model, variables, batch, *, train, carry, **kwargs):
   del carry  # a classifier starts every sequence afresh
   logits, mutated = apply_model(model, variables, (batch['inputs'], batch.get('mask')),
                                 train, kwargs)
@@ -106,22 +123,20 @@ def _classification_sums(logits, batch):
 
 # ---------------------------------------------------------------------- language model
 def _build_language_model(config, model_kwargs, layer_options):
-  return models.LanguageModel(**model_kwargs, embed_size=config.model.get('embed_size'),
+  return models.LanguageModel(**model_kwargs, embed_size=config.model.embed_size,
                               **model_fields(config), layer_options=layer_options)
 
 
-def _apply_language_model(model, variables, batch, train, carry, **kwargs):
+def _apply_language_model(model, variables, batch, *, train, carry, **kwargs):
   return apply_model(model, variables, (batch['inputs'], batch.get('mask')), train, kwargs,
                      initial_carries=carry)
 
 
 def _language_model_sums(logits, batch):
   """Sums of per-token cross-entropy (nats) and accuracy over valid tokens."""
-  weights = batch['mask'].astype(jnp.float32) * batch['weights'][:, None]
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
-  correct = (jnp.argmax(logits, -1) == batch['targets']).astype(jnp.float32)
-  return {'loss': jnp.sum(ce * weights), 'accuracy': jnp.sum(correct * weights)}, \
-      jnp.sum(weights)
+  correct = jnp.argmax(logits, -1) == batch['targets']
+  return weighted_sums({'loss': ce, 'accuracy': correct}, token_weights(batch))
 
 
 def _language_model_finalize(means):
@@ -130,9 +145,10 @@ def _language_model_finalize(means):
 
 
 register('classification', Task(_build_classifier, _apply_classifier,
-                                _classification_sums))
+                                _classification_sums, metrics=('loss', 'accuracy')))
 register('language_model', Task(_build_language_model, _apply_language_model,
-                                _language_model_sums, _language_model_finalize))
+                                _language_model_sums, _language_model_finalize,
+                                metrics=('loss', 'accuracy', 'bpc', 'perplexity')))
 
 
 # ---------------------------------------------------------------------- tagging
@@ -142,49 +158,34 @@ register('language_model', Task(_build_language_model, _apply_language_model,
 def _build_tagger(config, model_kwargs, layer_options):
   m = config.model
   optional = {name: m[name] for name in ('embed_size', 'input_projection', 'kernel_init')
-              if m.get(name) is not None}
+              if m[name] is not None}
   return models.SequenceTagger(**model_kwargs, **optional, **model_fields(config),
-                               bidirectional=m.get('bidirectional', True),
-                               layer_options=layer_options)
-
-
-def add_tagger_fields(config) -> None:
-  """The `config.model` fields the 'tagging' task reads beyond `train.default_config()`'s
-  (configs call this; defaults are those of `SequenceTagger`)."""
-  m = config.model
-  m.bidirectional = True
-  m.input_projection = ml_collections.config_dict.placeholder(int)  # None = frames in
-  m.kernel_init = 'lecun_normal'   # or 'glorot_uniform' (Laurent et al.)
-  m.layer_options = ml_collections.ConfigDict()   # RecurrentLayer field overrides
+                               bidirectional=m.bidirectional, layer_options=layer_options)
 
 
 def _tagging_sums(logits, batch):
   """Sums of frame cross-entropy, correct and wrong frames over valid, weighted steps."""
-  weights = batch['mask'].astype(jnp.float32) * batch['weights'][:, None]
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch['labels'])
   correct = (jnp.argmax(logits, -1) == batch['labels']).astype(jnp.float32)
-  # jnp.where, not a product: a non-finite logit at a padded step must not leak in.
-  valid = weights > 0
-  return {'loss': jnp.sum(jnp.where(valid, ce * weights, 0.0)),
-          'accuracy': jnp.sum(jnp.where(valid, correct * weights, 0.0)),
-          'fer': jnp.sum(jnp.where(valid, (1.0 - correct) * weights, 0.0))}, \
-      jnp.sum(weights)
+  return weighted_sums({'loss': ce, 'accuracy': correct, 'fer': 1.0 - correct},
+                       token_weights(batch))
 
 
 def _tagging_finalize(means):
   return {**means, 'fce': means['loss']}
 
 
-register('tagging', Task(_build_tagger, _apply_classifier, _tagging_sums, _tagging_finalize))
+register('tagging', Task(_build_tagger, _apply_classifier, _tagging_sums, _tagging_finalize,
+                         metrics=('loss', 'accuracy', 'fer', 'fce')))
 
 
 # ---------------------------------------------------------------------- reading comprehension
 def _build_reader(config, model_kwargs, layer_options):
-  return models.AttentiveReader(**model_kwargs, embed_size=config.model.get('embed_size'),
+  return models.AttentiveReader(**model_kwargs, embed_size=config.model.embed_size,
                                 **model_fields(config), layer_options=layer_options)
 
 
-def _apply_reader(model, variables, batch, train, carry, **kwargs):
+def _apply_reader(model, variables, batch, *, train, carry, **kwargs):
   del carry  # every question starts afresh
   logits, mutated = apply_model(model, variables, (batch['inputs'], None), train, kwargs)
   return (None, logits), mutated
@@ -194,8 +195,8 @@ def _reader_sums(logits, batch):
   """Sums of cross-entropy and accuracy over weighted questions.
 
   A question whose answer is not a candidate (only when `data.top_k_sentences` stripped it
-  from the document) is always wrong and adds 0 to the loss, which would otherwise be
-  ~|NON_CANDIDATE_LOGIT|.
+  from the document: the reader drops the others) is always wrong and adds 0 to the loss,
+  which would otherwise be ~|NON_CANDIDATE_LOGIT|.
   """
   labels = batch['labels']
   answerable = jnp.take_along_axis(batch['inputs']['candidates'], labels[:, None], 1)[:, 0]
@@ -210,4 +211,4 @@ def _reader_finalize(means):
 
 
 register('reading_comprehension', Task(_build_reader, _apply_reader, _reader_sums,
-                                       _reader_finalize))
+                                       _reader_finalize, metrics=('loss', 'accuracy', 'error')))

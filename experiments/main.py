@@ -7,7 +7,7 @@ r"""Train and evaluate one configuration.
 `--config` is an ml_collections config file (any field can be overridden with
 `--config.a.b=value`); `--workdir` receives config.json, checkpoints, metrics.jsonl and
 TensorBoard events, and a run started again in the same workdir resumes from its latest
-checkpoint. All the work happens in `bn_rnn_jax.train.train_and_evaluate`.
+checkpoint. All the work happens in `bn_rnn_jax.loop.train_and_evaluate`.
 """
 
 import sys
@@ -18,7 +18,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from bn_rnn_jax import checkpoint
-from bn_rnn_jax import train
+from bn_rnn_jax import loop
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file('config', None, 'Path to an experiment config file.',
@@ -32,6 +32,12 @@ def parse_flags(argv):
   ml_collections' "did you mean") instead of a traceback."""
   try:
     return FLAGS(argv)
+  except flags.IllegalFlagValueError as e:
+    # A config file's own error (e.g. an unknown variant in `file.py:arg`) comes wrapped in
+    # ml_collections' and absl's messages with the traceback as text: keep the innermost.
+    while (e.__cause__ or e.__context__) is not None:
+      e = e.__cause__ or e.__context__
+    sys.exit(f'error: {" ".join(str(e).split())}')
   except (AttributeError, KeyError) as e:
     detail = ' '.join(str(e).replace('\\n', ' ').strip('\'"').split())
     detail = detail.replace("\\'", "'")
@@ -46,7 +52,7 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   checkpoint.quiet_orbax_logs()
   try:
-    train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except (ValueError, FileNotFoundError, FloatingPointError,
           checkpoint.WorkdirInUse) as e:
     # Configuration, data, NaN and workdir-lock problems are one line, not a traceback.

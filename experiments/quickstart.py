@@ -18,7 +18,7 @@ can be set for every run with `--config.a.b=value`, `--config.variants` picks th
 variants and `--seeds` the seeds. Sequential MNIST at 14x14 (196 steps) instead:
 
   python experiments/quickstart.py --workdir /tmp/quickstart_mnist \
-      --config.data.name=mnist --config.data.mnist_dir=/path/to/mnist \
+      --config.data.name=mnist --config.data.root=/path/to/datasets \
       --config.train.num_steps=600 --config.eval.every=100
 """
 

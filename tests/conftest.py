@@ -1,7 +1,13 @@
-"""Test session setup: 8 fake CPU devices, set before JAX is imported anywhere.
+"""Test session setup: 8 fake CPU devices, set before JAX is imported anywhere, and the
+data root of the tests that read real datasets.
 
 Multi-device code (pmap over axis 'batch') is tested on these; single-device code runs
 on device 0 as usual.
+
+Real datasets are read under `$BN_RNN_JAX_DATA` (`bn_rnn_jax.input_pipeline`). When it is
+unset and the project machines' read-only copy exists beside the repository
+(`../shared/data`), it is pointed there; the tests that need a dataset skip, naming it,
+where it is missing.
 """
 
 import os
@@ -9,6 +15,11 @@ import os
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                            ' --xla_force_host_platform_device_count=8').strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+_SHARED_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), 'shared', 'data')
+if not os.environ.get('BN_RNN_JAX_DATA') and os.path.isdir(_SHARED_DATA):
+  os.environ['BN_RNN_JAX_DATA'] = _SHARED_DATA
 
 import gc  # pylint: disable=g-import-not-at-top,wrong-import-position
 

@@ -18,7 +18,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import training_fixtures as fx  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bn_rnn_jax import train  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bn_rnn_jax import loop  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bn_rnn_jax.input_pipeline import mnist  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
@@ -35,7 +35,7 @@ def main(process_id: int, port: int, out_file: str) -> None:
       fx.synthetic_splits(), seed=config.seed, batch_size=config.train.batch_size,
       eval_batch_size=config.eval.batch_size, num_classes=4,
       process_index=jax.process_index(), process_count=jax.process_count())
-  trainer = train.Trainer(config, None, dataset)
+  trainer = loop.Trainer(config, None, dataset)
   state = trainer.to_devices(trainer.initial_state())
   state, metrics = trainer.p_train_step(state, trainer.train_batch(0))
   host = trainer.to_host(state)

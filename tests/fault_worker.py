@@ -2,7 +2,7 @@
 
   python tests/fault_worker.py WORKDIR OVERRIDES_JSON [KILL_IN_SAVE_STEP]
 
-Runs `train.train_and_evaluate` on `training_fixtures`' tiny config (with the overrides,
+Runs `loop.train_and_evaluate` on `training_fixtures`' tiny config (with the overrides,
 a JSON object of dotted config keys) and synthetic dataset. With KILL_IN_SAVE_STEP the
 process SIGKILLs itself in the middle of writing that step's checkpoint: after orbax
 started writing the state into its temporary folder, before the checkpoint is complete.
@@ -19,7 +19,7 @@ import jax
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import training_fixtures as fx  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bn_rnn_jax import checkpoint  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bn_rnn_jax import train  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bn_rnn_jax import loop  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _kill_inside_save(step: int) -> None:
@@ -45,7 +45,7 @@ def main(workdir: str, overrides: str, kill_in_save: int = 0) -> None:
   checkpoint.quiet_orbax_logs()
   config = fx.tiny_config(**json.loads(overrides))
   try:
-    train.train_and_evaluate(config, workdir, fx.synthetic_dataset(config))
+    loop.train_and_evaluate(config, workdir, fx.synthetic_dataset(config))
   except (ValueError, FloatingPointError, checkpoint.WorkdirInUse) as e:
     sys.exit(f'error: {e}')
 

@@ -1,6 +1,6 @@
 """Float64 NumPy reference of the BN-RNN equations, for the tests only.
 
-Written from DESIGN.md ("The equations") and the papers, not from the JAX code: nothing
+Written from docs/design.md ("The equations") and the papers, not from the JAX code: nothing
 here imports `bn_rnn_jax`. Everything is a plain Python loop over time and over the batch
 wherever that makes the equation easier to read; speed does not matter (tiny shapes).
 
@@ -13,7 +13,7 @@ re-derived here):
     `scale` (RNN), `cell_scale`, `cell_bias`.
   * a padded step keeps the previous state and never counts in a statistic.
 
-Equations (DESIGN.md):
+Equations (docs/design.md):
   BN(z; g, b) = b + g * (z - mean(z)) / sqrt(var(z) + eps), biased variance over the
     valid rows of the batch (frame-wise / per step) or over valid rows and steps
     (sequence-wise, Laurent eq. 20-21).

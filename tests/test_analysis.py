@@ -17,7 +17,7 @@ from scipy import integrate
 
 from bn_rnn_jax import input_pipeline
 from bn_rnn_jax import parallel
-from bn_rnn_jax import train
+from bn_rnn_jax import loop
 from experiments.analysis import common
 from experiments.analysis import estimate_batch_size
 from experiments.analysis import gamma_sensitivity
@@ -114,7 +114,7 @@ def test_gradient_flow_rejects_too_few_examples(tmp_path):
 def _tiny_digits_trainer(**model_fields):
   config = common.mnist_config(None, hidden_size=4, batch_size=8, eval_examples=16,
                                population_batches=3, variant='bn_lstm', **model_fields)
-  return train.Trainer(config)
+  return loop.Trainer(config)
 
 
 def test_population_estimate_matches_numpy_moments():

@@ -14,7 +14,10 @@ from bn_rnn_jax import metric_writer
 from bn_rnn_jax import models
 from bn_rnn_jax import tasks
 from bn_rnn_jax import train
+from bn_rnn_jax import config as config_lib
+from bn_rnn_jax import loop
 from bn_rnn_jax.input_pipeline import reading
+import real_data
 import reference
 import training_fixtures as fx
 from training_fixtures import compilation_cache  # pylint: disable=unused-import
@@ -22,8 +25,7 @@ from training_fixtures import compilation_cache  # pylint: disable=unused-import
 WORDS = ('the', 'a', 'house', 'runs', 'said', 'of', 'and', 'river', 'old', 'new')
 SPLITS = {'training': 24, 'validation': 8, 'test': 8}
 MAX_LENGTH = 48   # T_max of the tiny readers; the fixtures' batches are 32 wide
-REAL_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'shared',
-                         'data', 'brown_cloze')
+REAL_DATA = real_data.path('brown_cloze')
 
 
 # ====================================================================== fixtures
@@ -488,13 +490,13 @@ def test_kill_and_resume_is_exact(arrays, tmp_path):
   dataset = reading.ReadingDataset(arrays, batch_size=16, seed=0, eval_batch_size=8,
                                    length_multiple=32)
   straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
-  train.train_and_evaluate(config, straight, dataset)
+  loop.train_and_evaluate(config, straight, dataset)
   with pytest.raises(fx.Killed):
-    train.train_and_evaluate(config, resumed, fx.KillAt(dataset, 3))
-  train.train_and_evaluate(config, resumed, dataset)
+    loop.train_and_evaluate(config, resumed, fx.KillAt(dataset, 3))
+  loop.train_and_evaluate(config, resumed, dataset)
   states = []
   for workdir in (straight, resumed):
-    trainer = train.Trainer(config, workdir, dataset)
+    trainer = loop.Trainer(config, workdir, dataset)
     ckpt = checkpoint.Checkpointer(workdir, keep=config.checkpoint.keep)
     try:
       states.append(ckpt.restore(trainer.initial_state())[0])
@@ -510,9 +512,7 @@ def test_kill_and_resume_is_exact(arrays, tmp_path):
 
 
 # ====================================================================== real data
-@pytest.mark.skipif(not os.path.isdir(REAL_DATA),
-                    reason='../shared/data/brown_cloze (the project machines\' copy of the '
-                           'Brown cloze set) is not present')
+@real_data.needs('brown_cloze', 'training')
 def test_real_brown_cloze_folder():
   """The real set reads, every answer is a candidate of its document (brown_cloze's
   contexts always contain the answer), and the shuffle keeps that true."""
@@ -540,7 +540,7 @@ def test_config_file_builds_every_variant_and_the_cpu_preset():
   for variant in models.READER_VARIANTS:
     for arg in (variant, f'{variant},cpu'):
       config = module.get_config(arg)
-      train.validate_config(config)
+      config_lib.validate_config(config)
       fast = variant in ('bn_e_star', 'bn_e_star_star')
       assert (config.train.batch_size, config.optimizer.learning_rate) == (
           (40, 8e-4) if fast else (64, 8e-5))

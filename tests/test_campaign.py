@@ -24,8 +24,8 @@ from absl import flags
 from ml_collections import config_flags
 import pytest
 
+from bn_rnn_jax import config as config_lib
 from bn_rnn_jax import metric_writer
-from bn_rnn_jax import train
 from experiments.campaign import collect
 from experiments.campaign import runner
 from experiments.campaign import show
@@ -136,7 +136,7 @@ def test_every_run_command_builds_the_spec_config(name, tmp_path):
       flags.DEFINE_string('workdir', None, '', flag_values=values)
       values(argv)
       wanted = trainer.config_of(run, extra)
-      train.validate_config(wanted)
+      config_lib.validate_config(wanted)
       assert values.config.to_dict() == wanted.to_dict(), (name, run.name, extra)
 
 

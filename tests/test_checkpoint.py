@@ -9,7 +9,7 @@ import pytest
 
 from bn_rnn_jax import checkpoint
 from bn_rnn_jax import metric_writer
-from bn_rnn_jax import train
+from bn_rnn_jax import loop
 import training_fixtures as fx
 from training_fixtures import compilation_cache  # pylint: disable=unused-import
 
@@ -32,7 +32,7 @@ def _config():
 
 
 def _final_state(config, workdir, dataset):
-  trainer = train.Trainer(config, workdir, dataset)
+  trainer = loop.Trainer(config, workdir, dataset)
   ckpt = checkpoint.Checkpointer(workdir, keep=config.checkpoint.keep)
   try:
     state, meta = ckpt.restore(trainer.initial_state())
@@ -52,11 +52,11 @@ def runs(tmp_path_factory):
   dataset = fx.synthetic_dataset(config)
   straight = str(tmp_path_factory.mktemp('straight'))
   resumed = str(tmp_path_factory.mktemp('resumed'))
-  train.train_and_evaluate(config, straight, dataset)
+  loop.train_and_evaluate(config, straight, dataset)
   with pytest.raises(fx.Killed):
-    train.train_and_evaluate(config, resumed, fx.KillAt(dataset, 5))
+    loop.train_and_evaluate(config, resumed, fx.KillAt(dataset, 5))
   killed_records = metric_writer.read_metrics(resumed)
-  train.train_and_evaluate(config, resumed, dataset)
+  loop.train_and_evaluate(config, resumed, dataset)
   return config, dataset, straight, resumed, killed_records
 
 
@@ -81,8 +81,8 @@ def test_shard_map_backend_resumes_the_pmap_run(runs, tmp_path):
   config.parallel.backend = 'shard_map'
   resumed = str(tmp_path / 'shard_map')
   with pytest.raises(fx.Killed):
-    train.train_and_evaluate(config, resumed, fx.KillAt(dataset, 5))
-  train.train_and_evaluate(config, resumed, dataset)
+    loop.train_and_evaluate(config, resumed, fx.KillAt(dataset, 5))
+  loop.train_and_evaluate(config, resumed, dataset)
   state_a, _ = _final_state(config, straight, dataset)
   state_b, _ = _final_state(config, resumed, dataset)
   assert int(state_b.step) == 7
@@ -129,7 +129,7 @@ def test_best_checkpoint_holds_the_best_validation_accuracy(runs):
 def test_rerunning_a_finished_run_changes_nothing(runs):
   config, dataset, straight, _, _ = runs
   before = _metrics_without_time(straight)
-  train.train_and_evaluate(config, straight, dataset)
+  loop.train_and_evaluate(config, straight, dataset)
   assert _metrics_without_time(straight) == before
 
 
@@ -137,7 +137,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_state(tmp_path):
   config = _config()
   dataset = fx.synthetic_dataset(config)
   with pytest.raises(FloatingPointError, match='at step 4'):
-    train.train_and_evaluate(config, str(tmp_path), _NaNAt(dataset, 3))
+    loop.train_and_evaluate(config, str(tmp_path), _NaNAt(dataset, 3))
   state, _ = _final_state(config, str(tmp_path), dataset)
   assert int(state.step) == 3
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))

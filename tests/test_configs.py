@@ -20,8 +20,8 @@ from typing import Any, Callable, Optional, Union
 import pytest
 
 from bn_rnn_jax import models
-from bn_rnn_jax import recurrent
-from bn_rnn_jax import train
+from bn_rnn_jax import config as config_lib
+from bn_rnn_jax import variants
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           'experiments', 'configs')
@@ -141,7 +141,7 @@ def _laurent_speech_rows() -> list[Row]:
           f'{s} and eq. 20-21: sequence-wise BN of the input term'),
       Row(c, None, 'model.kernel_init', 'glorot_uniform', f'{s}: "the Glorot scheme"'),
       Row(c, None, 'model.recurrent_init', 'glorot_uniform', f'{s}: "the Glorot scheme"'),
-      Row(c, None, 'model.layer_options.input_init', 'glorot_uniform',
+      Row(c, None, 'model.input_init', 'glorot_uniform',
           f'{s}: "the Glorot scheme"'),
       Row(c, None, 'model.forget_bias', 0.0, f'{s}: "all the biases were set to zero"'),
       Row(c, None, 'optimizer.name', 'sgd', f'{s}: SGD'),
@@ -259,15 +259,15 @@ def _arguments(module) -> list[Optional[str]]:
 @pytest.mark.parametrize('name', _config_files())
 def test_every_config_file_loads_and_validates(name):
   """Each file's get_config (for each variant or size it offers) builds a config that
-  `train.validate_config` accepts, starts from `train.default_config()`, and names a
+  `train.validate_config` accepts, starts from `config_lib.default_config()`, and names a
   known variant and recurrent initialiser."""
   module = load_config_module(name)
-  fields = set(train.default_config().model.keys())
+  fields = set(config_lib.default_config().model.keys())
   for arg in _arguments(module):
     config = module.get_config(arg) if arg is not None else module.get_config()
-    train.validate_config(config)
-    assert fields <= set(config.model.keys()), f'{name}: not from train.default_config()'
-    assert (config.model.variant in recurrent.VARIANTS
+    config_lib.validate_config(config)
+    assert fields <= set(config.model.keys()), f'{name}: not from config_lib.default_config()'
+    assert (config.model.variant in variants.VARIANTS
             or config.model.variant in models.READER_VARIANTS), f'{name}:{arg}'
     assert config.model.recurrent_init in ('orthogonal', 'identity', 'identity_candidate',
                                            'glorot_uniform')

@@ -24,8 +24,10 @@ import pytest
 
 from bn_rnn_jax import checkpoint
 from bn_rnn_jax import metric_writer
-from bn_rnn_jax import recurrent
-from bn_rnn_jax import train
+from bn_rnn_jax import config as config_lib
+from bn_rnn_jax import loop
+from bn_rnn_jax import sequence
+from bn_rnn_jax import variants
 from bn_rnn_jax.input_pipeline import mnist
 import training_fixtures as fx
 from training_fixtures import compilation_cache  # pylint: disable=unused-import
@@ -44,7 +46,7 @@ def _config(**extra):
 
 
 def _restore(config, workdir, dataset):
-  trainer = train.Trainer(config, workdir, dataset)
+  trainer = loop.Trainer(config, workdir, dataset)
   ckpt = checkpoint.Checkpointer(workdir, keep=config.checkpoint.keep)
   try:
     return ckpt.restore(trainer.initial_state())
@@ -74,7 +76,7 @@ def straight(tmp_path_factory):
   config = _config()
   dataset = fx.synthetic_dataset(config)
   workdir = str(tmp_path_factory.mktemp('straight'))
-  train.train_and_evaluate(config, workdir, dataset)
+  loop.train_and_evaluate(config, workdir, dataset)
   state, _ = _restore(config, workdir, dataset)
   return config, dataset, workdir, state
 
@@ -143,7 +145,7 @@ def test_resume_from_an_older_checkpoint_logs_what_the_straight_run_logged(strai
     shutil.rmtree(os.path.join(run, 'checkpoints', step))
   _, meta4 = _restore(config, run, dataset)
   assert meta4['window_steps'] == 1 and meta4['window']  # step 4's own metrics
-  train.train_and_evaluate(config, run, dataset)
+  loop.train_and_evaluate(config, run, dataset)
   final, _ = _restore(config, run, dataset)
   _assert_same_state(state, final)
   assert _records(run) == _records(workdir)
@@ -153,7 +155,7 @@ def test_resume_from_an_older_checkpoint_logs_what_the_straight_run_logged(strai
 def test_nan_learning_rate_is_a_config_error():
   config = _config(**{'optimizer.learning_rate': float('nan')})
   with pytest.raises(ValueError, match='learning_rate must be a positive finite number; got nan'):
-    train.validate_config(config)
+    config_lib.validate_config(config)
 
 
 def test_first_non_finite_step_is_named_and_the_last_good_state_is_replayed(tmp_path):
@@ -174,9 +176,9 @@ def test_first_non_finite_step_is_named_and_the_last_good_state_is_replayed(tmp_
       return dict(batch, inputs=np.full_like(batch['inputs'], np.nan)) if step == 4 else batch
 
   with pytest.raises(FloatingPointError, match=r'at step 5 .*last good state \(step 4\)'):
-    train.train_and_evaluate(config, str(tmp_path / 'nan'), NaNAtIndex4())
+    loop.train_and_evaluate(config, str(tmp_path / 'nan'), NaNAtIndex4())
   saved, _ = _restore(config, str(tmp_path / 'nan'), dataset)
-  train.train_and_evaluate(_config(**sparse, **{'train.num_steps': 4}), str(tmp_path / 'four'),
+  loop.train_and_evaluate(_config(**sparse, **{'train.num_steps': 4}), str(tmp_path / 'four'),
                            dataset)
   four, _ = _restore(config, str(tmp_path / 'four'), dataset)
   assert int(saved.step) == 4
@@ -191,9 +193,9 @@ def test_huge_learning_rate_never_evicts_the_good_checkpoint(straight, tmp_path)
   bad = _config(**{'checkpoint.keep': 1, 'train.num_steps': 12,
                    'optimizer.learning_rate': 1e35})
   with pytest.raises(FloatingPointError, match='Non-finite state or training metrics at step'):
-    train.train_and_evaluate(bad, run, dataset)
+    loop.train_and_evaluate(bad, run, dataset)
   ckpt = checkpoint.Checkpointer(run, keep=1)
-  template = train.Trainer(config, run, dataset).initial_state()
+  template = loop.Trainer(config, run, dataset).initial_state()
   try:
     for step in ckpt.latest.all_steps():
       state, _ = ckpt.restore(template, step=step)
@@ -221,7 +223,7 @@ def test_second_launch_in_a_busy_workdir_fails_at_once_naming_the_holder(tmp_pat
   with checkpoint.WorkdirLock(workdir):  # another open file: flock conflicts in-process too
     with pytest.raises(checkpoint.WorkdirInUse,
                        match=f'is in use by another run \\(pid {os.getpid()} on '):
-      train.train_and_evaluate(config, workdir, fx.synthetic_dataset(config))
+      loop.train_and_evaluate(config, workdir, fx.synthetic_dataset(config))
   assert not os.path.exists(os.path.join(workdir, 'metrics.jsonl'))
 
 
@@ -309,7 +311,7 @@ def test_damaged_checkpoint_falls_back_to_the_newest_intact_one(straight, tmp_pa
   if not rerun:  # the same path as above from here on; two of the four re-run it
     return
   # The run redoes step 7 from step 6: the same final state, no traceback on stderr.
-  train.train_and_evaluate(config, run, dataset)
+  loop.train_and_evaluate(config, run, dataset)
   final, _ = _restore(config, run, dataset)
   _assert_same_state(state, final)
   assert _records(run) == _records(workdir)
@@ -372,7 +374,7 @@ def test_carry_saved_on_two_devices_resumes_on_one(tmp_path, caplog):
   two = fx.tiny_config('bn_lstm', **{**lm, 'train.num_devices': 2})
   one = fx.tiny_config('bn_lstm', **{**lm, 'train.num_devices': 1, 'train.num_steps': 3})
   run = str(tmp_path / 'run')
-  train.train_and_evaluate(two, run, dataset)
+  loop.train_and_evaluate(two, run, dataset)
   saved, _ = _restore(two, run, dataset)
   with caplog.at_level(logging.WARNING):
     resharded, _ = _restore(one, run, dataset)
@@ -380,7 +382,7 @@ def test_carry_saved_on_two_devices_resumes_on_one(tmp_path, caplog):
   assert saved.carry[0][1].shape == (2, 8, 8) and resharded.carry[0][1].shape == (1, 16, 8)
   for a, b in zip(jax.tree.leaves(saved.carry), jax.tree.leaves(resharded.carry)):
     np.testing.assert_array_equal(a.reshape(b.shape), b)
-  train.train_and_evaluate(one, run, dataset)
+  loop.train_and_evaluate(one, run, dataset)
   final, _ = _restore(one, run, dataset)
   assert int(final.step) == 3
 
@@ -400,7 +402,7 @@ def test_partial_last_metrics_line_is_skipped_with_a_warning_and_the_run_resumes
   with open(os.path.join(run, 'metrics.jsonl'), 'a') as f:
     f.write('{"step": 7, "split": "tra')
   with caplog.at_level(logging.WARNING):
-    train.train_and_evaluate(config, run, dataset)
+    loop.train_and_evaluate(config, run, dataset)
   assert 'skipped its partial last line' in caplog.text
   assert _records(run) == _records(workdir)
 
@@ -429,10 +431,10 @@ def test_workdir_that_is_a_file_or_not_writable_is_one_clear_error(tmp_path):
   path = tmp_path / 'a_file'
   path.write_text('')
   with pytest.raises(ValueError, match=f'--workdir {path} is a file, not a directory'):
-    train.train_and_evaluate(config, str(path), dataset)
+    loop.train_and_evaluate(config, str(path), dataset)
   # /sys is read-only even for root (chmod does not stop root, so a test cannot use it).
   with pytest.raises(ValueError, match=r'Cannot write in the workdir /sys \('):
-    train.train_and_evaluate(config, '/sys', dataset)
+    loop.train_and_evaluate(config, '/sys', dataset)
 
 
 @pytest.mark.parametrize('content', [b'not gzip at all', 'truncated'])
@@ -470,8 +472,8 @@ def test_mask_with_holes_is_a_clear_error():
   x = jnp.ones((2, 4, 3))
   holes = jnp.array([[1, 0, 1, 0], [1, 1, 0, 0]], jnp.float32)
   with pytest.raises(ValueError, match='mask row 0 has a valid step at t=2 after padding'):
-    recurrent.reverse_valid(x, holes)
-  layer = recurrent.make_layer('lstm', 4)
+    sequence.reverse_valid(x, holes)
+  layer = variants.make_layer('lstm', 4)
   with pytest.raises(ValueError, match='mask row 0 has a valid step at t=2 after padding'):
     layer.init(jax.random.key(0), x, holes, train=False)
 
@@ -492,7 +494,7 @@ def _padded_batch(junk):
 @pytest.mark.parametrize('variant', ['bn_input_only_seq', 'bn_lstm_shared', 'bn_lstm',
                                      'rnn_bn_recurrence'])
 def test_junk_in_the_padding_reaches_nothing(variant):
-  layer = recurrent.make_layer(variant, 4, max_length=5, initial_state='zeros')
+  layer = variants.make_layer(variant, 4, max_length=5, initial_state='zeros')
   x, mask = _padded_batch(0.0)
   variables = layer.init(jax.random.key(0), x, mask, train=False)
   w = jax.random.normal(jax.random.key(1), (len(_LENGTHS), 5, 4))
@@ -527,7 +529,7 @@ def test_eight_devices_equal_one_with_noise_and_dropout():
   for n in (8, 1):
     cfg = config.copy_and_resolve_references()
     cfg.train.num_devices = n
-    trainer = train.Trainer(cfg, None, dataset)
+    trainer = loop.Trainer(cfg, None, dataset)
     init = trainer.to_devices(trainer.initial_state())
     state, metrics = trainer.p_train_step(init, trainer.train_batch(0))
     results[n] = trainer.to_host(state), float(metrics['loss'][0])

@@ -9,7 +9,7 @@ import pytest
 from flax import linen as nn
 
 from bn_rnn_jax import initializers
-from bn_rnn_jax import recurrent
+from bn_rnn_jax import variants
 
 H, I = 5, 3
 
@@ -54,10 +54,10 @@ class _Layers(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    recurrent.make_layer('bn_lstm', H, max_length=4, forget_bias=1.0,
+    variants.make_layer('bn_lstm', H, max_length=4, forget_bias=1.0,
                          recurrent_init='identity', name='bn_lstm')(x, train=False)
-    recurrent.make_layer('rnn_bn_recurrence', H, max_length=4, name='rnn')(x, train=False)
-    recurrent.make_layer('ln_lstm', H, name='ln_lstm')(x, train=False)
+    variants.make_layer('rnn_bn_recurrence', H, max_length=4, name='rnn')(x, train=False)
+    variants.make_layer('ln_lstm', H, name='ln_lstm')(x, train=False)
 
 
 @functools.cache

@@ -1,5 +1,5 @@
-"""MNIST / digits pipeline: IDX files (shared real copies), tfds mock data, permutation,
-14x14 pooling, deterministic batches and eval coverage."""
+"""MNIST / digits pipeline: IDX files (the real ones under the data root), tfds mock data,
+permutation, 14x14 pooling, deterministic batches and eval coverage."""
 
 import gzip
 import os
@@ -8,20 +8,17 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import input_pipeline as ip
+from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import mnist
+import real_data
 
-SHARED_MNIST = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            '..', 'shared', 'data', 'mnist')
-needs_mnist = pytest.mark.skipif(
-    not os.path.exists(os.path.join(SHARED_MNIST, mnist.IDX_FILES['train_images'])),
-    reason=f'real MNIST IDX files not found in {SHARED_MNIST} (read-only shared data)')
+REAL_MNIST = real_data.path('mnist')
+needs_mnist = real_data.needs('mnist', mnist.IDX_FILES['train_images'])
 
 
 def _config(**data):
-  from bn_rnn_jax import train  # pylint: disable=g-import-not-at-top
-  config = train.default_config()
-  config.data = mnist.default_data_config('mnist')
-  config.data.mnist_dir = SHARED_MNIST
+  config = config_lib.default_config()
+  config.data = mnist.default_data_config('mnist')   # mnist_dir 'mnist' under the data root
   config.data.update(data)
   config.train.batch_size = 100
   config.eval.batch_size = 1000
@@ -30,7 +27,7 @@ def _config(**data):
 
 @pytest.fixture(scope='module')
 def raw_idx():
-  return mnist.load_idx(SHARED_MNIST)
+  return mnist.load_idx(REAL_MNIST)
 
 
 @needs_mnist

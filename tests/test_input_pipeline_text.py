@@ -4,14 +4,13 @@ Expected values are written out by hand or recomputed here with plain Python str
 operations, never with the pipeline's own helpers.
 """
 
-import os
-
 import numpy as np
 import pytest
 
 from bn_rnn_jax.input_pipeline import text
+import real_data
 
-PTB_DIR = os.path.join(os.path.dirname(__file__), '..', '..', 'shared', 'data', 'ptb')
+PTB_DIR = real_data.path('ptb')
 
 # Mikolov's format: a leading and a trailing space on every line, one sentence per line.
 TRAIN = (' the cat sat on the mat \n'
@@ -211,8 +210,7 @@ def test_bad_arguments_are_named():
 
 
 # ------------------------------------------------------------------ the real PTB files
-@pytest.mark.skipif(not os.path.isdir(PTB_DIR), reason=f'PTB not found at {PTB_DIR} (the '
-                    'shared data folder is only on the project machines).')
+@real_data.needs('ptb', 'ptb.train.txt')
 def test_real_ptb_sizes():
   vocab, ids = text.load_ptb(PTB_DIR, 'char')
   assert len(vocab) == 50

@@ -15,6 +15,7 @@ from bn_rnn_jax import models
 from bn_rnn_jax import tasks
 from bn_rnn_jax import metric_writer
 from bn_rnn_jax import train
+from bn_rnn_jax import loop
 
 VOCAB, HIDDEN, EMBED, BATCH, LENGTH = 7, 5, 4, 3, 6
 
@@ -197,7 +198,7 @@ def test_tiny_character_model_learns(tmp_path):
   config.eval.every = 100
   config.checkpoint.every = 100
   config.checkpoint.best_metric = 'valid/bpc'
-  last = train.train_and_evaluate(config, str(tmp_path / 'run'))
+  last = loop.train_and_evaluate(config, str(tmp_path / 'run'))
   records = metric_writer.read_metrics(str(tmp_path / 'run'))
   losses = [r['loss'] for r in records if r['split'] == 'train']
   symbols = 1 + len(set(''.join(WORDS))) + 1           # letters, '_' and '\n'
@@ -211,7 +212,7 @@ def test_trainer_carries_word_state_across_steps_and_resets_each_epoch(tmp_path)
   folder = write_ptb_fixture(tmp_path, lines=(24, 6, 6))
   config = tiny(load_config('ptb_word', 'small'), folder, 4, 5, hidden=8)
   config.train.num_devices = 2          # the carry is split over devices with the batch
-  trainer = train.Trainer(config)
+  trainer = loop.Trainer(config)
   data = trainer.dataset
   steps = data.steps_per_epoch
   assert data.carries_state and 3 <= steps <= 12, steps

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import normalization
+from bn_rnn_jax import population
 import reference as ref
 
 B, T, F = 6, 4, 5
@@ -196,19 +197,13 @@ def test_minibatch_moments_record():
     normalization.minibatch_moments_record(mean, var, count, 2)
 
 
-@pytest.mark.parametrize('form', ['stacked', 'sequence'])
-def test_average_moment_records(form):
-  """The papers' estimate over a nested tree of sites, rows reached by some batches only:
-  `average_moment_records` of the stacked records, `population_estimate` of the list."""
+def test_average_minibatch_moments():
+  """The papers' estimate over a nested tree of sites, rows reached by some batches only."""
   rng = np.random.default_rng(10)
   seen = ([1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0])
   records = [{'layer_0': {'cell': _record(rng, 5, s)}, 'layer_1': {'input': _record(rng, 5, s)}}
              for s in seen]
-  if form == 'stacked':
-    stacked = jax.tree.map(lambda *a: jnp.float32(np.stack(a)), *records)
-    estimate = normalization.average_moment_records(stacked)
-  else:
-    estimate = jax.jit(normalization.population_estimate)(jax.tree.map(jnp.float32, records))
+  estimate = jax.jit(population.average_minibatch_moments)(jax.tree.map(jnp.float32, records))
   got = jax.tree.map(np.asarray, estimate)
   for layer, site in (('layer_0', 'cell'), ('layer_1', 'input')):
     want = ref.average_records([r[layer][site] for r in records])
@@ -220,7 +215,7 @@ def test_average_moment_records(form):
 
 def test_population_estimate_of_no_records_names_the_problem():
   with pytest.raises(ValueError, match='at least one minibatch record'):
-    normalization.population_estimate([])
+    population.average_minibatch_moments([])
 
 
 @pytest.mark.parametrize('seen_rows,length', [(3, 8), (5, 5), (5, 9), (0, 4), (2, 1)])

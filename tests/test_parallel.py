@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import parallel
-from bn_rnn_jax import recurrent
-from bn_rnn_jax import train
+from bn_rnn_jax import config as config_lib
+from bn_rnn_jax import loop
+from bn_rnn_jax import variants
 import training_fixtures as fx
 from training_fixtures import compilation_cache  # pylint: disable=unused-import
 
@@ -29,13 +30,14 @@ def test_eight_devices_see_eight():
 # 8 CPU devices (H >= 8 B) and the autodiff of the scan on 1 (B16): the same step.
 @pytest.mark.parametrize('variant,hidden', [('bn_lstm', 8), ('bn_lstm', 16)])
 def test_pmapped_step_equals_single_device(variant, hidden):
-  # h0 noise is drawn per global example (DESIGN.md decision 8): 8 devices draw 1 device's.
+  # h0 noise is drawn per global example (`sequence.per_example_keys`): 8 devices draw 1
+  # device's.
   config = fx.tiny_config(variant, **{'model.initial_state': 'noise',
                                       'model.hidden_size': hidden})
-  layer = recurrent.make_layer(variant, hidden)
+  layer = variants.make_layer(variant, hidden)
   per_device = config.train.batch_size // 8
-  assert layer._layer_backward(per_device) == (hidden == 16)  # pylint: disable=protected-access
-  assert not layer._layer_backward(config.train.batch_size)  # pylint: disable=protected-access
+  assert (layer.execution_policy(per_device).backward == 'layer') == (hidden == 16)
+  assert layer.execution_policy(config.train.batch_size).backward == 'scan'
   dataset = fx.synthetic_dataset(config)
   _, state8, metrics8, valid8 = fx.one_step(config, dataset, 8)
   init, state1, metrics1, valid1 = fx.one_step(config, dataset, 1)
@@ -61,7 +63,7 @@ def test_language_model_step_with_carry_equals_single_device():
   for n in (8, 1):
     cfg = config.copy_and_resolve_references()
     cfg.train.num_devices = n
-    trainer = train.Trainer(cfg, None, dataset)
+    trainer = loop.Trainer(cfg, None, dataset)
     state = trainer.to_devices(trainer.initial_state())
     for step in range(2):  # the second step starts from the first's carried state
       state, metrics = trainer.p_train_step(state, trainer.train_batch(step))
@@ -81,9 +83,9 @@ def _backend_run(config, dataset, backend, steps, workdir=None, dataset_for_run=
   config.parallel.backend = backend
   config.train.num_devices = 8
   if workdir is not None:
-    train.train_and_evaluate(config, workdir, dataset_for_run or dataset)
+    loop.train_and_evaluate(config, workdir, dataset_for_run or dataset)
     return None
-  trainer = train.Trainer(config, None, dataset)
+  trainer = loop.Trainer(config, None, dataset)
   state = trainer.to_devices(trainer.initial_state())
   for step in range(steps):
     state, metrics = trainer.p_train_step(state, trainer.train_batch(step))
@@ -110,13 +112,13 @@ def test_shard_map_backend_equals_pmap(make_dataset):
 def test_unknown_backend_is_one_clear_error():
   config = fx.tiny_config('lstm', **{'parallel.backend': 'pjit'})
   with pytest.raises(ValueError, match=r"config.parallel.backend must be one of .*'pjit'"):
-    train.validate_config(config)
+    config_lib.validate_config(config)
 
 
 def test_batch_not_divisible_by_devices_is_one_clear_error():
   config = fx.tiny_config(**{'train.batch_size': 12})
   with pytest.raises(ValueError, match='batch_size 12 does not divide evenly over 8 devices'):
-    train.Trainer(config, None, fx.synthetic_dataset(config))
+    loop.Trainer(config, None, fx.synthetic_dataset(config))
 
 
 def test_shard_rejects_uneven_split():
@@ -148,7 +150,7 @@ def test_two_processes_over_jax_distributed_equal_one_device(tmp_path):
   assert int(result['global_devices']) == 4
   config = fx.tiny_config('bn_lstm', **{'model.initial_state': 'zeros',
                                         'train.num_devices': 1})
-  trainer = train.Trainer(config, None, fx.synthetic_dataset(config))
+  trainer = loop.Trainer(config, None, fx.synthetic_dataset(config))
   state = trainer.to_devices(trainer.initial_state())
   state, metrics = trainer.p_train_step(state, trainer.train_batch(0))
   host = trainer.to_host(state)

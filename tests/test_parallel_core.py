@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import normalization
-from bn_rnn_jax import recurrent
+from bn_rnn_jax import variants
 import reference as ref
 
 NUM_DEVICES = 8
@@ -60,12 +60,12 @@ def unshard(a):
 
 
 def _layer(variant, hoist, axis_name=None, backward='scan'):
-  return recurrent.make_layer(variant, H, max_length=T + 2, momentum=0.9,
+  return variants.make_layer(variant, H, max_length=T + 2, momentum=0.9,
                               hoist_input=hoist, axis_name=axis_name, backward=backward)
 
 
 def _params(variant):
-  shapes = jax.eval_shape(lambda: _layer(variant, False).init(
+  shapes = jax.eval_shape(lambda: _layer(variant, None).init(
       jax.random.key(0), jnp.zeros((2, T, I)), train=False))
   params = ref.random_params({k: s.shape for k, s in shapes['params'].items()},
                              np.random.default_rng(3))
@@ -76,7 +76,7 @@ def _params(variant):
 def _loss_fn(layer):
   def loss(params, stats, x, mask, w):
     (carry, out), new = layer.apply({'params': params, 'batch_stats': stats}, x, mask,
-                                    train=True, mutable=['batch_stats', 'batch_moments'])
+                                    train=True, mutable=['batch_stats', 'minibatch_moments'])
     return jnp.sum(out * w) / NUM_VALID, (out, carry, new)
   return jax.value_and_grad(loss, argnums=(0, 2), has_aux=True)
 
@@ -123,7 +123,7 @@ def test_pmap_equals_single_device(variant, hoist, backward):
   _close(unshard(p_g_x), g_x, rtol=1e-4, what='d loss / d x')
   # One running-average update and this batch's moment records: every device holds the
   # statistics of the global batch.
-  for collection in ('batch_stats', 'batch_moments'):
+  for collection in ('batch_stats', 'minibatch_moments'):
     for site, stats in new[collection].items():
       for key, value in stats.items():
         for d in range(NUM_DEVICES):
@@ -140,7 +140,7 @@ def test_pmap_outputs_and_moments_match_reference(variant, hoist):
   for site, steps in moments.items():
     record = ref.minibatch_record(steps, False, T + 2)
     for key in ('mean', 'var', 'count'):
-      _close(p_new['batch_moments'][site][key][NUM_DEVICES - 1], record[key], rtol=1e-4,
+      _close(p_new['minibatch_moments'][site][key][NUM_DEVICES - 1], record[key], rtol=1e-4,
              what=f'{site} {key}')
 
 

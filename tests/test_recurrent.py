@@ -1,6 +1,6 @@
 """The recurrent layer family against the float64 NumPy reference (`tests/reference.py`).
 
-Every variant in `recurrent.VARIANTS` is run in float32 JAX and compared with a naive
+Every variant in `variants.VARIANTS` is run in float32 JAX and compared with a naive
 float64 step-by-step loop: outputs, final state, gradients (reference gradients by central
 finite differences), the statistics written to `batch_stats` / `batch_moments`, and
 inference with population statistics (running average and the papers' average of
@@ -17,8 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bn_rnn_jax import normalization
-from bn_rnn_jax import recurrent
+from bn_rnn_jax import population
+from bn_rnn_jax import sequence
+from bn_rnn_jax import stack
+from bn_rnn_jax import variants
 import reference as ref
 
 B, T, I, H = 4, 5, 3, 4
@@ -27,7 +29,7 @@ MOMENTUM = 0.9        # far from 1, so that one EMA step visibly moves the stati
 LENGTHS = (5, 2, 4, 5)   # uneven; the last step has only two valid rows
 GARBAGE = 30.0        # scale of the junk put into padded positions
 
-VARIANTS = tuple(recurrent.VARIANTS)
+VARIANTS = tuple(variants.VARIANTS)
 BATCH_VARIANTS = tuple(v for v in VARIANTS if ref.batch_sites(v))
 # Sequence-wise input statistics always hoist the input projection: one form only.
 ALWAYS_HOISTED = tuple(v for v in VARIANTS if ref.spec(v)['input_stats'] == 'sequence')
@@ -56,8 +58,8 @@ W_OUT = _rng.normal(size=(B, T, H))        # loss weights on the outputs
 W_CARRY = _rng.normal(size=(2, B, H))      # loss weights on the final (c, h) / h
 
 
-def _layer(variant, hoist=False, **overrides):
-  return recurrent.make_layer(variant, H, max_length=MAX_LEN, momentum=MOMENTUM,
+def _layer(variant, hoist=None, **overrides):
+  return variants.make_layer(variant, H, max_length=MAX_LEN, momentum=MOMENTUM,
                               hoist_input=hoist, **overrides)
 
 
@@ -93,7 +95,7 @@ def train_fn(variant, hoist, overrides=()):
   def loss(params, x, mask, batch_stats, w_out, w_carry):
     (carry, out), new = layer.apply(
         {'params': params, 'batch_stats': batch_stats}, x, mask, train=True,
-        mutable=['batch_stats', 'batch_moments'])
+        mutable=['batch_stats', 'minibatch_moments'])
     value = jnp.sum(out * w_out)
     for leaf, w in zip(_carry_leaves(carry), w_carry):
       value = value + jnp.sum(leaf * w)
@@ -114,7 +116,7 @@ def run_train(variant, hoist, x=X, mask=MASK, stats=None, w_out=W_OUT, overrides
   (value, (carry, out, new)), (g_params, g_x) = train_fn(variant, hoist, overrides)(
       _f32(params), _f32(x), _f32(mask), _f32(stats), _f32(w_out), _f32(W_CARRY))
   return dict(value=float(value), carry=_np(carry), out=np.asarray(out, np.float64),
-              stats=_np(new.get('batch_stats', {})), moments=_np(new.get('batch_moments', {})),
+              stats=_np(new.get('batch_stats', {})), moments=_np(new.get('minibatch_moments', {})),
               g_params=_np(g_params), g_x=np.asarray(g_x, np.float64))
 
 
@@ -212,7 +214,7 @@ def test_remat_and_unroll_match_reference(backward):
   """The other forms of the scan (recomputed activations, unrolled steps) compute the
   same function, gradients included."""
   got = run_train('bn_lstm', False,
-                  overrides=(('remat', True), ('unroll', 2), ('backward', backward)))
+                  overrides=(('remat', 'full'), ('unroll', 2), ('backward', backward)))
   want = reference_train('bn_lstm')
   assert_close(got['out'], want['out'], what='outputs')
   for name, g in got['g_params'].items():
@@ -306,12 +308,11 @@ def test_running_average_population_inference(variant, hoist):
 
 @pytest.mark.parametrize('variant,hoist', [f for f in FORMS if f[0] in BATCH_VARIANTS])
 def test_average_of_minibatch_moments_population_inference(variant, hoist):
-  """The papers' estimate: `batch_moments` records averaged by `average_moment_records`."""
+  """The papers' estimate: minibatch moments averaged by `average_minibatch_moments`."""
   params, _ = variant_params(variant)
   run_a, run_b = population_runs(variant, hoist)
   records = [run_a['moments'], run_b['moments']]
-  stacked = jax.tree.map(lambda *a: jnp.stack(a), *_f32(records))
-  estimate = _np(normalization.average_moment_records(stacked))
+  estimate = _np(population.average_minibatch_moments(_f32(records)))
   want_records = [ref_records(variant, ref.run_layer(params, x, m, variant)[2])
                   for x, m in ((X_A, MASK_A), (X_B, MASK_B))]
   for site in want_records[0]:
@@ -425,7 +426,7 @@ def test_coinciding_rows_at_late_steps_keep_the_gradient_bounded():
   w_out = rng.normal(size=(B, length, H))   # different losses: the two rows' gradients differ
 
   def largest_gradient(min_step_count):
-    layer = recurrent.make_layer('bn_lstm', H, max_length=length,
+    layer = variants.make_layer('bn_lstm', H, max_length=length,
                                  min_step_count=min_step_count)
     variables = layer.init(jax.random.key(0), jnp.zeros((B, length, I)), train=False)
     def loss(params, x):
@@ -482,13 +483,13 @@ def test_padding_invariance(variant):
 
 def test_reverse_valid_reverses_only_the_valid_prefix():
   x = np.arange(B * T * 2, dtype=np.float32).reshape(B, T, 2)
-  once = np.asarray(recurrent.reverse_valid(jnp.asarray(x), jnp.asarray(MASK)))
+  once = np.asarray(sequence.reverse_valid(jnp.asarray(x), jnp.asarray(MASK)))
   np.testing.assert_array_equal(once, ref.reverse_each(x, MASK))
   # Row 1 has length 2: its two valid steps swap, its padding stays in place.
   np.testing.assert_array_equal(once[1, :, 0], x[1, [1, 0, 2, 3, 4], 0])
-  twice = np.asarray(recurrent.reverse_valid(jnp.asarray(once), jnp.asarray(MASK)))
+  twice = np.asarray(sequence.reverse_valid(jnp.asarray(once), jnp.asarray(MASK)))
   np.testing.assert_array_equal(twice, x)
-  no_mask = np.asarray(recurrent.reverse_valid(jnp.asarray(x), None))
+  no_mask = np.asarray(sequence.reverse_valid(jnp.asarray(x), None))
   np.testing.assert_array_equal(no_mask, x[:, ::-1])
 
 
@@ -497,7 +498,7 @@ def test_bidirectional_backward_half_reverses_each_sequence():
   reversed with the padding left at the end, so its per-step statistics are those of the
   reference run on the individually reversed batch."""
   variant = 'bn_lstm'
-  layer = recurrent.Bidirectional(_layer(variant), _layer(variant))
+  layer = stack.Bidirectional(_layer(variant), _layer(variant))
   shapes = jax.eval_shape(lambda: layer.init(jax.random.key(0), jnp.zeros((B, T, I)),
                                              train=False))
   rng = np.random.default_rng(11)
@@ -541,11 +542,11 @@ def test_constant_input_gradients_with_and_without_noise(initial_state):
   gradient ~5e2 after 4 steps, ~3e12 after 8, inf/NaN from 16 steps on (input gradient
   ~4e9 after 4 steps, ~2e19 after 8); so after 128 steps the gradients are not finite.
   With noise (std 0.1) they are finite; the largest parameter gradient depends on the draw
-  (B=4 only): 1e2 to 1.2e5 over the noise keys 0-7 (per-example draws, DESIGN.md
-  decision 8), far below the explosion without noise.
+  (B=4 only): 1e2 to 1.2e5 over the noise keys 0-7 (per-example draws), far below the
+  explosion without noise.
   """
   length = 128
-  layer = recurrent.make_layer('bn_lstm', H, max_length=length, initial_state=initial_state)
+  layer = variants.make_layer('bn_lstm', H, max_length=length, initial_state=initial_state)
   x = jnp.ones((B, length, 1))
   w = jax.random.normal(jax.random.key(1), (B, length, H))
 
@@ -588,9 +589,9 @@ def test_bad_inputs_are_clear_errors():
   with pytest.raises(ValueError, match=r'\[batch, time, features\].*\(4, 5\)'):
     layer.init(jax.random.key(0), jnp.zeros((B, T)), train=False)
   with pytest.raises(ValueError, match=r"Unknown RNN variant 'bn_gru'"):
-    recurrent.make_layer('bn_gru', H)
+    variants.make_layer('bn_gru', H)
   with pytest.raises(ValueError, match='Unknown RecurrentLayer fields'):
-    recurrent.make_layer('bn_lstm', H, hidden=3)
+    variants.make_layer('bn_lstm', H, hidden=3)
   with pytest.raises(ValueError, match='min_step_count must be at least 1; got 0'):
     _layer('bn_lstm', min_step_count=0).init(jax.random.key(0), x, train=False)
   with pytest.raises(ValueError, match='min_step_count guards masked per-step'):

@@ -10,6 +10,7 @@ import pytest
 
 import bn_rnn_jax as br
 import reference
+from bn_rnn_jax import population
 
 B, T, I, H = 4, 6, 3, 5
 LENGTHS = np.array([6, 4, 2, 5])
@@ -124,10 +125,11 @@ def test_bfloat16_compute_keeps_float32_statistics(data):
 
 
 def test_auto_remat_on_cpu_follows_the_measured_rule():
-  # README Speed: batch-normalised layers recompute the whole step up to H128 and store
+  # policy.py: batch-normalised layers recompute the whole step up to H128 and store
   # the matmul outputs above; layers without batch norm store everything.
   assert jax.default_backend() == 'cpu'
-  mode = lambda variant, hidden: br.make_layer(variant, hidden, max_length=T)._remat_mode()
+  mode = lambda variant, hidden: br.make_layer(
+      variant, hidden, max_length=T).execution_policy(64).remat
   assert [mode('bn_lstm', h) for h in (100, 128, 129, 240, 1000)] == [
       'full', 'full', 'dots', 'dots', 'dots']
   assert mode('bn_input_only', 100) == 'full'
@@ -135,17 +137,17 @@ def test_auto_remat_on_cpu_follows_the_measured_rule():
 
 
 def test_auto_backward_on_cpu_follows_the_measured_rule():
-  # README Speed: on CPU, LSTM layers take the whole-layer backward pass from H = 8 B.
+  # policy.py: on CPU, LSTM layers take the whole-layer backward pass from H = 8 B.
   assert jax.default_backend() == 'cpu'
   uses_layer = lambda variant, hidden, batch: br.make_layer(
-      variant, hidden, max_length=T)._layer_backward(batch)
+      variant, hidden, max_length=T).execution_policy(batch).backward == 'layer'
   assert [uses_layer('bn_lstm', h, 64) for h in (100, 511, 512, 1000)] == [
       False, False, True, True]
   assert uses_layer('lstm', 650, 32) and uses_layer('bn_input_only_seq', 250, 24)
   assert not uses_layer('lstm', 240, 40)
   assert not uses_layer('rnn', 1000, 8)
-  assert not br.make_layer('lstm', 1000, backward='scan')._layer_backward(8)
-  assert br.make_layer('lstm', 10, backward='layer')._layer_backward(64)
+  assert br.make_layer('lstm', 1000, backward='scan').execution_policy(8).backward == 'scan'
+  assert br.make_layer('lstm', 10, backward='layer').execution_policy(64).backward == 'layer'
 
 
 @pytest.mark.parametrize('backward', ['scan', 'layer'])
@@ -265,18 +267,17 @@ def test_estimate_population_stats_compiles_once_per_model(data):
   """Repeated estimates (one per evaluation in a training loop) reuse the compiled pass,
   also for a model with an unhashable dict field; a noisy-h0 model draws fresh noise per
   batch from `rng`, so two equal batches give two different records."""
-  from bn_rnn_jax import recurrent
   x, mask = data
   model = br.SequenceClassifier(num_classes=2, variant='bn_lstm', hidden_size=H,
                                 layer_options={'max_length': T, 'initial_state': 'noise'})
   variables = model.init({'params': jax.random.key(0), 'noise': jax.random.key(1)},
                          x, mask, train=False)
-  before = recurrent._minibatch_moments._cache_size()
+  before = population._minibatch_moments_jit._cache_size()
   first = br.estimate_population_stats(model, variables, [(x, mask)], rng=jax.random.key(2))
   for seed in range(3):
     br.estimate_population_stats(model, variables, [(x, mask)] * 2,
                                  rng=jax.random.key(seed))
-  assert recurrent._minibatch_moments._cache_size() == before + 1
+  assert population._minibatch_moments_jit._cache_size() == before + 1
   # The recurrent term sees h0 noise from step 0: its row-0 mean depends on the draw,
   # and the two-batch average differs from either single draw.
   again = br.estimate_population_stats(model, variables, [(x, mask)] * 2,

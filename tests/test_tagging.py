@@ -11,7 +11,9 @@ import pytest
 from bn_rnn_jax import models
 from bn_rnn_jax import tasks
 from bn_rnn_jax import train
+from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import tagging
+import real_data
 import reference as ref
 import training_fixtures as fx
 from training_fixtures import compilation_cache  # pylint: disable=unused-import
@@ -20,8 +22,7 @@ VARIANTS = ('lstm', 'bn_input_only_seq', 'bn_input_only')
 B, T, I, H, C = 4, 7, 3, 4, 5
 LENGTHS = np.array([7, 5, 3, 1])
 MASK = (np.arange(T)[None, :] < LENGTHS[:, None]).astype(np.float32)
-SHARED_BROWN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            '..', 'shared', 'data', 'brown')
+REAL_BROWN = real_data.path('brown')
 
 
 def _tagger(variant):
@@ -61,7 +62,8 @@ def _train_step_fn(variant):
     def loss_fn(params, batch_stats, x, labels, mask):
       batch = {'inputs': x, 'labels': labels, 'mask': mask, 'weights': jnp.ones((B,))}
       (_, logits), mutated = task.apply(model, {'params': params, 'batch_stats': batch_stats},
-                                        batch, True, None, mutable=['batch_stats'])
+                                        batch, train=True, carry=None,
+                                        mutable=["batch_stats"])
       sums, count = task.loss_sums(logits, batch)
       return sums['loss'] / count, (logits, mutated['batch_stats'], sums, count)
     _STEPS[variant] = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
@@ -197,7 +199,7 @@ def _write_ark(spec: str, arrays: dict) -> None:
 
 
 def _kaldi_config(tmp_path, **data):
-  config = train.default_config()
+  config = config_lib.default_config()
   config.data = tagging.default_data_config('kaldi')
   config.data.update(dict(max_frames=10, buckets=(5,), train_eval_size=2, **data))
   config.train.batch_size = 2
@@ -279,7 +281,7 @@ def _write_brown(folder, files=BROWN_FIXTURE):
 
 
 def _brown_config(path, **data):
-  config = train.default_config()
+  config = config_lib.default_config()
   config.data = tagging.default_data_config('brown')
   config.data.update(dict(path=path, buckets=(4, 8), train_eval_size=2, min_count=2, **data))
   config.train.batch_size = 2
@@ -338,10 +340,9 @@ def test_brown_reader_errors_name_the_file_or_path(tmp_path):
     tagging.get_dataset(_brown_config(folder))
 
 
-@pytest.mark.skipif(not os.path.isdir(SHARED_BROWN),
-                    reason=f'the shared Brown corpus is not at {SHARED_BROWN}')
+@real_data.needs('brown', 'ca01')
 def test_brown_reader_on_the_shared_corpus():
-  splits = tagging.load_brown(SHARED_BROWN)
+  splits = tagging.load_brown(REAL_BROWN)
   tokens = sum(len(words) for split in splits.values() for words, _ in split)
   assert tokens == 1_161_192           # the corpus README's count (data/README.md)
   sizes = {s: len(v) for s, v in splits.items()}
@@ -368,7 +369,7 @@ def _synthetic_tagging(batch_size=16, seed=0):
 
 def test_tagging_train_step_on_eight_devices_equals_one():
   config = fx.tiny_config('bn_input_only_seq', **{'model.initial_state': 'zeros'})
-  tasks.add_tagger_fields(config)
+  config.model.bidirectional = True
   config.model.embed_size = 6
   config.model.num_layers = 2
   config.model.hidden_size = 4
@@ -398,7 +399,7 @@ def test_laurent_and_brown_configs_build_the_papers_model():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     loaded[name] = module.get_config()
-    train.validate_config(loaded[name])
+    config_lib.validate_config(loaded[name])
   config = loaded['laurent_speech']
   options = train.layer_options(config, config.data.max_frames)
   assert options['input_init'] == options['recurrent_init'] == 'glorot_uniform'

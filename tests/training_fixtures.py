@@ -4,13 +4,14 @@ import jax
 import numpy as np
 import pytest
 
-from bn_rnn_jax import train
+from bn_rnn_jax import config as config_lib
+from bn_rnn_jax import loop
 from bn_rnn_jax.input_pipeline import mnist
 
 
 def tiny_config(variant='bn_lstm', **overrides):
   """A config whose model and data compile and run in about a second."""
-  config = train.default_config()
+  config = config_lib.default_config()
   config.data = mnist.default_data_config('synthetic')
   config.model.variant = variant
   config.model.hidden_size = 8
@@ -57,7 +58,7 @@ def one_step(config, dataset, num_devices):
   `(initial host state, host state after the step, metrics, valid metrics)`."""
   config = config.copy_and_resolve_references()
   config.train.num_devices = num_devices
-  trainer = train.Trainer(config, None, dataset)
+  trainer = loop.Trainer(config, None, dataset)
   init = trainer.initial_state()
   state, metrics = trainer.p_train_step(trainer.to_devices(init), trainer.train_batch(0))
   valid = trainer.evaluate(state, 'valid')

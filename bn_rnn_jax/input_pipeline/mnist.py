@@ -6,7 +6,8 @@ pixels scaled to [0, 1] (T = 784 for 28x28, 196 for 14x14 (2x2 mean-pooled), 64 
 `config.data.permutation_seed` and saved in the run's workdir as `permutation.npy`.
 
 Sources (`config.data.source`):
-  'idx'   the four original IDX .gz files in `config.data.mnist_dir`;
+  'idx'   the four original IDX .gz files in `config.data.mnist_dir` (relative to the data
+          root, `paths.py`, unless absolute);
   'tfds'  `tfds.data_source('mnist')` (array_record, no TensorFlow needed), from
           `config.data.tfds_data_dir` (None = the tfds default).
 Splits: train = the first 60,000 - `num_valid` training images, valid = the last
@@ -35,8 +36,9 @@ IDX_FILES = {
     'test_labels': 't10k-labels-idx1-ubyte.gz',
 }
 _GET_DATA = ('Get the four files from https://yann.lecun.com/exdb/mnist/ (or a mirror such '
-             'as https://ossci-datasets.s3.amazonaws.com/mnist/) into that folder and set '
-             '--config.data.mnist_dir, or use --config.data.source=tfds.')
+             'as https://ossci-datasets.s3.amazonaws.com/mnist/) into that folder (by '
+             'default <data root>/mnist; --config.data.mnist_dir), or use '
+             '--config.data.source=tfds.')
 DIGITS_SPLIT = (1297, 250, 250)
 
 
@@ -66,8 +68,9 @@ def read_idx(path: str) -> np.ndarray:
 
 def load_idx(mnist_dir: str) -> dict[str, np.ndarray]:
   """`{'train_images' [60000, 28, 28] uint8, 'train_labels' [60000], 'test_*'}`."""
+  mnist_dir = os.path.abspath(mnist_dir)
   if not os.path.isdir(mnist_dir):
-    raise FileNotFoundError(f'MNIST folder not found: {mnist_dir!r}. {_GET_DATA}')
+    raise FileNotFoundError(f'MNIST folder not found: {mnist_dir}. {_GET_DATA}')
   return {key: read_idx(os.path.join(mnist_dir, name)) for key, name in IDX_FILES.items()}
 
 
@@ -202,7 +205,7 @@ class SequenceDataset:
 def _mnist_images(config) -> dict[str, np.ndarray]:
   source = config.data.source
   if source == 'idx':
-    return load_idx(config.data.mnist_dir)
+    return load_idx(ip.resolve_path(config.data, 'mnist_dir'))
   if source == 'tfds':
     return load_tfds(config.data.get('tfds_data_dir'))
   raise ValueError(f"config.data.source must be 'idx' or 'tfds'; got {source!r}.")
@@ -262,9 +265,10 @@ def default_data_config(name: str = 'mnist'):
   """`config.data` fields of this module's datasets."""
   import ml_collections  # pylint: disable=g-import-not-at-top
   data = ml_collections.ConfigDict()
-  data.name = name                  # 'mnist' | 'digits'
+  data.name = name                  # 'mnist' | 'digits' (offline, needs no data root)
+  data.root = ''                    # '' = $BN_RNN_JAX_DATA (see bn_rnn_jax/input_pipeline)
   data.source = 'idx'               # 'idx' | 'tfds'
-  data.mnist_dir = '../shared/data/mnist'  # the four IDX .gz files (source 'idx')
+  data.mnist_dir = 'mnist'          # the four IDX .gz files (source 'idx'), under the root
   data.tfds_data_dir = ml_collections.config_dict.placeholder(str)
   data.resolution = 28              # 28 (784 steps) | 14 (2x2 mean-pooled, 196 steps)
   data.permute = False              # permuted MNIST

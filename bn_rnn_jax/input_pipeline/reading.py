@@ -1,27 +1,36 @@
 """Reading comprehension: the DeepMind Q&A cloze format (Hermann et al. 2015).
 
-Source layouts (`config.data.path`), read as they are distributed, never unpacked by hand:
-  * a folder `<path>/questions/{training,validation,test}/*.question` (as `cnn.tgz` unpacks),
-  * a folder `<path>/{training,validation,test}/*.question` (as `brown_cloze/` has them),
-  * a `.tgz` / `.tar.gz` archive holding either layout (`cnn.tgz`, `brown_cloze_large.tgz`),
-    or a folder holding exactly one such archive; members are read with `tarfile`.
-
-A `.question` file (DeepMind's `generate_questions.py`, no final newline) is five blocks
-separated by blank lines: url, context (one line of tokens), query (with `@placeholder`),
-answer (`@entityN`), and one `@entityN:surface form` line per entity. A file that does not
-have this shape is an error naming the file and what is wrong.
+Sources and the `.question` format: `questions.py` (a folder or a `.tgz` archive, read as
+distributed; archives verified end to end; every error one line naming the file or
+`<archive>:<member>`).
 
 Symbols. Ids `0 <pad>`, `1 <unk>`, `2 @placeholder`, `3 .. 3+E-1` the entity markers
-`@entity0 .. @entity{E-1}` (E = 1 + the largest entity index in any split), then the
-training words by frequency (ties alphabetically), capped at `config.data.vocab_size`
-symbols in all (0 = every training word; Cooijmans et al. App. C used 65,829 words on CNN).
-Words outside the vocabulary, and words that occur only in validation or test, are `<unk>`.
+`@entity0 .. @entity{E-1}` (E = 1 + the largest entity index in any split; the log names
+the file that holds it), then the training words by frequency (ties alphabetically),
+capped at `config.data.vocab_size` symbols in all (0 = every training word; Cooijmans et
+al. App. C used 65,829 words on CNN). Words outside the vocabulary, and words that occur
+only in validation or test, are `<unk>`.
+
+Unanswerable questions. A question whose answer entity does not occur in its context (the
+file's full context; e.g. an answer found only in the query) can never be answered, and
+it adds nothing to the loss. Such questions are dropped, in every split, and the log
+says how many (with a warning naming the first file); the counts are kept in the arrays
+as `dropped` [3] (train, valid, test). Questions that only the top-k shortcut below makes
+unanswerable stay (see there).
 
 Caching. Parsing 28k files takes seconds to a minute, so the token ids are written once to
 `<cache_dir>/reading_<key>.npz` (`config.data.cache_dir`, default `<workdir>/data_cache`;
-no cache when both are unset) and read back on the next start. The key hashes the source's
-path, size and modification times, the vocabulary cap, the top-k option and the format
-version, so a changed source or option parses again. The data folder may be read-only.
+no cache when both are unset) and read back on the next start. The file name hashes the
+source's absolute path and the options that shape the tokens (vocabulary cap, top-k,
+format version); inside, the file records the SHA-256 of the source's content (the
+archive's bytes, or the name and bytes of every `.question` file of a folder), those
+options, and a checksum of its arrays. A cache is used only when all three match the
+source and options of this start (so every start reads the source's bytes once, to hash
+them, but parses nothing); a damaged one (truncated, flipped bits, not an `.npz`)
+or a stale one (the source's content or an option changed) is reported as a warning and
+built again. Caches are written under a unique temporary name and renamed into place, so
+concurrent starts sharing one cache folder never collide, and they are read without
+unpickling. The data folder may be read-only; an unwritable cache folder is a warning.
 
 Batches (numpy, a pure function of `(seed, step)`; the dataset interface of
 `bn_rnn_jax.input_pipeline`):
@@ -50,7 +59,8 @@ The paper's CNN shortcut (App. C) is `config.data.top_k_sentences = k` (they use
 off, the default): only the k context sentences that share the most distinct tokens with
 the query (ties: earlier) are kept, in their original order. Sentences end at `.`, `!` or
 `?` tokens. The answer can be stripped that way; such examples stay, can never be
-answered, and count as errors (as the paper's 57 % upper bound on CNN validation).
+answered, and count as errors (as the paper's 57 % upper bound on CNN validation); the
+log gives their number.
 """
 
 from __future__ import annotations
@@ -59,57 +69,27 @@ import collections
 import hashlib
 import json
 import os
-import tarfile
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
+from absl import logging
 
 from bn_rnn_jax import input_pipeline
+from bn_rnn_jax.input_pipeline import files
+from bn_rnn_jax.input_pipeline import paths
+from bn_rnn_jax.input_pipeline.questions import entity_index
+from bn_rnn_jax.input_pipeline.questions import iter_question_files
+from bn_rnn_jax.input_pipeline.questions import parse_question
+from bn_rnn_jax.input_pipeline.questions import PLACEHOLDER
+from bn_rnn_jax.input_pipeline.questions import resolve_source
+from bn_rnn_jax.input_pipeline.questions import source_digest
+from bn_rnn_jax.input_pipeline.questions import SPLIT_FOLDERS
 
-FORMAT_VERSION = 1
-PAD, UNK, PLACEHOLDER = '<pad>', '<unk>', '@placeholder'
+FORMAT_VERSION = 2
+PAD, UNK = '<pad>', '<unk>'
 SPECIALS = (PAD, UNK, PLACEHOLDER)
 ENTITY_OFFSET = len(SPECIALS)             # id of @entity0
-SPLIT_FOLDERS = {'train': 'training', 'valid': 'validation', 'test': 'test'}
 SENTENCE_ENDS = frozenset({'.', '!', '?'})
-ARCHIVE_SUFFIXES = ('.tgz', '.tar.gz')
-
-
-# ====================================================================== parsing
-def entity_index(token: str) -> Optional[int]:
-  """N of an `@entityN` token; None for any other token."""
-  if token.startswith('@entity') and token[7:].isdigit():
-    return int(token[7:])
-  return None
-
-
-def parse_question(text: str, name: str) -> dict[str, Any]:
-  """One `.question` file's text as `{'url', 'context', 'query', 'answer'}`.
-
-  context and query are token lists, answer the entity index. `name` (the file) goes into
-  the one-line error raised for a file that is not in the DeepMind format.
-  """
-  blocks = text.strip('\n').split('\n\n')
-  if len(blocks) < 4:
-    raise ValueError(f'{name}: malformed question file: expected url, context, query, '
-                     f'answer and entity blocks separated by blank lines; found '
-                     f'{len(blocks)} block(s).')
-  url, context, query, answer = (b.strip() for b in blocks[:4])
-  context, query = context.split(), query.split()
-  if not context:
-    raise ValueError(f'{name}: malformed question file: the context is empty.')
-  if PLACEHOLDER not in query:
-    raise ValueError(f'{name}: malformed question file: the query has no {PLACEHOLDER}.')
-  index = entity_index(answer)
-  if index is None:
-    raise ValueError(f'{name}: malformed question file: the answer {answer[:40]!r} is not '
-                     'an @entityN marker.')
-  for line in blocks[4:] if len(blocks) > 4 else ():
-    for entry in line.split('\n'):
-      if entry and entity_index(entry.split(':', 1)[0]) is None:
-        raise ValueError(f'{name}: malformed question file: entity line {entry[:40]!r} '
-                         'does not read @entityN:name.')
-  return {'url': url, 'context': context, 'query': query, 'answer': index}
 
 
 def top_k_sentences(context: Sequence[str], query: Sequence[str], k: int) -> list[str]:
@@ -132,77 +112,6 @@ def top_k_sentences(context: Sequence[str], query: Sequence[str], k: int) -> lis
   scores = [len(words.intersection(s)) for s in sentences]
   keep = sorted(sorted(range(len(sentences)), key=lambda i: (-scores[i], i))[:k])
   return [token for i in keep for token in sentences[i]]
-
-
-# ====================================================================== sources
-def _archive_in(folder: str) -> Optional[str]:
-  archives = [f for f in sorted(os.listdir(folder)) if f.endswith(ARCHIVE_SUFFIXES)]
-  return os.path.join(folder, archives[0]) if len(archives) == 1 else None
-
-
-def resolve_source(path: str) -> tuple[str, str]:
-  """`('archive', file)` or `('folder', folder holding training/ validation/ test/)`."""
-  if not os.path.exists(path):
-    raise FileNotFoundError(f'Reading-comprehension data not found: {path} does not exist '
-                            '(set config.data.path to a DeepMind Q&A folder or .tgz).')
-  if os.path.isfile(path):
-    if not path.endswith(ARCHIVE_SUFFIXES):
-      raise ValueError(f'{path}: expected a folder or a .tgz / .tar.gz archive.')
-    return 'archive', path
-  for root in (os.path.join(path, 'questions'), path):
-    if os.path.isdir(os.path.join(root, 'training')):
-      return 'folder', root
-  archive = _archive_in(path)
-  if archive is not None:
-    return 'archive', archive
-  raise FileNotFoundError(f'{path} holds neither questions/training/ nor training/ '
-                          '(*.question files) nor one .tgz archive of them.')
-
-
-def _split_of(member: str) -> Optional[str]:
-  parts = member.split('/')
-  for split, folder in SPLIT_FOLDERS.items():
-    if len(parts) >= 2 and parts[-2] == folder:
-      return split
-  return None
-
-
-def iter_question_files(kind: str, location: str) -> Iterator[tuple[str, str, str]]:
-  """`(split, name, text)` of every `.question` file of a resolved source."""
-  if kind == 'archive':
-    try:
-      with tarfile.open(location, 'r:*') as archive:
-        for member in archive:
-          if member.isfile() and member.name.endswith('.question'):
-            split = _split_of(member.name)
-            if split is not None:
-              text = archive.extractfile(member).read().decode('utf-8')
-              yield split, f'{location}:{member.name}', text
-    except (tarfile.TarError, EOFError, OSError) as e:
-      raise ValueError(f'{location}: cannot read the archive ({e}).') from None
-    return
-  for split, folder in SPLIT_FOLDERS.items():
-    directory = os.path.join(location, folder)
-    if not os.path.isdir(directory):
-      raise FileNotFoundError(f'Missing split folder {directory}.')
-    for name in sorted(os.listdir(directory)):
-      if name.endswith('.question'):
-        file = os.path.join(directory, name)
-        with open(file, encoding='utf-8') as f:
-          yield split, file, f.read()
-
-
-def source_fingerprint(kind: str, location: str) -> dict[str, Any]:
-  """What the cache key depends on: path, sizes and modification times."""
-  if kind == 'archive':
-    stat = os.stat(location)
-    return {'path': os.path.realpath(location), 'size': stat.st_size,
-            'mtime': stat.st_mtime}
-  parts = {'path': os.path.realpath(location)}
-  for folder in SPLIT_FOLDERS.values():
-    directory = os.path.join(location, folder)
-    parts[folder] = [len(os.listdir(directory)), os.stat(directory).st_mtime]
-  return parts
 
 
 # ====================================================================== encoding
@@ -236,32 +145,75 @@ def _ragged(rows: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
   return flat.astype(np.int32), offsets
 
 
-def parse_source(path: str, vocab_size: int = 0, top_k: int = 0) -> dict[str, np.ndarray]:
-  """Parse every split of a source into token ids: the arrays `load` caches.
+def _largest_entity(rows: Iterable[dict[str, Any]]) -> tuple[int, str]:
+  """`(largest entity index, the file that holds it)` over examples."""
+  largest, where = -1, ''
+  for e in rows:
+    indices = [e['answer']] + [entity_index(t) for t in e['context'] + e['query']]
+    top = max(i for i in indices if i is not None)
+    if top > largest:
+      largest, where = top, e['name']
+  return largest, where
 
-  Keys: 'vocab' [V] str, 'num_entities', and per split s: `s/document`, `s/document_offsets`,
-  `s/query`, `s/query_offsets`, `s/answer` [N] (ragged rows: ids[offsets[i]:offsets[i+1]]).
-  """
-  kind, location = resolve_source(path)
+
+def _read_examples(kind: str, location: str, top_k: int) -> dict[str, list[dict]]:
+  """Parsed questions of every split in file-name order, the unanswerable ones dropped
+  (module docstring); each example keeps its file as 'name'."""
   examples = {split: [] for split in SPLIT_FOLDERS}
+  dropped = {split: [] for split in SPLIT_FOLDERS}
+  stripped = 0
   for split, name, text in iter_question_files(kind, location):
     example = parse_question(text, name)
+    example['name'] = name
+    answer = f'@entity{example["answer"]}'
+    if answer not in example['context']:
+      dropped[split].append(name)
+      continue
     if top_k:
       example['context'] = top_k_sentences(example['context'], example['query'], top_k)
-    example['name'] = name
+      stripped += answer not in example['context']
     examples[split].append(example)
   for split, rows in examples.items():
     if not rows:
-      raise ValueError(f'{location}: no .question files in the {SPLIT_FOLDERS[split]} split.')
+      raise ValueError(f'{location}: no usable .question files in the '
+                       f'{SPLIT_FOLDERS[split]} split ({len(dropped[split])} dropped as '
+                       'unanswerable).')
     rows.sort(key=lambda e: e['name'])
-  largest = max(max([e['answer']] + [entity_index(t) for t in e['context'] + e['query']
-                                     if entity_index(t) is not None])
-                for rows in examples.values() for e in rows)
+    if dropped[split]:
+      logging.warning('Dropped %d of %d %s questions whose answer entity does not occur in '
+                      'the context (they cannot be answered), e.g. %s.', len(dropped[split]),
+                      len(dropped[split]) + len(rows), SPLIT_FOLDERS[split],
+                      min(dropped[split]))
+  if top_k:
+    logging.info('top_k_sentences=%d left the answer out of the context of %d questions; '
+                 'they stay and count as errors.', top_k, stripped)
+  examples['dropped'] = [len(dropped[split]) for split in SPLIT_FOLDERS]
+  return examples
+
+
+def parse_source(path: str, vocab_size: int = 0, top_k: int = 0) -> dict[str, np.ndarray]:
+  """Parse every split of a source into token ids: the arrays `load` caches.
+
+  Keys: 'vocab' [V] str, 'num_entities', 'dropped' [3] (unanswerable questions dropped in
+  train, valid, test), and per split s: `s/document`, `s/document_offsets`, `s/query`,
+  `s/query_offsets`, `s/answer` [N] (ragged rows: ids[offsets[i]:offsets[i+1]]).
+  """
+  kind, location = resolve_source(path)
+  examples = _read_examples(kind, location, top_k)
+  dropped = examples.pop('dropped')
+  largest, where = _largest_entity(e for rows in examples.values() for e in rows)
   num_entities = largest + 1
+  logging.info('%s: %d entity symbols (the largest, @entity%d, in %s).', location,
+               num_entities, largest, where)
+  if vocab_size and vocab_size <= ENTITY_OFFSET + num_entities:
+    raise ValueError(f'{where}: @entity{largest} needs {num_entities} entity symbols, which '
+                     f'with the {ENTITY_OFFSET} special ones leave no room for words in '
+                     f'config.data.vocab_size={vocab_size}.')
   vocab = build_vocab([e['context'] + e['query'] for e in examples['train']], num_entities,
                       vocab_size)
   ids = {w: i for i, w in enumerate(vocab)}
-  arrays = {'vocab': np.asarray(vocab), 'num_entities': np.int64(num_entities)}
+  arrays = {'vocab': np.asarray(vocab), 'num_entities': np.int64(num_entities),
+            'dropped': np.asarray(dropped, np.int64)}
   for split, rows in examples.items():
     for field, key in (('context', 'document'), ('query', 'query')):
       arrays[f'{split}/{key}'], arrays[f'{split}/{key}_offsets'] = _ragged(
@@ -270,23 +222,32 @@ def parse_source(path: str, vocab_size: int = 0, top_k: int = 0) -> dict[str, np
   return arrays
 
 
+def cache_file(cache_dir: str, location: str, vocab_size: int, top_k: int) -> str:
+  """The cache file of a resolved source and the options that shape its tokens."""
+  slot = json.dumps({'path': os.path.realpath(location), 'vocab_size': vocab_size,
+                     'top_k': top_k, 'version': FORMAT_VERSION}, sort_keys=True)
+  return os.path.join(cache_dir, f'reading_{hashlib.sha256(slot.encode()).hexdigest()[:16]}'
+                                 '.npz')
+
+
 def load(path: str, vocab_size: int = 0, top_k: int = 0,
          cache_dir: Optional[str] = None) -> dict[str, np.ndarray]:
-  """`parse_source`, read from / written to `cache_dir` when one is given."""
+  """`parse_source`, read from / written to `cache_dir` when one is given (the module
+  docstring: a cache is keyed on the source's content and the options)."""
   if cache_dir is None:
     return parse_source(path, vocab_size, top_k)
   kind, location = resolve_source(path)
-  key = json.dumps({'source': source_fingerprint(kind, location), 'vocab_size': vocab_size,
-                    'top_k': top_k, 'version': FORMAT_VERSION}, sort_keys=True)
-  file = os.path.join(cache_dir, f'reading_{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz')
-  if os.path.exists(file):
-    with np.load(file, allow_pickle=False) as cached:
-      return {k: cached[k] for k in cached.files}
-  arrays = parse_source(path, vocab_size, top_k)
-  os.makedirs(cache_dir, exist_ok=True)
-  partial = file + '.partial.npz'
-  np.savez(partial, **arrays)
-  os.replace(partial, file)   # a killed run never leaves half a cache behind
+  meta = {'source_sha256': source_digest(kind, location), 'vocab_size': vocab_size,
+          'top_k': top_k, 'version': FORMAT_VERSION}
+  file = cache_file(cache_dir, location, vocab_size, top_k)
+  arrays = files.load_arrays(file, meta)
+  if arrays is None:
+    arrays = parse_source(path, vocab_size, top_k)
+    files.save_arrays(file, arrays, meta)
+  elif arrays['dropped'].any():
+    logging.warning('%s: %s unanswerable questions (train/valid/test) were dropped when the '
+                    'cache %s was built.', location, '/'.join(map(str, arrays['dropped'])),
+                    file)
   return arrays
 
 
@@ -461,8 +422,8 @@ def get_dataset(config, workdir: Optional[str] = None, process_index: int = 0,
   """The dataset of `config.data` (fields: see `default_data_config`)."""
   d = config.data
   cache_dir = d.get('cache_dir') or (os.path.join(workdir, 'data_cache') if workdir else None)
-  arrays = load(d.path, vocab_size=d.get('vocab_size', 0), top_k=d.get('top_k_sentences', 0),
-                cache_dir=cache_dir)
+  arrays = load(paths.resolve_path(d, 'path'), vocab_size=d.get('vocab_size', 0),
+                top_k=d.get('top_k_sentences', 0), cache_dir=cache_dir)
   return ReadingDataset(arrays, batch_size=config.train.batch_size, seed=config.seed,
                         eval_batch_size=config.eval.get('batch_size', None),
                         length_multiple=d.get('length_multiple', 32),
@@ -471,19 +432,19 @@ def get_dataset(config, workdir: Optional[str] = None, process_index: int = 0,
 
 
 def default_data_config(name: str = 'brown_cloze_large'):
-  """`config.data` of a cloze set (paths relative to the working directory; the project
-  machines keep the sets in `../shared/data/`). For CNN / Daily Mail set `path` to the
-  `cnn.tgz` / `dailymail.tgz` you have (or the folder it unpacks to)."""
+  """`config.data` of a cloze set; `path` is relative to the data root (`paths.py`) unless
+  absolute. For CNN / Daily Mail put DeepMind's `cnn.tgz` / `dailymail.tgz` there (or the
+  folder it unpacks to)."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  paths = {'brown_cloze_large': '../shared/data/brown_cloze_large/brown_cloze_large.tgz',
-           'brown_cloze': '../shared/data/brown_cloze', 'cnn': 'data/cnn.tgz',
-           'dailymail': 'data/dailymail.tgz'}
-  if name not in paths:
+  sources = {'brown_cloze_large': 'brown_cloze_large/brown_cloze_large.tgz',
+             'brown_cloze': 'brown_cloze', 'cnn': 'cnn.tgz', 'dailymail': 'dailymail.tgz'}
+  if name not in sources:
     raise ValueError(f'Unknown reading-comprehension set {name!r}; choose one of '
-                     f'{sorted(paths)}.')
+                     f'{sorted(sources)}.')
   data = ml_collections.ConfigDict()
   data.name = name
-  data.path = paths[name]       # folder or .tgz in the DeepMind layout
+  data.root = ''                # '' = $BN_RNN_JAX_DATA (see bn_rnn_jax/input_pipeline)
+  data.path = sources[name]     # folder or .tgz in the DeepMind layout, under the root
   data.vocab_size = 0           # symbols in all (0 = every training word)
   data.top_k_sentences = 0      # Cooijmans App. C CNN shortcut (they used 4); 0 = off
   data.length_multiple = 32     # pad T and Q to a multiple of this (few XLA programs)

@@ -28,31 +28,29 @@ last one filled with weight-0 copies of the bucket's first sequence. The split
 corpus order, the same for every seed) for the papers' training curves measured with
 population statistics.
 
-Brown POS tagging (`config.data.name = 'brown'`; the stand-in for WSJ, see
-`../shared/data/README.md`)
--------------------------------------------------------------------------------------
+Brown POS tagging (`config.data.name = 'brown'`; the stand-in for WSJ)
+----------------------------------------------------------------------
 The 500 files `c[a-r]NN` of NLTK's Brown corpus, one sentence per non-blank line, tokens
-`word/tag`. Split by file: `NN % 10 == 0` test, `NN % 10 == 9` valid, every other file
+`word/tag`, in the folder `config.data.path` (relative to the data root, `paths.py`).
+Split by file: `NN % 10 == 0` test, `NN % 10 == 9` valid, every other file
 train (a fixed rule, stratified over the 15 genres a-r): 414 / 45 / 41 files, 47,626 /
 4,970 / 4,744 sentences (the 44 training sentences over 90 tokens are dropped). Tags are
 reduced to base tags (`base_tag`): lower case, `fw-` (foreign word) prefix removed, the
 `-tl` (title), `-hl` (headline), `-nc` (cited) suffixes removed, and of a contraction
 `a+b` the first part kept (`ppss+bem` -> `ppss`); `$` (possessive) and `*` (negation) stay
 part of the tag. That leaves 104 tags on the whole corpus; the tag table is the sorted set
-of base tags of all three splits (a fixed property of the corpus, not learned). Words keep their case; the vocabulary is `<unk>`
-(id 0) followed by the training words seen at least `config.data.min_count` times, by
-decreasing count (ties alphabetically); other words read as `<unk>` (27,258 entries with
-min_count 2).
+of base tags of all three splits (a fixed property of the corpus, not learned). Words keep
+their case; the vocabulary is `<unk>` (id 0) followed by the training words seen at least
+`config.data.min_count` times, by decreasing count (ties alphabetically); other words
+read as `<unk>` (27,258 entries with min_count 2).
 
-Kaldi features and alignments (`config.data.name = 'kaldi'`; Laurent et al. sec. 5.1)
---------------------------------------------------------------------------------------
-Per split, features from a Kaldi `feats.scp` (or an `.ark`) and per-frame labels from an
-alignment: a text file of lines `utt-id label label ...` (what `ali-to-pdf ... ark,t:-`
-prints), or an int-vector `.ark` / `.scp`; both are read with `kaldiio`. Every utterance
-of the features needs a label sequence of the same length (else an error naming the
-utterance); labels without features are ignored. Features are normalised per dimension
-with the training set's mean and standard deviation (after the long utterances are
-dropped).
+Checked on load, each failure one line naming the file: text that is not UTF-8 (the byte,
+offset and line), a token that is not `word/tag`, a corpus file without sentences, and a
+corpus file missing from the folder: when the folder holds the corpus's file list
+(`CONTENTS`, or NLTK's `cats.txt`) every file it lists must be there; without one, a
+folder of fewer than the corpus's 500 files is a warning.
+
+Kaldi features and alignments (`config.data.name = 'kaldi'`): `kaldi.py`.
 """
 
 from __future__ import annotations
@@ -67,11 +65,14 @@ import numpy as np
 from absl import logging
 
 from bn_rnn_jax.input_pipeline import eval_index_batches
+from bn_rnn_jax.input_pipeline import files
+from bn_rnn_jax.input_pipeline import paths
 from bn_rnn_jax.input_pipeline import per_process_batch
 
 SPLITS = ('train', 'valid', 'test')
 UNK = '<unk>'
 BROWN_FILE = re.compile(r'c[a-r](\d\d)')
+BROWN_NUM_FILES = 500
 Batch = dict
 
 
@@ -237,32 +238,68 @@ def brown_split(file_name: str) -> str:
 
 
 def read_brown_file(path: str) -> list[tuple[list[str], list[str]]]:
-  """`[(words, base tags)]` of one Brown file; a malformed token is a one-line error."""
+  """`[(words, base tags)]` of one Brown file; a malformed token, text that is not UTF-8
+  and a file without sentences are one-line errors naming it."""
   sentences = []
-  with open(path, encoding='utf-8') as f:
-    for line_number, line in enumerate(f, 1):
-      tokens = line.split()
-      if not tokens:
-        continue
-      words, tags = [], []
-      for token in tokens:
-        word, slash, tag = token.rpartition('/')
-        if not slash or not word or not tag:
-          raise ValueError(f'{path}:{line_number}: token {token!r} is not word/tag.')
-        words.append(word)
-        tags.append(base_tag(tag))
-      sentences.append((words, tags))
+  for line_number, line in enumerate(files.read_text(path).split('\n'), 1):
+    tokens = line.split()
+    if not tokens:
+      continue
+    words, tags = [], []
+    for token in tokens:
+      word, slash, tag = token.rpartition('/')
+      if not slash or not word or not tag:
+        raise ValueError(f'{path}:{line_number}: token {token!r} is not word/tag.')
+      words.append(word)
+      tags.append(base_tag(tag))
+    sentences.append((words, tags))
+  if not sentences:
+    raise ValueError(f'{path}: no sentences (an empty or truncated corpus file).')
   return sentences
+
+
+def listed_brown_files(data_dir: str) -> Optional[tuple[str, set[str]]]:
+  """`(list file, the corpus files it names)` from the corpus's `CONTENTS` (entries
+  `A01.` ...) or NLTK's `cats.txt` (lines `ca01 news`); None when the folder has neither."""
+  contents = os.path.join(data_dir, 'CONTENTS')
+  if os.path.isfile(contents):
+    found = re.findall(r'^([A-R])(\d\d)\.', files.read_text(contents), re.MULTILINE)
+    return contents, {f'c{letter.lower()}{number}' for letter, number in found}
+  cats = os.path.join(data_dir, 'cats.txt')
+  if os.path.isfile(cats):
+    lines = files.read_text(cats).split('\n')
+    return cats, {line.split()[0] for line in lines if line.split()}
+  return None
+
+
+def _check_complete(data_dir: str, names: Sequence[str]) -> None:
+  """A corpus file missing from the folder is an error (or a warning without a list)."""
+  listed = listed_brown_files(data_dir)
+  if listed is None:
+    if len(names) < BROWN_NUM_FILES:
+      logging.warning('%s holds %d of the Brown corpus\'s %d files, and no CONTENTS or '
+                      'cats.txt to name the missing ones; the splits are smaller than '
+                      'documented.', data_dir, len(names), BROWN_NUM_FILES)
+    return
+  list_file, expected = listed
+  missing = sorted(expected - set(names))
+  if missing:
+    shown = ', '.join(missing[:5]) + (', ...' if len(missing) > 5 else '')
+    raise ValueError(f'{data_dir}: {len(missing)} of the {len(expected)} corpus files that '
+                     f'{os.path.basename(list_file)} lists are missing ({shown}); copy the '
+                     'corpus again.')
 
 
 def load_brown(data_dir: str) -> dict[str, list[tuple[list[str], list[str]]]]:
   """Sentences of every split, files in sorted order (the module docstring's split)."""
+  data_dir = os.path.abspath(data_dir)
   if not os.path.isdir(data_dir):
-    raise FileNotFoundError(f'Brown corpus folder not found: {data_dir!r}. Point '
+    raise FileNotFoundError(f'Brown corpus folder not found: {data_dir}. Point '
                             'config.data.path at the folder of the files ca01 ... cr09.')
   names = sorted(n for n in os.listdir(data_dir) if BROWN_FILE.fullmatch(n))
   if not names:
-    raise FileNotFoundError(f'No Brown corpus files c[a-r]NN in {data_dir!r}.')
+    raise FileNotFoundError(f'No Brown corpus files c[a-r]NN in {data_dir}.')
+  _check_complete(data_dir, names)
   splits = {split: [] for split in SPLITS}
   for name in names:
     splits[brown_split(name)].extend(read_brown_file(os.path.join(data_dir, name)))
@@ -288,7 +325,7 @@ def encode_sentences(sentences, vocab: Sequence[str], tags: Sequence[str]):
 
 def brown_dataset(config, process_index: int = 0, process_count: int = 1):
   d = config.data
-  sentences = load_brown(d.path)
+  sentences = load_brown(paths.resolve_path(d, 'path'))
   vocab = brown_vocab(sentences['train'], d.min_count)
   tags = sorted({t for split in SPLITS for _, seq in sentences[split] for t in seq})
   splits = {split: encode_sentences(sentences[split], vocab, tags) for split in SPLITS
@@ -304,109 +341,6 @@ def brown_dataset(config, process_index: int = 0, process_count: int = 1):
   return dataset
 
 
-# ====================================================================== Kaldi
-def _kaldiio():
-  try:
-    import kaldiio  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ImportError('Reading Kaldi files needs kaldiio: pip install kaldiio==2.18.1') from e
-  return kaldiio
-
-
-def _check_file(path: str, what: str) -> None:
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f'Kaldi {what} file not found: {path!r}.')
-
-
-def read_kaldi_table(path: str, what: str = 'features') -> dict[str, np.ndarray]:
-  """`{utt: array}` of a Kaldi `.scp` or `.ark` (matrices or int vectors), by kaldiio."""
-  _check_file(path, what)
-  kaldiio = _kaldiio()
-  try:
-    if path.endswith('.scp'):
-      table = kaldiio.load_scp(path)
-      return {utt: np.asarray(table[utt]) for utt in table}
-    return {utt: np.asarray(value) for utt, value in kaldiio.load_ark(path)}
-  except OSError as e:
-    # An scp names its arks relative to the working directory, as Kaldi's tools do.
-    raise FileNotFoundError(f'Kaldi {what} {path!r}: cannot read {e.filename!r} ({e.strerror}'
-                            f'; scp paths are relative to the working directory).') from None
-
-
-def read_alignments(path: str) -> dict[str, np.ndarray]:
-  """Per-frame labels: int-vector `.ark`/`.scp`, or text lines `utt-id label label ...`."""
-  if path.endswith(('.ark', '.scp')):
-    return {utt: v.astype(np.int32) for utt, v in read_kaldi_table(path, 'alignment').items()}
-  _check_file(path, 'alignment')
-  labels = {}
-  with open(path, encoding='utf-8') as f:
-    for line_number, line in enumerate(f, 1):
-      fields = line.split()
-      if not fields:
-        continue
-      try:
-        labels[fields[0]] = np.array([int(v) for v in fields[1:]], np.int32)
-      except ValueError:
-        raise ValueError(f'{path}:{line_number}: labels of {fields[0]!r} are not '
-                         'integers.') from None
-  return labels
-
-
-def pair_utterances(features: dict[str, np.ndarray], labels: dict[str, np.ndarray],
-                    where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
-  """Features `[T, F]` and labels `[T]` of every featured utterance, in sorted order."""
-  inputs, targets = [], []
-  for utt in sorted(features):
-    if utt not in labels:
-      raise ValueError(f'{where}: utterance {utt!r} has features but no alignment.')
-    frames, label = features[utt], labels[utt]
-    if frames.ndim != 2:
-      raise ValueError(f'{where}: features of {utt!r} have shape {frames.shape}, not '
-                       '[frames, dims].')
-    if len(label) != len(frames):
-      raise ValueError(f'{where}: utterance {utt!r} has {len(frames)} feature frames but '
-                       f'{len(label)} labels.')
-    inputs.append(frames.astype(np.float32))
-    targets.append(label.astype(np.int32))
-  return inputs, targets
-
-
-def feature_normalizer(frames: Sequence[np.ndarray], eps: float = 1e-5):
-  """Per-dimension `(mean [F], std [F])` over all frames of the training utterances."""
-  stacked = np.concatenate(frames, axis=0).astype(np.float64)
-  return stacked.mean(0), np.sqrt(stacked.var(0) + eps)
-
-
-def kaldi_dataset(config, process_index: int = 0, process_count: int = 1):
-  d = config.data
-  splits = {}
-  for split in SPLITS:
-    feats, labels = d.get(f'{split}_feats', ''), d.get(f'{split}_labels', '')
-    if not feats:
-      continue
-    splits[split] = pair_utterances(read_kaldi_table(feats), read_alignments(labels),
-                                    f'{split} ({feats})')
-  if 'train' not in splits:
-    raise ValueError('config.data.train_feats must name the training feats.scp or .ark.')
-  train_inputs = [x for x in splits['train'][0] if len(x) <= d.max_frames]
-  mean, std = feature_normalizer(train_inputs or splits['train'][0])
-  splits = {s: ([((x - mean) / std).astype(np.float32) for x in inputs], labels)
-            for s, (inputs, labels) in splits.items()}
-  largest = max(int(l.max()) for _, labels in splits.values() for l in labels if len(l))
-  num_classes = d.num_classes or largest + 1
-  if largest >= num_classes:
-    raise ValueError(f'An alignment holds label {largest}, but config.data.num_classes is '
-                     f'{num_classes}.')
-  buckets = tuple(b for b in d.buckets if b < d.max_frames) + (d.max_frames,)
-  dataset = TaggingDataset(
-      splits, num_classes=num_classes, vocab_size=None, buckets=buckets, seed=config.seed,
-      batch_size=config.train.batch_size, eval_batch_size=config.eval.batch_size,
-      train_eval_size=d.train_eval_size, process_index=process_index,
-      process_count=process_count)
-  dataset.feature_mean, dataset.feature_std = mean, std
-  return dataset
-
-
 # ====================================================================== entry points
 def get_dataset(config, workdir: Optional[str] = None, process_index: int = 0,
                 process_count: int = 1):
@@ -414,15 +348,19 @@ def get_dataset(config, workdir: Optional[str] = None, process_index: int = 0,
   if config.data.name == 'brown':
     return brown_dataset(config, process_index, process_count)
   if config.data.name == 'kaldi':
-    return kaldi_dataset(config, process_index, process_count)
+    from bn_rnn_jax.input_pipeline import kaldi  # pylint: disable=g-import-not-at-top
+    return kaldi.kaldi_dataset(config, process_index, process_count)
   raise ValueError(f'tagging.py has no dataset {config.data.name!r}.')
 
 
 def default_data_config(name: str = 'brown') -> ml_collections.ConfigDict:
+  """`config.data` of 'brown' or 'kaldi'; paths are relative to the data root
+  (`paths.py`) unless absolute."""
   if name == 'brown':
     return ml_collections.ConfigDict({
         'name': 'brown',
-        'path': '../shared/data/brown',
+        'root': '',                # '' = $BN_RNN_JAX_DATA (see bn_rnn_jax/input_pipeline)
+        'path': 'brown',           # the folder of ca01 ... cr09, under the root
         'min_count': 2,            # rarer training words read as <unk> (so it is trained)
         # Three shapes (each compiles a train, an estimate and an eval program): the
         # median sentence has 18 tokens, 90 % have <= 37, 99.9 % <= 90; the 44 longer
@@ -433,7 +371,9 @@ def default_data_config(name: str = 'brown') -> ml_collections.ConfigDict:
   if name == 'kaldi':
     return ml_collections.ConfigDict({
         'name': 'kaldi',
-        'train_feats': '', 'train_labels': '',   # e.g. data/train_si284/feats.scp, ali.txt
+        'root': '',                # '' = $BN_RNN_JAX_DATA (see bn_rnn_jax/input_pipeline)
+        # Under the root, e.g. wsj/train_si284/feats.scp and wsj/ali_si284.txt:
+        'train_feats': '', 'train_labels': '',
         'valid_feats': '', 'valid_labels': '',   # test_dev93
         'test_feats': '', 'test_labels': '',     # '' = no such split
         'num_classes': 0,          # 0 = 1 + the largest label (3546 pdfs for tri4b)

@@ -1,7 +1,9 @@
 """Language-modelling input pipelines: PTB words, PTB characters, text8.
 
-All three read the standard files from a user-given path (nothing is downloaded, nothing is
-copied into the repository) and turn them into one integer stream per split. Batches are
+All three read the standard files from `config.data.path` (relative to the data root,
+`paths.py`, unless absolute; nothing is downloaded, nothing is copied into the repository)
+and turn them into one integer stream per split. Files are UTF-8 (a byte that is not is an
+error naming the file, offset and line); CRLF line ends read as LF. Batches are
 numpy dicts, a pure function of `(seed, step)`, so a resumed run sees the same data:
 
   {'inputs': int32 [B, T], 'targets': int32 [B, T] (inputs shifted by one),
@@ -68,6 +70,9 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
+from bn_rnn_jax.input_pipeline import files
+from bn_rnn_jax.input_pipeline import paths
+
 SPLITS = ('train', 'valid', 'test')
 EOS = '<eos>'
 CHAR_SPACE = '_'
@@ -81,12 +86,12 @@ Batch = dict
 
 
 def _read(path: str) -> str:
+  path = os.path.abspath(path)
   if not os.path.isfile(path):
     raise FileNotFoundError(
-        f'Language-model data file not found: {path!r}. Point the config\'s data path '
-        '(config.data.path) at the folder (PTB) or file (text8) that holds it.')
-  with open(path, encoding='utf-8') as f:
-    return f.read()
+        f'Language-model data file not found: {path}. Point config.data.path at the '
+        'folder (PTB) or file (text8) that holds it.')
+  return files.read_text(path)
 
 
 def ptb_words(text: str) -> list[str]:
@@ -144,9 +149,10 @@ def load_ptb(data_dir: str, level: str) -> tuple[list[str], dict[str, np.ndarray
   if level not in ('word', 'char'):
     raise ValueError(f"PTB level must be 'word' or 'char'; got {level!r}.")
   tokenize = ptb_words if level == 'word' else ptb_chars
-  tokens = {s: tokenize(_read(os.path.join(data_dir, f'ptb.{s}.txt'))) for s in SPLITS}
+  split_files = {s: os.path.join(os.path.abspath(data_dir), f'ptb.{s}.txt') for s in SPLITS}
+  tokens = {s: tokenize(_read(split_files[s])) for s in SPLITS}
   vocab = (frequency_vocab if level == 'word' else sorted_vocab)(tokens['train'])
-  ids = {s: encode(t, vocab, f'ptb.{s}.txt ({level} level)') for s, t in tokens.items()}
+  ids = {s: encode(t, vocab, f'{split_files[s]} ({level} level)') for s, t in tokens.items()}
   return vocab, ids
 
 
@@ -157,15 +163,16 @@ def load_text8(path: str, split_sizes: Sequence[int] = TEXT8_SPLIT_SIZES
   `split_sizes` defaults to the standard 90M/5M/5M; the file must hold exactly their sum
   (the real file has 100,000,000 characters), so a truncated download is caught here.
   """
+  path = os.path.abspath(path)
   if not os.path.isfile(path):
-    raise FileNotFoundError(f'text8 file not found: {path!r} (config.data.path must name '
+    raise FileNotFoundError(f'text8 file not found: {path} (config.data.path must name '
                             'the unzipped `text8` file).')
   raw = np.fromfile(path, dtype=np.uint8)
   if raw.size != sum(split_sizes):
-    raise ValueError(f'{path!r} holds {raw.size} characters but the splits {tuple(split_sizes)} '
+    raise ValueError(f'{path} holds {raw.size} characters but the splits {tuple(split_sizes)} '
                      f'need exactly {sum(split_sizes)}.')
   if raw.size and raw.max() >= 128:
-    raise ValueError(f'{path!r} is not plain ASCII; text8 holds only a-z and spaces.')
+    raise ValueError(f'{path} is not plain ASCII; text8 holds only a-z and spaces.')
   bounds = np.cumsum((0,) + tuple(split_sizes))
   parts = {s: raw[bounds[k]:bounds[k + 1]] for k, s in enumerate(SPLITS)}
   codes = np.unique(parts['train'])
@@ -408,9 +415,10 @@ def load_splits(config) -> tuple[str, list[str], dict[str, np.ndarray]]:
   """`(name, vocab, {split: ids})` of `config.data` (name and path)."""
   name = config.data.name
   if name in ('ptb_word', 'ptb_char'):
-    vocab, splits = load_ptb(config.data.path, 'word' if name == 'ptb_word' else 'char')
+    path = paths.resolve_path(config.data, 'path')
+    vocab, splits = load_ptb(path, 'word' if name == 'ptb_word' else 'char')
   elif name == 'text8':
-    vocab, splits = load_text8(config.data.path,
+    vocab, splits = load_text8(paths.resolve_path(config.data, 'path'),
                                tuple(config.data.get('text8_split_sizes', TEXT8_SPLIT_SIZES)))
   else:
     raise ValueError(f"Unknown language-model dataset {name!r}; expected 'ptb_word', "
@@ -439,16 +447,16 @@ def get_dataset(config, workdir: Optional[str] = None, process_index: int = 0,
 
 
 def default_data_config(name: str = 'ptb_char'):
-  """`config.data` fields of this module's datasets (paths relative to the working
-  directory; the project machines keep PTB in `../shared/data/ptb`)."""
+  """`config.data` fields of this module's datasets; `path` is relative to the data root
+  (`paths.py`) unless absolute."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  defaults = {'ptb_char': ('../shared/data/ptb', 100), 'ptb_word': ('../shared/data/ptb', 20),
-              'text8': ('data/text8', 180)}
+  defaults = {'ptb_char': ('ptb', 100), 'ptb_word': ('ptb', 20), 'text8': ('text8', 180)}
   if name not in defaults:
     raise ValueError(f'Unknown language-model dataset {name!r}; choose one of '
                      f'{sorted(defaults)}.')
   data = ml_collections.ConfigDict()
   data.name = name
+  data.root = ''                                # '' = $BN_RNN_JAX_DATA
   data.path, data.seq_length = defaults[name]   # PTB folder or the text8 file; T
   if name == 'text8':
     data.text8_split_sizes = TEXT8_SPLIT_SIZES  # first 90M / next 5M / last 5M

@@ -8,7 +8,8 @@
   python -m experiments.analysis.estimate_batch_size  # population estimate, 784-step MNIST
 
 Shared flags (`common.py`): --output_dir (default experiments/results/figures),
---mnist_dir, --ptb_dir (default ../shared/data/...), --gammas, --seed, --paper_scale.
+--mnist_dir, --ptb_dir (default mnist/ and ptb/ under $BN_RNN_JAX_DATA), --gammas, --seed,
+--paper_scale.
 Each writes `<name>.png` and `<name>.json` (the plotted numbers) and runs in minutes on a
 2-core CPU by default.
 """

@@ -2,12 +2,12 @@
 
 The figure scripts train with the library's own stack: data from `bn_rnn_jax.input_pipeline`
 (MNIST and the 8x8 digits in `mnist.py`, character PTB in `text.py`), the pmapped step of
-`train.Trainer` (optimizer from `train.create_optimizer`, loss and metrics from the task in
+`loop.Trainer` (optimizer from `optim.create_optimizer`, loss and metrics from the task in
 `tasks.py`) on one device, and the papers' population estimate (`Trainer.population_stats`;
-from arbitrary batches, `recurrent.estimate_population_stats`). What stays here is what a
+from arbitrary batches, `population.estimate_population_stats`). What stays here is what a
 figure needs beyond one training run:
 
-* `mnist_config`, `ptb_config`: a `train.default_config()` for a short run from the
+* `mnist_config`, `ptb_config`: a `config_lib.default_config()` for a short run from the
   scripts' arguments (the 8x8 digits when the MNIST files are absent);
 * `initial_state`: a fresh state with a model field that only matters at initialisation
   (gamma_init) changed, so that many runs share one compiled step;
@@ -31,7 +31,10 @@ import jax
 import numpy as np
 
 from bn_rnn_jax import parallel
+from bn_rnn_jax import input_pipeline
 from bn_rnn_jax import train
+from bn_rnn_jax import config as config_lib
+from bn_rnn_jax import loop
 from bn_rnn_jax.input_pipeline import mnist
 from bn_rnn_jax.input_pipeline import text
 # The one trailing moving average of the project's figures (the campaigns' tables use it).
@@ -39,14 +42,14 @@ from experiments.campaign.tables import smooth  # pylint: disable=unused-import
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(os.path.dirname(_HERE))
-# The shared data folder of this workplace sits next to the repository (../shared/data).
-DEFAULT_DATA_ROOT = os.path.join(os.path.dirname(REPO_ROOT), 'shared', 'data')
+# The data root of `bn_rnn_jax.input_pipeline` ($BN_RNN_JAX_DATA; '' when unset).
+DEFAULT_DATA_ROOT = input_pipeline.data_root() or ''
 DEFAULT_OUTPUT_DIR = os.path.join(REPO_ROOT, 'experiments', 'results', 'figures')
 
 OUTPUT_DIR = flags.DEFINE_string('output_dir', DEFAULT_OUTPUT_DIR,
                                  'Where the PNG and JSON of the figure are written.')
 MNIST_DIR = flags.DEFINE_string(
-    'mnist_dir', os.path.join(DEFAULT_DATA_ROOT, 'mnist'),
+    'mnist_dir', os.path.join(DEFAULT_DATA_ROOT, 'mnist') if DEFAULT_DATA_ROOT else None,
     'Folder with train-images-idx3-ubyte.gz etc.; scikit-learn 8x8 digits when absent.')
 PTB_DIR = flags.DEFINE_string('ptb_dir', os.path.join(DEFAULT_DATA_ROOT, 'ptb'),
                               'Folder with ptb.train.txt / ptb.valid.txt.')
@@ -91,7 +94,7 @@ def mnist_config(mnist_dir: Optional[str], *, resolution: int = 14,
   """
   found = bool(mnist_dir) and all(
       os.path.exists(os.path.join(mnist_dir, f)) for f in mnist.IDX_FILES.values())
-  config = train.default_config()
+  config = config_lib.default_config()
   config.data = mnist.default_data_config('mnist' if found else 'digits')
   if found:
     config.data.mnist_dir = mnist_dir
@@ -113,7 +116,7 @@ def ptb_config(ptb_dir: str, *, hidden_size: int = 128, batch_size: int = 32,
   """Character-level PTB (`input_pipeline.text`): windows of `length`, one-hot inputs
   unless `embed_size` is given, Adam with clipping at 1; validation reads the first
   `eval_batches` batches of `batch_size` windows of the validation text."""
-  config = train.default_config()
+  config = config_lib.default_config()
   config.data = text.default_data_config('ptb_char')
   config.data.path = ptb_dir
   config.data.seq_length = length
@@ -144,12 +147,12 @@ def data_description(config, dataset) -> str:
 # --------------------------------------------------------------------------------------
 # Training and evaluation with the library's Trainer.
 
-def metric_name(trainer: train.Trainer) -> str:
+def metric_name(trainer: loop.Trainer) -> str:
   """The validation metric a figure plots: bits per character or accuracy."""
   return 'bpc' if trainer.dataset.task == 'language_model' else 'accuracy'
 
 
-def initial_state(trainer: train.Trainer, **model_fields) -> train.TrainState:
+def initial_state(trainer: loop.Trainer, **model_fields) -> train.TrainState:
   """A fresh device state of `trainer`'s run, initialised with `config.model` fields
   changed (e.g. gamma_init). The fields must only matter at initialisation: the state is
   then trained with `trainer`'s compiled step, whatever the fields' values."""
@@ -161,7 +164,7 @@ def initial_state(trainer: train.Trainer, **model_fields) -> train.TrainState:
   return trainer.to_devices(host)
 
 
-def fit(trainer: train.Trainer, state: train.TrainState, num_steps: int,
+def fit(trainer: loop.Trainer, state: train.TrainState, num_steps: int,
         eval_every: int = 0) -> tuple[train.TrainState, dict]:
   """`num_steps` steps of `trainer` from `state`; validation (population estimate, the
   config's `eval.max_batches`) every `eval_every` steps and at the end (none when 0).
@@ -199,7 +202,7 @@ def fit(trainer: train.Trainer, state: train.TrainState, num_steps: int,
   return state, history
 
 
-def evaluate_with(trainer: train.Trainer, state: train.TrainState, batch_stats,
+def evaluate_with(trainer: loop.Trainer, state: train.TrainState, batch_stats,
                   split: str = 'valid') -> dict:
   """`split`'s metrics with these host population statistics instead of the estimate.
 
@@ -209,14 +212,14 @@ def evaluate_with(trainer: train.Trainer, state: train.TrainState, batch_stats,
   return trainer.evaluate(state.replace(batch_stats=replicated), split, 'running')
 
 
-def unmapped_model(trainer: train.Trainer):
+def unmapped_model(trainer: loop.Trainer):
   """`trainer`'s model without the pmap axis name, to apply it outside `pmap`."""
   options = dict(trainer.model.layer_options)
   options.pop('axis_name', None)
   return trainer.model.clone(layer_options=options)
 
 
-def host_variables(trainer: train.Trainer, state: train.TrainState) -> dict:
+def host_variables(trainer: loop.Trainer, state: train.TrainState) -> dict:
   """`{'params', 'batch_stats'}` of a device state, as host arrays."""
   host = trainer.to_host(state)
   return {'params': host.params, 'batch_stats': host.batch_stats}

@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bn_rnn_jax import recurrent
-from bn_rnn_jax import train
+from bn_rnn_jax import loop
+from bn_rnn_jax import population
 from experiments.analysis import common
 
 _STEPS = flags.DEFINE_integer('eb_steps', 300, 'Training steps before the evaluation.')
@@ -49,13 +49,13 @@ _PERMUTE = flags.DEFINE_bool('eb_permute', False,
 DEFAULT_SETTINGS = ((10, 1), (4, 2.5), (1, 10), (2, 10))  # (batches, size / batch_size)
 
 
-def accuracy(trainer: train.Trainer, state, batch_stats) -> float:
+def accuracy(trainer: loop.Trainer, state, batch_stats) -> float:
   """Validation accuracy (the config's first `eval.max_batches` batches) with these host
   population statistics."""
   return common.evaluate_with(trainer, state, batch_stats)['accuracy']
 
 
-def batch_statistics_accuracy(trainer: train.Trainer, state) -> float:
+def batch_statistics_accuracy(trainer: loop.Trainer, state) -> float:
   """Accuracy in training mode: every validation batch normalised by its own moments."""
   model = common.unmapped_model(trainer)
   variables = common.host_variables(trainer, state)
@@ -74,13 +74,13 @@ def batch_statistics_accuracy(trainer: train.Trainer, state) -> float:
   return float(totals[0] / totals[1])
 
 
-def estimate(trainer: train.Trainer, variables, num_batches: int, size: int,
+def estimate(trainer: loop.Trainer, variables, num_batches: int, size: int,
              rng: np.random.RandomState, key) -> dict:
-  """The papers' estimate (`recurrent.estimate_population_stats`) from `num_batches`
+  """The papers' estimate (`population.estimate_population_stats`) from `num_batches`
   random training batches of `size` examples."""
   inputs = trainer.dataset.splits['train']['inputs']
   index = rng.randint(0, inputs.shape[0], (num_batches, size))
-  return recurrent.estimate_population_stats(
+  return population.estimate_population_stats(
       common.unmapped_model(trainer), variables, [(inputs[i],) for i in index], rng=key)
 
 
@@ -103,7 +103,7 @@ def run(output_dir: str, mnist_dir: Optional[str], num_steps: int = 300,
       hidden_size=hidden_size, batch_size=batch_size, eval_examples=valid_examples,
       seed=seed, variant='bn_lstm', recurrent_init='identity', initial_state='noise',
       initial_state_noise=0.1)
-  trainer = train.Trainer(config)
+  trainer = loop.Trainer(config)
   length = trainer.dataset.train_length
   state, history = common.fit(trainer, trainer.to_devices(trainer.initial_state()),
                               num_steps)

@@ -15,7 +15,7 @@ paper's sizes):
   * PTB: characters (`bn_rnn_jax.input_pipeline.text`), windows of 100, 128 units,
     Adam 2e-3, a few hundred steps; validation bits per character (first 8 batches).
 Every gamma sees the same batches in the same order and the same parameter seed, through
-one `train.Trainer` (one compiled step; gamma only changes the initial parameters).
+one `loop.Trainer` (one compiled step; gamma only changes the initial parameters).
 
   python -m experiments.analysis.gamma_sensitivity [--gs_tasks=mnist,ptb] [--paper_scale]
 """
@@ -32,7 +32,7 @@ from absl import flags
 from absl import logging
 import numpy as np
 
-from bn_rnn_jax import train
+from bn_rnn_jax import loop
 from experiments.analysis import common
 
 _TASKS = flags.DEFINE_list('gs_tasks', ['mnist', 'ptb'], 'Tasks: mnist and/or ptb.')
@@ -74,7 +74,7 @@ def mnist_curves(mnist_dir: Optional[str], gammas: Sequence[float], *, image_siz
       hidden_size=hidden_size, batch_size=batch_size, learning_rate=learning_rate,
       eval_examples=eval_examples, population_batches=8, seed=seed, variant='bn_lstm',
       recurrent_init='identity', initial_state='noise', gamma_init=gammas[0])
-  trainer = train.Trainer(config)
+  trainer = loop.Trainer(config)
   return {'data': common.data_description(config, trainer.dataset), 'permuted': permute,
           'length': trainer.dataset.train_length, 'hidden_size': hidden_size,
           'batch_size': batch_size, 'steps': num_steps,
@@ -90,7 +90,7 @@ def ptb_curves(ptb_dir: str, gammas: Sequence[float], *, hidden_size: int, batch
                              length=length, learning_rate=learning_rate,
                              eval_batches=eval_batches, population_batches=4, seed=seed,
                              variant='bn_lstm', gamma_init=gammas[0])
-  trainer = train.Trainer(config)
+  trainer = loop.Trainer(config)
   return {'data': common.data_description(config, trainer.dataset), 'length': length,
           'hidden_size': hidden_size, 'batch_size': batch_size, 'steps': num_steps,
           'optimizer': f'Adam lr={learning_rate:g}, clip 1',

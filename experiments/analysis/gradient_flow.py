@@ -40,7 +40,7 @@ import optax
 
 from bn_rnn_jax import cells
 from bn_rnn_jax import input_pipeline
-from bn_rnn_jax import recurrent
+from bn_rnn_jax import variants
 from experiments.analysis import common
 
 FLOOR = 1e-30  # float32 gradients underflow below ~1e-38 per entry.
@@ -85,7 +85,7 @@ def gradient_norms(gamma: float, x: np.ndarray, y: np.ndarray, hidden_size: int,
   check_layer: also assert that the scan here reproduces `RecurrentLayer`'s outputs.
   """
   batch, length, _ = x.shape
-  layer = recurrent.make_layer('rnn_bn_recurrence', hidden_size, gamma_init=gamma,
+  layer = variants.make_layer('rnn_bn_recurrence', hidden_size, gamma_init=gamma,
                                max_length=length, initial_state='noise',
                                recurrent_init=recurrent_init)
   if layer.epsilon != cells.StepConfig().epsilon:

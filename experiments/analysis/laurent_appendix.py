@@ -29,7 +29,7 @@ from absl import flags
 from absl import logging
 import numpy as np
 
-from bn_rnn_jax import train
+from bn_rnn_jax import loop
 from experiments.analysis import common
 
 _VARIANTS = flags.DEFINE_list(
@@ -51,7 +51,7 @@ def parse_variants(entries: Sequence[str]) -> list[tuple[str, float]]:
   for entry in entries:
     name, _, gamma = entry.partition(':')
     if name not in ('rnn', 'rnn_bn_input', 'rnn_bn_recurrence'):
-      raise ValueError(f'Variant {name!r} is not a tanh-RNN variant of recurrent.VARIANTS '
+      raise ValueError(f'Variant {name!r} is not a tanh-RNN variant of variants.VARIANTS '
                        "('rnn', 'rnn_bn_input', 'rnn_bn_recurrence').")
     out.append((name, float(gamma) if gamma else 1.0))
   if not out:
@@ -81,7 +81,7 @@ def run(output_dir: str, ptb_dir: str, variants: Sequence[tuple[str, float]], *,
                                eval_batches=eval_batches, population_batches=4, seed=seed,
                                variant=name, num_layers=num_layers, embed_size=embed_size,
                                gamma_init=gamma)
-    trainer = train.Trainer(config)
+    trainer = loop.Trainer(config)
     data = common.data_description(config, trainer.dataset)
     _, history = common.fit(trainer, trainer.to_devices(trainer.initial_state()), num_steps,
                             max(1, num_steps // num_evals))

@@ -28,7 +28,7 @@ from absl import logging
 import numpy as np
 
 from bn_rnn_jax import parallel
-from bn_rnn_jax import train
+from bn_rnn_jax import loop
 from experiments.analysis import common
 
 _HIDDEN = flags.DEFINE_integer('ps_hidden_size', 128, 'BN-LSTM units.')
@@ -89,7 +89,7 @@ def run(output_dir: str, ptb_dir: str, hidden_size: int = 128, num_steps: int = 
                              length=length, learning_rate=learning_rate, eval_batches=4,
                              population_batches=population_batches, seed=seed,
                              variant='bn_lstm')
-  trainer = train.Trainer(config)
+  trainer = loop.Trainer(config)
   state, history = common.fit(trainer, trainer.to_devices(trainer.initial_state()),
                               num_steps, num_steps)
   logging.info('Trained %d steps: valid bpc %.3f', num_steps, history['eval'][-1]['metric'])

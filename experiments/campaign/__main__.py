@@ -11,7 +11,9 @@ Runs live in `--runs_dir/<campaign>/<run>` (default `runs/`, outside version con
 `run` skips finished runs and resumes the others, so the same command continues a
 campaign that was stopped. `--set=key=value` changes a config field of every run (and is
 recorded in the results JSON); `--tiny` applies the spec's tiny budget (two steps, a small
-model: what the tests run).
+model: what the tests run). Runs read their data under the data root, as
+`experiments/main.py` does: `BN_RNN_JAX_DATA` (the runs inherit the environment) or
+`--set=data.root=/path/to/datasets`.
 """
 
 from __future__ import annotations

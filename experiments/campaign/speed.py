@@ -1,6 +1,6 @@
 """The one interleaved timer: training steps of several arms, in one process.
 
-For each arm of `Speed.arms`, the library's trainer (`train.Trainer`, its pmapped
+For each arm of `Speed.arms`, the library's trainer (`loop.Trainer`, its pmapped
 `p_train_step`) on one device, the arm's config with `Speed.overrides`. Every arm runs the
 same host batches (built once from the first arm's dataset); a first pass compiles. Then
 `rounds` rounds time `steps` consecutive steps of each arm in turn, so that load from other
@@ -23,7 +23,7 @@ def measure(campaign: spec_lib.Campaign, extra: Mapping[str, Any] = (),
   """The speed JSON of `campaign.speed` (the machine included); `arms` (default the
   speed table's) must start with the reference arm."""
   import jax  # pylint: disable=g-import-not-at-top
-  from bn_rnn_jax import train  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax import loop  # pylint: disable=g-import-not-at-top
   speed = campaign.speed
   if speed is None:
     raise ValueError(f'Campaign {campaign.name!r} has no speed table.')
@@ -35,7 +35,7 @@ def measure(campaign: spec_lib.Campaign, extra: Mapping[str, Any] = (),
     spec_lib.apply(config, {**campaign.arms[arm].overrides, **speed.overrides, **dict(extra),
                             'train.num_devices': 1})
     dataset = next(iter(trainers.values())).dataset if trainers else None
-    trainers[arm] = trainer = train.Trainer(config, None, dataset)
+    trainers[arm] = trainer = loop.Trainer(config, None, dataset)
     states[arm] = trainer.to_devices(trainer.initial_state())
   first = trainers[arms[0]]
   host_batches = (speed.batches(first.dataset, speed.steps) if speed.batches else

@@ -56,10 +56,11 @@ def campaign(name: str, title: str, arms: Sequence[str], seeds: Sequence[int],
 def baselines(config) -> dict:
   """Error rates of the data's frequency baselines (`reading.frequency_baselines`) per
   split: most frequent entity, exclusive frequency, random candidate."""
+  from bn_rnn_jax import input_pipeline  # pylint: disable=g-import-not-at-top
   from bn_rnn_jax.input_pipeline import reading  # pylint: disable=g-import-not-at-top
   data = config.data
-  arrays = reading.load(data.path, data.vocab_size, data.top_k_sentences,
-                        data.get('cache_dir') or None)
+  arrays = reading.load(input_pipeline.resolve_path(data, 'path'), data.vocab_size,
+                        data.top_k_sentences, data.get('cache_dir') or None)
   return {split: {k: 1.0 - v for k, v in reading.frequency_baselines(arrays, split).items()}
           for split in ('train', 'valid', 'test')}
 

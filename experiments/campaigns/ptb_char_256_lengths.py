@@ -55,11 +55,11 @@ def _load_run(workdir: str):
   """`(config, trainer, replicated state, step)` of a trained workdir's checkpoint."""
   import ml_collections  # pylint: disable=g-import-not-at-top
   from bn_rnn_jax import checkpoint as checkpoint_lib  # pylint: disable=g-import-not-at-top
-  from bn_rnn_jax import train  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax import loop  # pylint: disable=g-import-not-at-top
   with open(os.path.join(workdir, 'config.json')) as f:
     config = ml_collections.ConfigDict(json.load(f))
   config.train.num_devices = 1
-  trainer = train.Trainer(config, workdir)
+  trainer = loop.Trainer(config, workdir)
   if trainer.dataset.task != 'language_model' or trainer.dataset.carries_state:
     raise ValueError(f'{workdir}: a character-level language model (independent '
                      'segments) is needed for this evaluation.')
@@ -80,7 +80,7 @@ def _batch_stats_evaluator(config, trainer, length: int):
   from bn_rnn_jax import parallel  # pylint: disable=g-import-not-at-top
   from bn_rnn_jax import train  # pylint: disable=g-import-not-at-top
   options = train.layer_options(config, trainer.dataset.train_length)
-  options['max_length'] = max(length, options['max_length'])
+  options = options.replace(max_length=max(length, options['max_length']))
   model = trainer.task.build_model(config, dict(trainer.dataset.model_kwargs), options)
   tokens = jnp.zeros((1, length), jnp.int32)
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens, None,
@@ -89,7 +89,7 @@ def _batch_stats_evaluator(config, trainer, length: int):
 
   def sums(params, batch):
     (_, logits), _ = trainer.task.apply(
-        model, {'params': params, 'batch_stats': fresh}, batch, True, None,
+        model, {'params': params, 'batch_stats': fresh}, batch, train=True, carry=None,
         rngs={'dropout': jax.random.PRNGKey(0), 'noise': jax.random.PRNGKey(1)},
         mutable=['batch_stats'])
     s, n = trainer.task.loss_sums(logits, batch)

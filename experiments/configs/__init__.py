@@ -1,6 +1,6 @@
 """Experiment configs: one ml_collections file per paper experiment (`get_config()`).
 
-Each starts from `bn_rnn_jax.train.default_config()` (the fields every run has) and sets
+Each starts from `bn_rnn_jax.config.default_config()` (the fields every run has) and sets
 the paper's hyperparameters. Load one with `experiments/main.py --config <file>`; any
 field can then be overridden on the command line, e.g. `--config.model.variant=lstm`.
 

@@ -1,7 +1,7 @@
 r"""Attentive Reader (Cooijmans et al. 2016 sec. 5.4, App. C; Hermann et al. 2015).
 
   python experiments/main.py --config experiments/configs/attentive_reader.py:bn_e_star \
-      --workdir runs/ar_bn_e_star --config.data.path=data/cnn.tgz
+      --workdir runs/ar_bn_e_star --config.data.path=cnn.tgz   # under the data root
   # the reduced CPU preset of this project's runs on brown_cloze_large:
   python experiments/main.py --config experiments/configs/attentive_reader.py:lstm,cpu \
       --workdir runs/ar_lstm_cpu
@@ -35,11 +35,12 @@ steps, validation every 250 steps on all 3,174 questions (population statistics
 estimated from 5 training batches), the paper's learning rates and batch sizes.
 """
 
-from bn_rnn_jax import models
-from bn_rnn_jax import train
+from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import reading
 
-VARIANTS = tuple(models.READER_VARIANTS)
+# The names of `models.READER_VARIANTS` (a config loads without the model code).
+VARIANTS = ('lstm', 'bn_lstm', 'bn_everywhere', 'bn_e_star', 'bn_e_star_star',
+            'lstm_bidirectional')
 FAST_VARIANTS = ('bn_e_star', 'bn_e_star_star')   # batch 40, learning rate 8e-4 (App. C)
 
 
@@ -50,7 +51,7 @@ def get_config(arg: str = 'bn_e_star'):
                      f'got {variant!r}.')
   if preset not in ([], ['cpu']):
     raise ValueError(f"attentive_reader.py: the only preset is 'cpu'; got {preset}.")
-  config = train.default_config()
+  config = config_lib.default_config()
   config.data = reading.default_data_config('brown_cloze_large')
   config.data.vocab_size = 65_829 + 3 + 32  # App. C's words (+ ours: specials, entities)
   config.data.top_k_sentences = 0           # ours: 4 on CNN (App. C); Brown has 4 already
@@ -61,7 +62,7 @@ def get_config(arg: str = 'bn_e_star'):
   config.model.embed_size = None            # ours: embedding width = hidden units
   config.model.num_layers = 1               # ours (the paper does not say; Hermann: 1)
   config.model.dropout_rate = 0.0           # ours
-  config.model.max_length = 0               # T_max = the longest training document
+  config.model.max_length = None            # T_max = the longest training document
   config.model.gamma_init = 0.1             # Cooijmans sec. 4
   config.model.recurrent_init = 'orthogonal'
   # Ours: a per-step masked statistic over fewer than 8 valid sequences (the tail of the

@@ -1,7 +1,7 @@
 """Laurent et al.'s speech experiment (sec. 5.1) transposed to Brown POS tagging.
 
 WSJ cannot be had here; Brown part-of-speech tagging is a real variable-length labelling
-task that is (`../shared/data/brown`, split and tag set in
+task that is (`brown/` under the data root, split and tag set in
 `bn_rnn_jax/input_pipeline/tagging.py`: 47,582 / 4,970 / 4,744 sentences, 104 base tags).
 Tokens go through an embedding and play the part of frames. The architecture is the
 paper's (a stack of bidirectional LSTMs, a softmax at every step, BN on each LSTM's input
@@ -21,17 +21,15 @@ momentum 0.9, no clipping, BN only on W_x x, evaluation with population statisti
 stopping on validation FCE. Values that are ours (commented below) scale it to this CPU.
 """
 
-from bn_rnn_jax import tasks
-from bn_rnn_jax import train
+from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import tagging
 
 VARIANTS = ('lstm', 'bn_input_only_seq', 'bn_input_only')
 
 
 def get_config():
-  config = train.default_config()
-  config.data = tagging.default_data_config('brown')   # path ../shared/data/brown
-  tasks.add_tagger_fields(config)
+  config = config_lib.default_config()
+  config.data = tagging.default_data_config('brown')   # <data root>/brown
 
   m = config.model
   m.variant = 'bn_input_only_seq'
@@ -42,14 +40,14 @@ def get_config():
   m.gamma_init = 1.0             # standard BN init (as laurent_speech.py)
   m.kernel_init = 'glorot_uniform'
   m.recurrent_init = 'glorot_uniform'
-  m.layer_options.input_init = 'glorot_uniform'
+  m.input_init = 'glorot_uniform'
   m.forget_bias = 0.0
 
   o = config.optimizer
   o.name = 'sgd'
   o.learning_rate = 0.1          # ours (paper 1e-4): the budget is a few thousand steps
   o.momentum = 0.9
-  o.clip_norm = 0.0
+  o.clip_norm = None
 
   config.train.batch_size = 32   # ours (paper 24): divides over 8 devices in the tests
   config.train.num_steps = 1500  # ours: the same budget for every variant (~1 epoch)

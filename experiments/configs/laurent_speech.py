@@ -16,10 +16,15 @@ ark,t:ali_si284.txt`, and the same for dev93):
 
   python experiments/main.py --config experiments/configs/laurent_speech.py \
       --workdir runs/wsj_bn --config.model.variant=bn_input_only_seq \
+      --config.data.root=/path/to/kaldi/egs/wsj/s5 \
       --config.data.train_feats=data/train_si284/feats.scp \
       --config.data.train_labels=ali_si284.txt \
       --config.data.valid_feats=data/test_dev93/feats.scp \
-      --config.data.valid_labels=ali_dev93.txt
+      --config.data.valid_labels=ali_dev93.txt \
+      --config.eval.test_at_end=False   # no test split: the paper reports dev93 only
+
+The paths are relative to the data root; the arks that a feats.scp names are read as
+Kaldi's tools read them (Kaldi's own scripts write absolute paths there).
 
 Features must already hold the deltas (e.g. `add-deltas scp:feats.scp ark,scp:d.ark,d.scp`);
 they are mean/variance normalised per dimension with training-set statistics.
@@ -38,17 +43,15 @@ estimate (moments averaged over 10 training batches) and early stopping on valid
 length buckets of 100 frames so that few programs compile.
 """
 
-from bn_rnn_jax import tasks
-from bn_rnn_jax import train
+from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import tagging
 
 VARIANTS = ('lstm', 'bn_input_only_seq', 'bn_input_only')
 
 
 def get_config():
-  config = train.default_config()
+  config = config_lib.default_config()
   config.data = tagging.default_data_config('kaldi')
-  tasks.add_tagger_fields(config)
 
   m = config.model
   m.variant = 'bn_input_only_seq'
@@ -58,14 +61,14 @@ def get_config():
   m.gamma_init = 1.0
   m.kernel_init = 'glorot_uniform'
   m.recurrent_init = 'glorot_uniform'
-  m.layer_options.input_init = 'glorot_uniform'
+  m.input_init = 'glorot_uniform'
   m.forget_bias = 0.0            # "all the biases were set to zero"
 
   o = config.optimizer
   o.name = 'sgd'
   o.learning_rate = 1e-4
   o.momentum = 0.9
-  o.clip_norm = 0.0
+  o.clip_norm = None
 
   config.train.batch_size = 24
   config.train.num_steps = 150_000   # ~100 epochs of 35,746 utterances / 24

@@ -26,7 +26,7 @@ is ~25.5 epochs of 783 steps) and the softmax layer's initialiser (Flax's LeCun 
 the paper says "orthogonal initialization for all weight matrices").
 """
 
-from bn_rnn_jax import train
+from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import text
 
 VARIANTS = ('lstm', 'bn_lstm', 'bn_input_only')
@@ -35,8 +35,8 @@ VARIANTS = ('lstm', 'bn_lstm', 'bn_input_only')
 def get_config(variant: str = 'bn_lstm'):
   if variant not in VARIANTS:
     raise ValueError(f'ptb_char.py: variant must be one of {VARIANTS}; got {variant!r}.')
-  config = train.default_config()
-  config.data = text.default_data_config('ptb_char')   # path ../shared/data/ptb, T = 100
+  config = config_lib.default_config()
+  config.data = text.default_data_config('ptb_char')   # <data root>/ptb, T = 100
 
   config.model.variant = variant
   config.model.hidden_size = 1000

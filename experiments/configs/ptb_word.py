@@ -49,7 +49,7 @@ LSTM (BN) 62.5 / 120.9; medium 49.1 / 89.0 and 41.0 / 90.6; large 49.3 / 81.8 an
 35.0 / 97.4.
 """
 
-from bn_rnn_jax import train
+from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import text
 
 VARIANTS = ('lstm', 'bn_input_only', 'bn_lstm')
@@ -72,8 +72,8 @@ def get_config(size: str = 'small'):
   if size not in SIZES:
     raise ValueError(f'ptb_word.py: size must be one of {sorted(SIZES)}; got {size!r}.')
   units, init, dropout, seq_length, clip, epochs, decay, after = SIZES[size]
-  config = train.default_config()
-  config.data = text.default_data_config('ptb_word')   # path ../shared/data/ptb
+  config = config_lib.default_config()
+  config.data = text.default_data_config('ptb_word')   # <data root>/ptb
   config.data.seq_length = seq_length
   config.size = size
 

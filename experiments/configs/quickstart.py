@@ -12,12 +12,12 @@ Same hyperparameters as `seq_mnist.py` (Cooijmans et al. sec. 5.1) but a smaller
 and a short budget. `experiments/quickstart.py` trains `variants` one after the other.
 """
 
-from bn_rnn_jax import train
+from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import mnist
 
 
 def get_config():
-  config = train.default_config()
+  config = config_lib.default_config()
   config.data = mnist.default_data_config('digits')
   config.data.resolution = 14       # used when data.name = 'mnist'
   config.data.num_valid = 5000

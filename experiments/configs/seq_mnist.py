@@ -22,16 +22,16 @@ and `experiments/init_options.py` compares the four combinations on 14x14 MNIST
 (experiments/results/init_options.json).
 
 `config.model.variant`: 'lstm', 'bn_lstm', 'ln_lstm', 'bn_input_only' (or any name in
-`bn_rnn_jax.recurrent.VARIANTS`). The paper trains for far longer than a CPU allows
+`bn_rnn_jax.variants.VARIANTS`). The paper trains for far longer than a CPU allows
 (their curves run to ~100k steps on a GPU); `num_steps` here is a GPU-sized budget.
 """
 
-from bn_rnn_jax import train
+from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import mnist
 
 
 def get_config():
-  config = train.default_config()
+  config = config_lib.default_config()
   config.data = mnist.default_data_config('mnist')
   config.data.resolution = 28         # 784 steps of 1 pixel
   config.data.num_valid = 5000

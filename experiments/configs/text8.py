@@ -3,8 +3,8 @@
 The paper's setup: one LSTM layer of 2000 units on one-hot characters (27 symbols: a-z
 and space), Adam (learning rate 1e-3), minibatches of 128, gradient clipping at 1.0,
 orthogonal initialisation, non-overlapping training examples of 180 characters; first 90M
-characters train, next 5M valid, last 5M test. text8 cannot be downloaded here: set
-`--config.data.path=/path/to/text8` (the unzipped 100,000,000-character file).
+characters train, next 5M valid, last 5M test. The unzipped 100,000,000-character file is
+read from `<data root>/text8`, or from `--config.data.path=/path/to/text8`.
 
 Variants as in `ptb_char.py` (`--config.model.variant` or `text8.py:lstm`), with the same
 initialisation choices: orthogonal W_h, forget bias 0 (the paper gives none), gamma 0.1 for
@@ -14,7 +14,7 @@ Not from the paper: the step budget (the paper gives none; 50,000 steps is 12.8 
 of 3,906 steps) and the softmax initialiser (Flax's LeCun normal).
 """
 
-from bn_rnn_jax import train
+from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import text
 
 VARIANTS = ('lstm', 'bn_lstm', 'bn_input_only')
@@ -23,8 +23,8 @@ VARIANTS = ('lstm', 'bn_lstm', 'bn_input_only')
 def get_config(variant: str = 'bn_lstm'):
   if variant not in VARIANTS:
     raise ValueError(f'text8.py: variant must be one of {VARIANTS}; got {variant!r}.')
-  config = train.default_config()
-  config.data = text.default_data_config('text8')      # path data/text8, T = 180
+  config = config_lib.default_config()
+  config.data = text.default_data_config('text8')      # <data root>/text8, T = 180
 
   config.model.variant = variant
   config.model.hidden_size = 2000

@@ -1,0 +1,138 @@
+"""Normalisation sites and their statistics in the Flax `batch_stats` collection.
+
+A *site* is one normalised term (a recurrent layer's `'recurrent'`, `'input'` and
+`'cell'` terms; a `MaskedBatchNorm`). Its population statistics are one `batch_stats`
+entry `{'mean': [R, F], 'var': [R, F], 'count': [R]}`: R rows, one per time step (R =
+`max_length`, T_max) or a single row shared over time. `count[t]` is the number of
+training minibatches that reached row t.
+
+`statistics` names how a layer's sites keep them (one vocabulary for every module):
+
+  'per_step'  every site per step (Cooijmans et al.; Laurent's frame-wise)
+  'sequence'  the input term W_x x: one row over batch and valid steps (Laurent eq.
+              20-21); the recurrent term and the cell per step
+  'shared'    the input term as 'sequence'; the recurrent term and the cell: per-step
+              batch moments in training, one population row (Cooijmans' ablation)
+
+In training a site normalises with the minibatch's moments and folds them into a running
+average (`momentum`; a row's first update takes the batch value). When the collection
+`MOMENTS` is mutable, it also writes this minibatch's moments there, in the same layout:
+averaging those over N training batches is the papers' population estimate
+(`population.estimate_population_stats`). In inference step t reads row
+`min(t, last row seen in training)`, so sequences longer than any trained one reuse the
+statistics of the longest (Cooijmans et al. sec. 3).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+from flax import linen as nn
+
+from bn_rnn_jax import normalization
+
+Array = jax.Array
+
+STATISTICS = ('per_step', 'sequence', 'shared')
+# The collection a training pass writes its minibatch moments to, when mutable.
+MOMENTS = 'minibatch_moments'
+
+
+def check_statistics(statistics: str) -> None:
+  if statistics not in STATISTICS:
+    raise ValueError(f'statistics must be one of {STATISTICS}; got {statistics!r}.')
+
+
+def sequence_wise_input(statistics: str) -> bool:
+  """Whether the input term's statistics reduce over batch *and* time."""
+  return statistics != 'per_step'
+
+
+def num_rows(site: str, statistics: str, max_length: int) -> int:
+  """R, the population rows of a recurrent layer's `site` under `statistics`."""
+  if site == 'input':
+    return 1 if sequence_wise_input(statistics) else max_length
+  return 1 if statistics == 'shared' else max_length
+
+
+def site_variable(module: nn.Module, site: str, rows: int, features: int):
+  """The `batch_stats` variable of `site`: fresh statistics (mean 0, var 1, count 0)."""
+  return module.variable('batch_stats', site, normalization.init_population_stats, rows,
+                         features)
+
+
+def record(module: nn.Module, variable, site: str, mean: Array, var: Array, count: Array,
+           momentum: float) -> None:
+  """Fold one minibatch's moments into `variable` (when `batch_stats` is mutable) and
+  write them to `MOMENTS` (when that is mutable).
+
+  mean, var: `[T, F]` per-step moments or `[F]` for a single row; count: `[T]` or scalar
+  global valid counts (a row whose count is 0 saw only padding and is not written).
+  """
+  mean, var, count = jax.lax.stop_gradient((mean, var, count))
+  rows = variable.value['count'].shape[0]
+  minibatch = normalization.minibatch_moments_record(mean, var, count, rows)
+  if module.is_mutable_collection('batch_stats'):
+    variable.value = normalization.update_running_stats(variable.value, minibatch, momentum)
+  if module.is_mutable_collection(MOMENTS):
+    module.put_variable(MOMENTS, site, minibatch)
+
+
+def population_rows(site_stats, length: int) -> tuple[Array, Array]:
+  """`(mean, var)`, each `[length, F]`: the population row of every step (row
+  `min(t, last seen)`; a single row serves every step)."""
+  return normalization.population_rows(site_stats, length)
+
+
+class MaskedBatchNorm(nn.Module):
+  """`BN(x; gamma, beta)` with masked, cross-device moments and population statistics
+  kept like the recurrent layers' sites (the attention terms of Cooijmans et al.'s
+  BN-everywhere reader, sec. 5.4).
+
+  Attributes:
+    statistics: for x `[batch, time, F]` with a mask `[batch, time]`: 'per_step' (one
+      row per step, `max_length` rows; inference past the last trained row reuses it) or
+      'sequence' (one row over batch and valid steps). x `[batch, F]` has one row.
+    max_length, momentum, epsilon, gamma_init, axis_name: as `RecurrentLayer`.
+    batch_sums: how the batch sums run (`policy.batch_sums_for`).
+
+  Call: `(x, mask | None, train=...)` -> x normalised (float32).
+  """
+  statistics: str = 'per_step'
+  max_length: int = 1000
+  momentum: float = 0.99
+  epsilon: float = normalization.DEFAULT_EPSILON
+  gamma_init: float = 0.1
+  axis_name: Optional[str] = None
+  batch_sums: str = 'auto'
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Optional[Array] = None, *, train: bool) -> Array:
+    if self.statistics not in ('per_step', 'sequence'):
+      raise ValueError("MaskedBatchNorm.statistics must be 'per_step' or 'sequence'; got "
+                       f'{self.statistics!r}.')
+    if x.ndim not in (2, 3):
+      raise ValueError(f'MaskedBatchNorm expects x [batch, F] or [batch, time, F]; got '
+                       f'{x.shape}.')
+    features = x.shape[-1]
+    per_step = x.ndim == 3 and self.statistics == 'per_step'
+    stats = site_variable(self, 'stats', self.max_length if per_step else 1, features)
+    scale = self.param('scale', nn.initializers.constant(self.gamma_init), (features,))
+    bias = self.param('bias', nn.initializers.zeros, (features,))
+    if not train:
+      if x.ndim == 3:
+        mean, var = population_rows(stats.value, x.shape[1])             # [T, F]
+      else:
+        mean, var = stats.value['mean'][0], stats.value['var'][0]       # [F]
+      return normalization.normalize(x, mean, var, scale, bias, self.epsilon)
+    if per_step:
+      normalization.check_length(x.shape[1], self.max_length, 'document')
+    reduce_axes = (0, 1) if x.ndim == 3 and not per_step else (0,)
+    y, mean, var, count = normalization.batch_norm(
+        x, scale, bias, mask=None if mask is None else mask[..., None],
+        reduce_axes=reduce_axes, axis_name=self.axis_name, epsilon=self.epsilon,
+        batch_sums=self.batch_sums)
+    if not self.is_initializing():
+      record(self, stats, 'stats', mean, var, count, self.momentum)
+    return y

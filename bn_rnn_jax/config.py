@@ -1,0 +1,229 @@
+"""The fields every run has, and their checks. Imports only ml_collections.
+
+`experiments/configs/*.py` start from `default_config()` and set a paper's values (and
+add the `config.data` fields of their dataset); any field can then be overridden on the
+command line (`--config.model.hidden_size=200`). A field left at None takes the default
+of the model, layer or variant it configures.
+
+`upgrade(config)` accepts the spellings of earlier releases with a DeprecationWarning:
+0 for "default" (`model.max_length`, `train.num_devices`, `eval.max_batches`,
+`eval.population_batch_size`; `optimizer.clip_norm` <= 0 for "off") and a
+`model.layer_options` sub-dict (its fields now live in `config.model`).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import ml_collections
+
+PARALLEL_BACKENDS = ('pmap', 'shard_map')
+POPULATION_STATS = ('estimate', 'running')
+
+# `config.model` fields that are `RecurrentLayer` fields, passed to every layer of the
+# model (None = the variant's or the layer's default). `max_length` is resolved against
+# the training length by the trainer.
+LAYER_FIELDS = ('statistics', 'recurrent_init', 'input_init', 'initial_state',
+                'initial_state_noise', 'gamma_init', 'momentum', 'epsilon', 'forget_bias',
+                'min_step_count', 'padded_statistics', 'unroll', 'remat', 'backward',
+                'hoist_input', 'batch_sums')
+
+_placeholder = ml_collections.config_dict.placeholder
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The fields every run has, each with its default and meaning."""
+  config = ml_collections.ConfigDict()
+  config.seed = 0                # every random stream of the run derives from it
+  config.data = ml_collections.ConfigDict({'name': 'mnist'})  # the dataset's own fields
+
+  config.model = m = ml_collections.ConfigDict()
+  m.variant = 'bn_lstm'          # a name in variants.VARIANTS (models.READER_VARIANTS for
+                                 # the attentive reader)
+  m.hidden_size = 100            # units per layer (per direction)
+  m.num_layers = 1
+  m.dropout_rate = 0.0           # between layers, before the first and after the last
+  m.bidirectional = _placeholder(bool)       # None = the model's default (tagger: True)
+  m.embed_size = _placeholder(int)           # token models: None = one-hot (LM) or the
+                                             # model's default
+  m.input_projection = _placeholder(int)     # tagger on frames: a Dense before the stack
+  m.kernel_init = _placeholder(str)          # tagger: 'lecun_normal' | 'glorot_uniform'
+  m.uniform_init_scale = _placeholder(float)  # every parameter but the normalisations'
+                                             # ~ U(-s, s) (Zaremba et al.)
+  m.dtype = 'float32'            # matmul compute dtype ('bfloat16'); statistics stay float32
+  # RecurrentLayer fields (see its docstring); None = the variant's or the layer's default.
+  m.max_length = _placeholder(int)           # T_max; None = the training length
+  m.statistics = _placeholder(str)           # 'per_step' | 'sequence' | 'shared'
+  m.recurrent_init = 'orthogonal'  # | 'identity' | 'identity_candidate' | 'glorot_uniform'
+  m.input_init = 'orthogonal'    # | 'glorot_uniform'
+  m.initial_state = 'zeros'      # | 'learned' | 'noise'
+  m.initial_state_noise = 0.1    # std of the h0 noise (initial_state='noise')
+  m.gamma_init = _placeholder(float)         # None = the variant's (0.1 BN, 1.0 LN)
+  m.momentum = 0.99              # running-average momentum of the population statistics
+  m.epsilon = 1e-5               # variance epsilon of every normalisation
+  m.forget_bias = 0.0
+  m.min_step_count = 1           # per-step moments need this many valid sequences; fewer:
+                                 # that step uses the population rows
+  m.padded_statistics = False    # count padding in batch moments (Cooijmans' reader)
+  m.unroll = 1                   # lax.scan unroll
+  m.remat = 'auto'               # 'auto' | 'none' | 'dots' | 'full' (policy.py)
+  m.backward = 'auto'            # 'auto' | 'scan' | 'layer' (policy.py)
+  m.hoist_input = _placeholder(bool)         # None = the backend's choice (policy.py)
+  m.batch_sums = 'auto'          # 'auto' | 'reduce' | 'contraction' (policy.py)
+
+  config.optimizer = o = ml_collections.ConfigDict()
+  o.name = 'rmsprop'             # 'rmsprop' | 'adam' | 'sgd'
+  o.learning_rate = 1e-3
+  o.momentum = 0.9               # rmsprop / sgd (0 = none)
+  o.decay = 0.9                  # rmsprop's squared-gradient average
+  o.eps = 1e-8
+  o.centered = False             # rmsprop
+  o.b1 = 0.9                     # adam
+  o.b2 = 0.999                   # adam
+  o.clip_norm = _placeholder(float)  # global-norm gradient clipping; None = off
+  o.schedule = 'constant'        # 'constant' | 'step_decay' (Zaremba et al.)
+  o.decay_rate = 0.5             # step_decay: factor per epoch once decaying
+  o.decay_after_epochs = 4       # step_decay: epochs at the initial rate
+
+  config.train = t = ml_collections.ConfigDict()
+  t.batch_size = 100             # global batch (all devices of all processes)
+  t.num_steps = 1000
+  t.log_every = 50               # training metrics averaged over this many steps
+  t.num_devices = _placeholder(int)  # local devices to use; None = all
+
+  config.eval = e = ml_collections.ConfigDict()
+  e.every = 500                  # steps between evaluations (and at the last step)
+  e.batch_size = 500
+  e.splits = ('valid',)          # evaluated every `every` steps
+  e.max_batches = _placeholder(int)  # periodic evaluations read at most this many
+                                 # batches; None = all (the test at the end reads all)
+  e.test_at_end = True           # test the best-validation checkpoint at the end
+  e.population_stats = 'estimate'    # 'estimate' (the papers') | 'running' (the EMA)
+  e.population_batches = 10      # estimate batches
+  # Examples per estimate batch; None = the training batch (the papers'). A multiple k of
+  # train.batch_size joins k consecutive training batches into one: the moments of later
+  # sites (the cell, upper layers) then match the population-mode network better.
+  e.population_batch_size = _placeholder(int)
+  e.compare_running = False      # also log `<metric>_running` (EMA statistics) in evals
+
+  config.checkpoint = c = ml_collections.ConfigDict()
+  c.every = 500                  # steps between saves (and at the last step)
+  c.keep = 2                     # latest checkpoints kept (the best is kept apart)
+  c.best_metric = 'valid/accuracy'   # 'split/metric' that picks the best checkpoint
+  c.best_mode = 'max'            # 'max' | 'min'
+
+  config.parallel = ml_collections.ConfigDict()
+  config.parallel.backend = 'pmap'   # 'pmap' | 'shard_map' (jit of shard_map over a Mesh)
+
+  config.distributed = d = ml_collections.ConfigDict()
+  d.enabled = False              # call jax.distributed.initialize() (multi-host)
+  d.coordinator_address = ''     # '' = auto-detect (SLURM, TPU pods, ...)
+  d.num_processes = _placeholder(int)
+  d.process_id = _placeholder(int)
+  return config
+
+
+# ====================================================================== old spellings
+_ZERO_MEANS_DEFAULT = (('model', 'max_length'), ('train', 'num_devices'),
+                       ('eval', 'max_batches'), ('eval', 'population_batch_size'))
+
+
+def _deprecated(message: str) -> None:
+  warnings.warn(message, DeprecationWarning, stacklevel=3)
+
+
+def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of `config` with the spellings of earlier releases translated (each with a
+  DeprecationWarning); the fields of today's `default_config()` pass unchanged."""
+  config = ml_collections.ConfigDict(config.to_dict())  # an unlocked, resolved copy
+  for section, name in _ZERO_MEANS_DEFAULT:
+    node = config.get(section)
+    if node is not None and node.get(name) == 0:
+      _deprecated(f'config.{section}.{name}=0 for "default" is deprecated; use None.')
+      node[name] = None
+  clip = config.optimizer.get('clip_norm')
+  if clip is not None and clip <= 0:
+    _deprecated('config.optimizer.clip_norm <= 0 for "off" is deprecated; use None.')
+    config.optimizer.clip_norm = None
+  distributed = config.get('distributed')
+  if distributed is not None:
+    if distributed.get('num_processes') == 0:
+      distributed.num_processes = None
+    if distributed.get('process_id', None) is not None and distributed.process_id < 0:
+      distributed.process_id = None
+  options = config.model.get('layer_options')
+  if options is not None:
+    with config.model.unlocked():
+      del config.model['layer_options']
+    if options:
+      _deprecated(f'config.model.layer_options is deprecated; set config.model.<field> '
+                  f'instead ({", ".join(f"config.model.{k}" for k in options)}).')
+    for name, value in options.items():
+      with config.model.unlocked():
+        config.model[name] = value
+  return config
+
+
+# ====================================================================== checks
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """One clear line per bad value, before anything is built."""
+  positive = {
+      'config.model.hidden_size': config.model.hidden_size,
+      'config.model.num_layers': config.model.num_layers,
+      'config.train.batch_size': config.train.batch_size,
+      'config.train.num_steps': config.train.num_steps,
+      'config.train.log_every': config.train.log_every,
+      'config.eval.batch_size': config.eval.batch_size,
+      'config.eval.every': config.eval.every,
+      'config.checkpoint.every': config.checkpoint.every,
+      'config.checkpoint.keep': config.checkpoint.keep,
+  }
+  for name, value in positive.items():
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+      raise ValueError(f'{name} must be a positive integer; got {value!r}.')
+  optional_positive = {
+      'config.model.max_length': config.model.max_length,
+      'config.train.num_devices': config.train.num_devices,
+      'config.eval.max_batches': config.eval.max_batches,
+  }
+  for name, value in optional_positive.items():
+    if value is not None and (not isinstance(value, int) or value <= 0):
+      raise ValueError(f'{name} must be None (the default) or a positive integer; got '
+                       f'{value!r}.')
+  if config.parallel.backend not in PARALLEL_BACKENDS:
+    raise ValueError(f'config.parallel.backend must be one of {PARALLEL_BACKENDS}; got '
+                     f'{config.parallel.backend!r}.')
+  if config.eval.population_stats not in POPULATION_STATS:
+    raise ValueError(f'config.eval.population_stats must be one of {POPULATION_STATS}; got '
+                     f'{config.eval.population_stats!r}.')
+  size = config.eval.population_batch_size
+  if size is not None and (size <= 0 or size % config.train.batch_size):
+    raise ValueError('config.eval.population_batch_size must be None (the training batch) '
+                     f'or a multiple of config.train.batch_size={config.train.batch_size}; '
+                     f'got {size}.')
+  if config.eval.population_stats == 'estimate' and config.eval.population_batches <= 0:
+    raise ValueError('config.eval.population_batches must be positive with the '
+                     f"'estimate' statistics; got {config.eval.population_batches}.")
+  if config.checkpoint.best_mode not in ('max', 'min'):
+    raise ValueError("config.checkpoint.best_mode must be 'max' or 'min'; got "
+                     f'{config.checkpoint.best_mode!r}.')
+  if config.checkpoint.best_metric.count('/') != 1:
+    raise ValueError("config.checkpoint.best_metric must read 'split/metric' (e.g. "
+                     f"'valid/accuracy'); got {config.checkpoint.best_metric!r}.")
+  lr = config.optimizer.learning_rate
+  if not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+    raise ValueError(f'config.optimizer.learning_rate must be a positive finite number; '
+                     f'got {lr!r}.')
+  clip = config.optimizer.clip_norm
+  if clip is not None and (not math.isfinite(clip) or clip <= 0):
+    raise ValueError(f'config.optimizer.clip_norm must be None (off) or positive; got '
+                     f'{clip!r}.')
+
+
+def layer_fields(config: ml_collections.ConfigDict) -> dict:
+  """The `RecurrentLayer` fields `config.model` sets (those not None), with `dtype`."""
+  fields = {name: config.model[name] for name in LAYER_FIELDS
+            if config.model.get(name) is not None}
+  fields['dtype'] = config.model.dtype
+  return fields

@@ -1,0 +1,384 @@
+"""The training loop: `train_and_evaluate(config, workdir)` and the `Trainer` it drives.
+
+`Trainer` holds one run's model, optimizer and device-mapped steps (`train.py`'s pure
+functions under `parallel.device_map`) and places the state on the devices. `_Run` is
+the loop over steps with its bookkeeping as attributes: what has been checked finite,
+the metrics not yet fetched, the training-metric window, the best validation value.
+
+Evaluation always uses population statistics (train=False): the running average kept in
+`batch_stats` ('running'), or the papers' estimate ('estimate', the default): minibatch
+moments averaged over `config.eval.population_batches` training batches with the current
+parameters, optionally of batches larger than the training batch
+(`config.eval.population_batch_size`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import time
+from typing import Optional
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from bn_rnn_jax import checkpoint as checkpoint_lib
+from bn_rnn_jax import config as config_lib
+from bn_rnn_jax import input_pipeline
+from bn_rnn_jax import metric_writer
+from bn_rnn_jax import optim
+from bn_rnn_jax import parallel
+from bn_rnn_jax import population
+from bn_rnn_jax import tasks
+from bn_rnn_jax import train
+from bn_rnn_jax.train import TrainState
+
+_EVAL_LOG_EVERY_S = 10.0  # an evaluation logs its progress at most this often
+
+
+class Trainer:
+  """The device-mapped steps of one run, and the state's placement on devices.
+
+  `config` is upgraded (`config.upgrade`) and validated first; `dataset` defaults to
+  `input_pipeline.get_dataset(config)`.
+  """
+
+  def __init__(self, config, workdir: Optional[str] = None, dataset=None):
+    config = config_lib.upgrade(config)
+    config_lib.validate_config(config)
+    parallel.maybe_initialize_distributed(config)
+    self.config = config
+    self.devices = parallel.local_devices(config.train.num_devices)
+    self.num_devices = len(self.devices)
+    global_devices = self.num_devices * jax.process_count()
+    parallel.check_divisible(config.train.batch_size, global_devices,
+                             'config.train.batch_size')
+    parallel.check_divisible(config.eval.batch_size, global_devices,
+                             'config.eval.batch_size')
+    self.dataset = dataset or input_pipeline.get_dataset(
+        config, workdir=workdir, process_index=jax.process_index(),
+        process_count=jax.process_count())
+    self.task = tasks.get(self.dataset.task)
+    self.model = train.create_model(config, self.dataset)
+    self.tx = optim.create_optimizer(config, self.dataset.steps_per_epoch)
+    self.backend = config.parallel.backend
+    common = dict(model=self.model, task=self.task)
+    device_map = functools.partial(parallel.device_map, devices=self.devices,
+                                   backend=self.backend)
+    self.p_train_step = device_map(functools.partial(
+        train.train_step, tx=self.tx, carries_state=self.dataset.carries_state, **common))
+    self.p_eval_step = device_map(functools.partial(train.eval_step, **common))
+    self.p_minibatch_moments_step = device_map(
+        functools.partial(train.minibatch_moments_step, **common), in_axes=(0, 0, 0, 0, None))
+    self.p_average_minibatch_moments = device_map(population.average_minibatch_moments)
+
+  # ---------------------------------------------------------------- placement
+  def initial_state(self) -> TrainState:
+    """A fresh host state (see `train.create_train_state`)."""
+    return train.create_train_state(self.config, self.model, self.task, self.tx,
+                                    self.dataset, self.num_devices)
+
+  def to_devices(self, host_state: TrainState) -> TrainState:
+    """Replicate a host state; its carry is already split per device."""
+    state = parallel.replicate(host_state.replace(carry=None), self.devices, self.backend)
+    carry = host_state.carry
+    if carry is not None:
+      carry = parallel.put_sharded(carry, self.devices, self.backend)
+    return state.replace(carry=carry)
+
+  def to_host(self, state: TrainState) -> TrainState:
+    carry = None if state.carry is None else jax.tree.map(np.asarray, state.carry)
+    return parallel.unreplicate(state.replace(carry=None)).replace(carry=carry)
+
+  def shard(self, batch, place: bool = False):
+    """A host batch `[B, ...]` split over the devices: `[D, B / D, ...]`. Placed on the
+    devices when `place` (the loop's prefetch) or when the backend reads only placed
+    arrays well (shard_map); pmap splits host arrays itself."""
+    batch = parallel.shard(batch, self.num_devices)
+    if self.backend == 'pmap' and not place:
+      return batch
+    return parallel.put_sharded(batch, self.devices, self.backend)
+
+  def train_batch(self, step: int):
+    return self.shard(self.dataset.train_batch(step))
+
+  def device_batch(self, step: int):
+    """`train_batch(step)` already placed on the devices (the loop's prefetch)."""
+    return self.shard(self.dataset.train_batch(step), place=True)
+
+  # ---------------------------------------------------------------- evaluation
+  def population_stats(self, state: TrainState, kind: Optional[str] = None):
+    """Replicated statistics for evaluation: the running average or the estimate.
+
+    'estimate' averages the minibatch moments of `population_batches` estimate batches,
+    computed with the current parameters. Each is `population_batch_size //
+    train.batch_size` consecutive training batches joined (one when the size is None),
+    read from the current step on (a deterministic function of (seed, step)).
+    """
+    kind = kind or self.config.eval.population_stats
+    if kind == 'running' or not jax.tree.leaves(state.batch_stats):
+      return state.batch_stats
+    step = int(state.step[0])
+    joined = (self.config.eval.population_batch_size or self.config.train.batch_size) \
+        // self.config.train.batch_size
+    records = []
+    for i in range(self.config.eval.population_batches):
+      first = step + i * joined
+      parts = [self.dataset.train_batch(first + j) for j in range(joined)]
+      batch = jax.tree.map(lambda *leaves: np.concatenate(leaves), *parts)
+      records.append(self.p_minibatch_moments_step(state.params, state.batch_stats,
+                                                   self.shard(batch), state.rng, first))
+    return self.p_average_minibatch_moments(tuple(records))
+
+  def evaluate(self, state: TrainState, split: str, kind: Optional[str] = None,
+               max_batches: Optional[int] = None) -> dict:
+    """Metrics of `split` with population statistics (never batch statistics).
+
+    `max_batches` (default `config.eval.max_batches`; None or 0 = all) caps the batches
+    read. A long evaluation logs its progress every few seconds.
+    """
+    stats = self.population_stats(state, kind)
+    totals, count, carry = None, 0.0, None
+    if max_batches is None:
+      max_batches = self.config.eval.max_batches
+    start = last_log = time.time()
+    for i, batch in enumerate(self.dataset.eval_batches(split)):
+      if max_batches and i >= max_batches:
+        break
+      sums, n, new_carry = self.p_eval_step(state.params, stats, self.shard(batch), carry)
+      carry = new_carry if self.dataset.carries_state else None
+      sums = {k: float(v[0]) for k, v in sums.items()}
+      totals = sums if totals is None else {k: totals[k] + v for k, v in sums.items()}
+      count += float(n[0])
+      if time.time() - last_log > _EVAL_LOG_EVERY_S:
+        last_log = time.time()
+        logging.info('evaluating %s: %d batches, %d examples or tokens, %.0f s', split,
+                     i + 1, count, last_log - start)
+    if totals is None:
+      raise ValueError(f'Split {split!r} has no evaluation batches.')
+    return self.task.finalize({k: v / max(count, 1.0) for k, v in totals.items()})
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       dataset=None) -> dict:
+  """Train, evaluate, checkpoint; resume from the newest intact checkpoint in `workdir`.
+
+  Returns the last metrics of every split logged, e.g. `{'valid': {...}, 'test': {...}}`.
+  Raises FloatingPointError on a non-finite state or metric, naming the first bad step,
+  after saving the last good (finite) state; `checkpoint.WorkdirInUse` when another run
+  holds the workdir (`checkpoint.WorkdirLock`); ValueError for a bad workdir, config or data.
+  """
+  _make_workdir(workdir)
+  primary = jax.process_index() == 0
+  lock = checkpoint_lib.WorkdirLock(workdir).acquire() if primary else None
+  try:
+    trainer = Trainer(config, workdir, dataset)
+    _check_eval_splits(trainer)
+    if primary:
+      _write_config(trainer.config, workdir)
+    writer = metric_writer.MetricWriter(workdir, enabled=primary)
+    ckpt = checkpoint_lib.Checkpointer(workdir, keep=trainer.config.checkpoint.keep)
+    try:
+      return _Run(trainer, writer, ckpt).run()
+    finally:
+      ckpt.close()
+      writer.close()
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _make_workdir(workdir: str) -> None:
+  if workdir is None:
+    raise ValueError('No workdir given: pass --workdir (where checkpoints and metrics go).')
+  workdir = os.path.abspath(workdir)
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f'--workdir {workdir} is a file, not a directory.')
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f'Cannot create the workdir {workdir} ({e.strerror}).') from e
+
+
+def _write_config(config, workdir: str) -> None:
+  with open(os.path.join(workdir, 'config.json'), 'w') as f:
+    f.write(config.to_json_best_effort(indent=2, sort_keys=True) + '\n')
+
+
+def _check_eval_splits(trainer: Trainer) -> None:
+  """Every split the run will evaluate has a batch, and `best_metric` names a metric the
+  task logs: found now, not hours later."""
+  config = trainer.config
+  name = config.checkpoint.best_metric.split('/')[1]
+  if trainer.task.metrics and name not in trainer.task.metrics:
+    raise ValueError(f'config.checkpoint.best_metric={config.checkpoint.best_metric!r} names '
+                     f'no metric of the {trainer.dataset.task!r} task; it logs '
+                     f'{sorted(trainer.task.metrics)}.')
+  for split in config.eval.splits:
+    if next(iter(trainer.dataset.eval_batches(split)), None) is None:
+      raise ValueError(f'Split {split!r} has no evaluation batches (empty data?).')
+  if config.eval.test_at_end:
+    try:
+      if next(iter(trainer.dataset.eval_batches('test')), None) is None:
+        raise ValueError("Split 'test' has no evaluation batches (empty data?).")
+    except ValueError as e:
+      raise ValueError(f'{e} The end-of-run test (config.eval.test_at_end) needs a test '
+                       'split: give the data one, or pass --config.eval.test_at_end=False.'
+                       ) from None
+
+
+def _better(value: float, best: Optional[float], mode: str) -> bool:
+  if best is None:
+    return True
+  return value > best if mode == 'max' else value < best
+
+
+class _Run:
+  """The loop over steps of one run. It never waits on the device between fetches:
+
+  - step k is dispatched (asynchronously), then batch k+1 is built on the host and put
+    on the devices while step k runs (a prefetch of depth 2);
+  - each step's metrics, with a device-side flag saying whether its new state and metrics
+    are finite (`train_step`'s `finite`), stay on the device until a fetch point: every
+    `log_every` steps, and before every evaluation and every save;
+  - at a fetch, the first step whose flag is 0 stops the run, named exactly: the loop
+    re-runs the (deterministic) steps from the last fetched state to the step before it,
+    saves that state (checked finite again on the host) and raises FloatingPointError.
+    So every checkpoint holds a state checked finite, and a bad state never evicts one.
+
+  Attributes (the run's bookkeeping):
+    state: the newest device state.
+    checked_state, checked_step: the newest state whose steps were all fetched and found
+      finite (where a replay after a non-finite step starts).
+    pending: `(step done, device metrics)` of the steps not fetched yet.
+    window: the training metrics summed since the last log line.
+    best: the best value of `checkpoint.best_metric` so far.
+    progress: steps/s, ETA and the run's wall time (across restarts).
+    last: the last metrics of every split logged (the return value).
+  """
+
+  def __init__(self, trainer: Trainer, writer: metric_writer.MetricWriter,
+               ckpt: checkpoint_lib.Checkpointer):
+    self.trainer, self.writer, self.ckpt = trainer, writer, ckpt
+    self.config = trainer.config
+    self.template = trainer.initial_state()
+    host_state = self.template
+    meta = {'best': None, 'window': {}, 'window_steps': 0, 'time_s': 0.0}
+    if ckpt.latest_step() is not None:
+      host_state, meta = ckpt.restore(self.template)
+      logging.info('Resumed from the checkpoint of step %d.', int(host_state.step))
+    self.start = int(host_state.step)
+    writer.truncate(self.start)
+    self.state = trainer.to_devices(host_state)
+    self.checked_state, self.checked_step = self.state, self.start
+    self.pending = []
+    self.window = metric_writer.MetricWindow(meta['window'], meta['window_steps'])
+    self.best = meta['best']
+    self.progress = metric_writer.Progress(self.start, self.config.train.num_steps,
+                                           meta['time_s'])
+    self.last = {}
+
+  def _meta(self) -> dict:
+    """What a checkpoint saves beside the state, to resume the bookkeeping exactly."""
+    return {'best': self.best, 'window': self.window.sums,
+            'window_steps': self.window.steps, 'time_s': self.progress.elapsed()}
+
+  def _save(self, state: TrainState, step: int, best: bool = False) -> None:
+    host = self.trainer.to_host(state)
+    save = self.ckpt.save_best if best else self.ckpt.save
+    save(step, host, self._meta())  # it saves a deep copy
+
+  def _fetch(self, done: int) -> None:
+    """Metrics of the pending steps to the host, in order; stop at a non-finite one."""
+    values = jax.device_get([m for _, m in self.pending])
+    for (step, _), m in zip(self.pending, values):
+      m = {k: float(v[0]) for k, v in m.items()}
+      if m.pop(train.FINITE) != 1.0 or not all(math.isfinite(v) for v in m.values()):
+        self._stop_at(step, m)
+      self.window.add(m)
+    self.pending.clear()
+    self.checked_state, self.checked_step = self.state, done
+
+  def _stop_at(self, bad: int, metrics: dict) -> None:
+    good = self.checked_state
+    for step in range(self.checked_step, bad - 1):  # replay up to the last good step
+      good, _ = self.trainer.p_train_step(good, self.trainer.device_batch(step))
+    self._save(good, bad - 1)
+    self.ckpt.wait()
+    raise FloatingPointError(
+        f'Non-finite state or training metrics at step {bad} ({metrics}); stopped. The '
+        f'last good state (step {bad - 1}) is saved in {self.ckpt.latest.directory}.')
+
+  def _log_train(self, done: int) -> None:
+    means = self.window.means()
+    self.writer.write(done, 'train', means, time_s=round(self.progress.elapsed(), 3))
+    self.last['train'] = means
+    self.window.reset()
+    self.progress.log(done)
+
+  def _evaluate(self, done: int) -> None:
+    """Evaluate every periodic split; save the best checkpoint when it improved."""
+    for split in self.config.eval.splits:
+      self.last[split] = self.trainer.evaluate(self.state, split)
+      extra = {}
+      if self.config.eval.compare_running:
+        running = self.trainer.evaluate(self.state, split, 'running')
+        extra = {f'{k}_running': v for k, v in running.items()}
+      self.writer.write(done, split, {**self.last[split], **extra},
+                        time_s=round(self.progress.elapsed(), 3))
+    metric = self.config.checkpoint.best_metric  # e.g. 'valid/accuracy'
+    split, name = metric.split('/')
+    if split not in self.last:
+      return
+    if name not in self.last[split]:
+      raise ValueError(f'config.checkpoint.best_metric={metric!r} names no metric of '
+                       f'{split!r}; it has {sorted(self.last[split])}.')
+    if _better(self.last[split][name], self.best, self.config.checkpoint.best_mode):
+      self.best = self.last[split][name]
+      self._save(self.state, done, best=True)
+
+  def run(self) -> dict:
+    trainer, config = self.trainer, self.config
+    num_steps = config.train.num_steps
+    batch = trainer.device_batch(self.start) if self.start < num_steps else None
+    for step in range(self.start, num_steps):
+      self.state, metrics = trainer.p_train_step(self.state, batch)
+      done = step + 1
+      self.pending.append((done, metrics))
+      if done < num_steps:
+        batch = trainer.device_batch(done)  # built while step `done` runs
+      log = done % config.train.log_every == 0 or done == num_steps
+      evaluate = done % config.eval.every == 0 or done == num_steps
+      save = done % config.checkpoint.every == 0 or done == num_steps
+      if not (log or evaluate or save):
+        continue
+      self._fetch(done)
+      if log:
+        self._log_train(done)
+      if evaluate:
+        self._evaluate(done)
+      if save:
+        self._save(self.state, done)
+    if config.eval.test_at_end and 'test' not in self.last:
+      self.last['test'], tested_step = self._test_best()
+      self.writer.write(num_steps, 'test', self.last['test'], checkpoint_step=tested_step,
+                        time_s=round(self.progress.elapsed(), 3))
+    return self.last
+
+  def _test_best(self):
+    """Test metrics of the best-validation checkpoint (the papers' early-stopped model),
+    or of the final state when there is none. Returns `(metrics, step tested)`."""
+    trainer = self.trainer
+    self.ckpt.wait()
+    logging.info('Testing the best-validation checkpoint on the whole test split.')
+    if self.ckpt.best.latest_step() is not None:
+      try:
+        best, _ = self.ckpt.restore(self.template, best=True)
+        metrics = trainer.evaluate(trainer.to_devices(best), 'test', max_batches=0)
+        return metrics, int(best.step)
+      except ValueError as e:  # every best checkpoint damaged (each one warned about)
+        logging.warning('%s Testing the final state instead.', e)
+    return trainer.evaluate(self.state, 'test', max_batches=0), int(self.state.step[0])

@@ -1,0 +1,124 @@
+"""How a recurrent layer runs on a backend: the execution policy, resolved in one place.
+
+Four choices change how `RecurrentLayer` computes, never what: every combination gives the
+same outputs, statistics and gradients (the tests force each one on CPU and compare).
+Each layer field takes a value or 'auto'; `resolve` turns 'auto' into the backend's
+choice once per call, for the layer's size and per-device batch:
+
+| choice | CPU | GPU, TPU |
+|---|---|---|
+| `hoist_input` | in the step (False) | hoisted (True) |
+| `remat` | with batch norm: 'full' up to H128, 'dots' above; else 'none' | 'none' |
+| `backward` | 'layer' for LSTMs with H >= 8 B; else 'scan' | 'scan' |
+| `batch_sums` | 'contraction' | 'reduce' |
+
+Why, per choice:
+- `hoist_input`: W_x x for all steps as one large product before the scan (as cuDNN
+  does) or inside each step. On CPU the hoisted `[T, B, G*H]` block costs memory traffic
+  that the in-step product avoids: a hoisted plain LSTM ran 1.2-1.5x slower than Flax's
+  in-loop `OptimizedLSTMCell`, the in-step one matched it. Accelerators favour the one
+  large product. Sequence-wise input statistics need every step's input term before the
+  scan, so those layers always hoist.
+- `remat` (what the backward pass recomputes instead of storing per step): on CPU a
+  batch-normalised step at H <= 128 is cheaper to recompute whole ('full': one more
+  `[B, H] x [H, G*H]` product) than to store and reload its pointwise intermediates;
+  above it, storing the matmul outputs ('dots') was faster at H240 and H1000
+  (`benchmarks/rnn_speed.py`). Accelerators keep everything ('none') until measured.
+- `backward`: the autodiff of `lax.scan` ('scan') adds `h^T dz` into the `[H, G*H]`
+  weight gradient at every step; the whole-layer pass of `layer_vjp` ('layer') stores
+  `[B, G*H]` cotangents and forms the weight gradients in one product after the reverse
+  scan, so it gains as H / B grows: on CPU it was faster for LSTMs at B64 H1000 and B32
+  H650, slower at B64 H100 and B40 H240. The tanh RNN and accelerators were not measured
+  and keep 'scan'.
+- `batch_sums` (the sums over the batch of the moments and of batch norm's backward
+  pass): XLA's CPU reduction over the batch axis slows several times once the kept part
+  passes about 32K elements (a `[64, 800]` sum per scan step took 5-9x a contraction with
+  ones), so CPU contracts with ones; other backends fuse the reduction with its producer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import jax
+
+AUTO = 'auto'
+REMAT_MODES = ('none', 'dots', 'full')
+BACKWARD_PASSES = ('scan', 'layer')
+BATCH_SUMS = ('reduce', 'contraction')
+
+# remat 'auto' on CPU: the largest hidden size whose batch-normalised layers recompute the
+# whole step in the backward pass.
+FULL_REMAT_MAX_HIDDEN = 128
+# backward 'auto' on CPU: LSTM layers take the whole-layer backward pass when the hidden
+# size is at least this many times the per-device batch.
+LAYER_BACKWARD_MIN_HIDDEN_PER_EXAMPLE = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutionPolicy:
+  """The resolved choices (no 'auto' left). See the module docstring for each."""
+  hoist_input: bool
+  remat: str
+  backward: str
+  batch_sums: str
+
+
+def _choice(name: str, value, allowed: tuple) -> None:
+  if value != AUTO and value not in allowed:
+    raise ValueError(f'{name} must be {AUTO!r} or one of {allowed}; got {value!r}.')
+
+
+def batch_sums_for(backend: str, batch_sums: str = AUTO) -> str:
+  """'reduce' or 'contraction', with 'auto' resolved for `backend`."""
+  _choice('batch_sums', batch_sums, BATCH_SUMS)
+  if batch_sums != AUTO:
+    return batch_sums
+  return 'contraction' if backend == 'cpu' else 'reduce'
+
+
+def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
+            sequence_input: bool, hoist_input, remat: str, backward: str,
+            batch_sums: str, backend: Optional[str] = None) -> ExecutionPolicy:
+  """The policy of one layer call.
+
+  Args:
+    cell: 'lstm' or 'rnn'.
+    hidden_size: H.
+    batch: the per-device batch of this call.
+    batch_norm: whether any site of the layer is batch-normalised.
+    sequence_input: whether the input term has sequence-wise statistics (must hoist).
+    hoist_input, remat, backward, batch_sums: the layer's fields ('auto' or a value;
+      `hoist_input` also takes None for 'auto').
+    backend: `jax.default_backend()` when None.
+
+  Returns:
+    An `ExecutionPolicy`. Raises ValueError for an unknown value, or for
+    `hoist_input=False` with sequence-wise input statistics (which need the whole input
+    term before the scan).
+  """
+  backend = backend or jax.default_backend()
+  cpu = backend == 'cpu'
+  if hoist_input is None or hoist_input == AUTO:
+    hoist = sequence_input or not cpu
+  elif isinstance(hoist_input, bool):
+    if sequence_input and not hoist_input:
+      raise ValueError('hoist_input=False cannot hold with sequence-wise input statistics: '
+                       'they need every step\'s input term before the scan.')
+    hoist = hoist_input
+  else:
+    raise ValueError(f'hoist_input must be None ({AUTO!r}), True or False; got '
+                     f'{hoist_input!r}.')
+  _choice('remat', remat, REMAT_MODES)
+  if remat == AUTO:
+    if cpu and batch_norm:
+      remat = 'full' if hidden_size <= FULL_REMAT_MAX_HIDDEN else 'dots'
+    else:
+      remat = 'none'
+  _choice('backward', backward, BACKWARD_PASSES)
+  if backward == AUTO:
+    wide = hidden_size >= LAYER_BACKWARD_MIN_HIDDEN_PER_EXAMPLE * batch
+    backward = 'layer' if cpu and cell == 'lstm' and wide else 'scan'
+  return ExecutionPolicy(hoist_input=hoist, remat=remat, backward=backward,
+                         batch_sums=batch_sums_for(backend, batch_sums))

@@ -1,0 +1,121 @@
+"""The papers' population statistics: minibatch moments averaged over training batches.
+
+Cooijmans et al. (sec. 3) estimate the population statistics after training as the
+average, per time step, of the minibatch means and variances over N training batches,
+computed with the final parameters. This module is that estimate, in two pieces and one
+entry point:
+
+  minibatch_moments(model, variables, args, rngs)   one batch's moments, per site and step
+  average_minibatch_moments(records)                their average over N batches
+  estimate_population_stats(model, variables, batches, rng)   both, on one device
+
+The trainer maps the two pieces over devices (`train.minibatch_moments_step`); notebooks,
+your own loops and the figure scripts call `estimate_population_stats`. Either way the
+result is a `batch_stats` tree to evaluate with (`train=False`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from bn_rnn_jax import batch_stats
+
+MOMENTS = batch_stats.MOMENTS
+
+
+def minibatch_moments(model: nn.Module, variables, args: tuple, rngs=None) -> Any:
+  """The per-step moments one training batch gives every batch-normalised site.
+
+  Runs `model.apply(variables, *args, train=True)` with the `MOMENTS` collection
+  mutable (the running averages are left alone) and returns that collection:
+  per site `{'mean': [R, F], 'var': [R, F], 'count': [R]}`, count 1 on the rows this
+  batch reached.
+  """
+  _, mutated = model.apply(variables, *args, train=True, mutable=[MOMENTS], rngs=rngs)
+  return mutated.get(MOMENTS, {})
+
+
+def _is_site(node) -> bool:
+  return isinstance(node, dict) and set(node) == {'mean', 'var', 'count'}
+
+
+def _average_site(site):
+  """One site's records stacked on a leading axis of N minibatches -> their average."""
+  count = jnp.sum(site['count'], axis=0)
+  weights = site['count'][..., None]
+  denom = jnp.maximum(count, 1.0)[:, None]
+  seen = count[:, None] > 0
+  mean = jnp.sum(site['mean'] * weights, axis=0) / denom
+  var = jnp.sum(site['var'] * weights, axis=0) / denom
+  return {'mean': jnp.where(seen, mean, 0.0), 'var': jnp.where(seen, var, 1.0),
+          'count': count}
+
+
+def average_minibatch_moments(records: Sequence[Any]) -> Any:
+  """The population estimate from N records of `minibatch_moments`.
+
+  Per site and row: the mean of the minibatch means and of the minibatch variances over
+  the minibatches that reached that row; `count` is the number of such minibatches. Rows
+  no minibatch reached keep mean 0, var 1. The records are stacked here, so that one
+  compiled program (jit or a device map of this function) does the whole estimate.
+  """
+  if not records:
+    raise ValueError('The population estimate needs at least one minibatch record.')
+  stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *records)
+  return jax.tree.map(_average_site, stacked, is_leaf=_is_site)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _minibatch_moments_jit(model, variables, args, rng, rng_names):
+  rngs = {name: rng for name in rng_names} if rng is not None else None
+  return minibatch_moments(model, variables, args, rngs)
+
+
+_average_jit = jax.jit(average_minibatch_moments)
+
+
+def estimate_population_stats(model: nn.Module, variables, batches,
+                              rng: Optional[jax.Array] = None,
+                              rng_names: Sequence[str] = ('noise', 'dropout')):
+  """The papers' population statistics of `model` on one device.
+
+  Runs `model` in training mode on each batch with the current parameters and averages
+  the moments each step's row received. Compiled once per model and batch shape.
+
+  The batches need not be of the training size: larger ones estimate the statistics of
+  sites downstream of other normalised terms (the cell, upper layers) for the
+  population-mode network better (on 784-step MNIST early in training, 2 batches of
+  1,000 gave a better validation accuracy than 10 batches of 100;
+  `experiments/analysis/estimate_batch_size.py`).
+
+  Args:
+    model: a module built from `RecurrentLayer`s (a layer, a stack or a model).
+    variables: its `{'params', 'batch_stats'}`.
+    batches: iterable of argument tuples, e.g. `[(x, mask), ...]` of training data.
+    rng: key for the model's randomness in training mode (h0 noise, dropout); batch `i`
+      uses `jax.random.fold_in(rng, i)` for every stream in `rng_names`. Required when
+      the model draws noise; None otherwise.
+    rng_names: the rng streams the model reads.
+
+  Returns:
+    A `batch_stats` tree to evaluate with: `{**variables, 'batch_stats': result}`.
+  """
+  try:
+    hash(model)
+  except TypeError as e:
+    raise ValueError(f'estimate_population_stats compiles once per model, so the model '
+                     f'must be hashable; {type(model).__name__} is not ({e}): give its '
+                     'fields as tuples or frozen dataclasses, not lists or dicts.') from None
+  records = []
+  for index, args in enumerate(batches):
+    batch_rng = None if rng is None else jax.random.fold_in(rng, index)
+    records.append(_minibatch_moments_jit(model, variables, tuple(args), batch_rng,
+                                          tuple(rng_names)))
+  if not records:
+    raise ValueError('estimate_population_stats needs at least one batch.')
+  return _average_jit(tuple(records))

@@ -1,0 +1,75 @@
+"""Sequences with padding, and randomness per example.
+
+Masks are `[batch, time]` with 1 on valid steps and 0 on padding, the valid steps of each
+row first. Per-example randomness folds each example's *global* row (its row in the batch
+of all devices) into the step's key, so that N devices draw the noise and dropout masks
+of one device, and a resumed run draws what the uninterrupted one did.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+
+def check_mask_prefix(mask) -> None:
+  """Raise if a concrete `[batch, time]` mask has a valid step after a padded one.
+
+  Layers and `reverse_valid` assume each row's valid steps come first (padding at the
+  end); a mask with holes would be silently mis-reversed. Traced masks (under jit or
+  pmap) have no values to check and pass: the input pipelines build prefix masks.
+  """
+  if mask is None or isinstance(mask, jax.core.Tracer):
+    return
+  valid = np.asarray(mask) > 0
+  holes = np.nonzero(valid[:, 1:] & ~valid[:, :-1])
+  if holes[0].size:
+    row, step = int(holes[0][0]), int(holes[1][0]) + 1
+    raise ValueError(f'mask row {row} has a valid step at t={step} after padding; valid '
+                     'steps must come first in each row (padding at the end).')
+
+
+def reverse_valid(x: Array, mask: Optional[Array]) -> Array:
+  """Reverse each sequence's valid prefix in time, leaving its padding where it is.
+
+  x: `[batch, time, ...]`; mask: `[batch, time]` with the valid steps first. Step t < L_b
+  of sequence b goes to L_b - 1 - t; padded steps stay put. Applying it twice is the
+  identity, so the same call maps a backward layer's outputs back to input order.
+  """
+  check_mask_prefix(mask)
+  batch, time = x.shape[:2]
+  steps = jnp.arange(time)[None, :]
+  if mask is None:
+    index = jnp.broadcast_to(time - 1 - steps, (batch, time))
+  else:
+    lengths = jnp.sum(mask > 0, axis=1, keepdims=True)
+    index = jnp.where(steps < lengths, lengths - 1 - steps, steps)
+  index = index.reshape(index.shape + (1,) * (x.ndim - 2))
+  return jnp.take_along_axis(x, index, axis=1)
+
+
+def global_rows(batch: int, axis_name: Optional[str]) -> Array:
+  """`[batch]` global indices of this device's rows: `axis_index * batch + row`."""
+  rows = jnp.arange(batch)
+  if axis_name is None:
+    return rows
+  return jax.lax.axis_index(axis_name) * batch + rows
+
+
+def per_example_keys(key: Array, batch: int, axis_name: Optional[str]) -> Array:
+  """`[batch]` keys, `fold_in(key, global row)`: row r of the global batch draws the same
+  numbers on 1 device or on N."""
+  return jax.vmap(lambda row: jax.random.fold_in(key, row))(global_rows(batch, axis_name))
+
+
+def example_dropout(x: Array, rate: float, key: Array, axis_name: Optional[str]) -> Array:
+  """Inverted dropout on `[batch, ...]` with each row's mask drawn from its own key
+  (`per_example_keys`): the same masks on any number of devices."""
+  keys = per_example_keys(key, x.shape[0], axis_name)
+  keep = jax.vmap(lambda k: jax.random.bernoulli(k, 1.0 - rate, x.shape[1:]))(keys)
+  return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))

@@ -1,0 +1,130 @@
+"""The papers' layers by name, and layer options.
+
+`VARIANTS` maps a name to the `RecurrentLayer` fields that make it; `make_layer(name,
+hidden_size, **fields)` builds one with any field overridden:
+
+  lstm               gates = W_h h + W_x x + b                        baseline
+  bn_lstm            gates = BN(W_h h; γ_h) + BN(W_x x; γ_x) + b,     Cooijmans eq. 14-16
+                     h = σ(o) tanh(BN(c; γ_c, β_c)); per-step statistics
+  bn_lstm_shared     the same, statistics shared over time            Cooijmans' ablation
+  bn_input_only      gates = W_h h + BN(W_x x; γ, b), frame-wise      Laurent eq. 18
+  bn_input_only_seq  the same, sequence-wise statistics (batch and    Laurent eq. 20-21
+                     time, padding excluded)
+  ln_lstm            layer norm on the same three sites (γ init 1)    Ba et al. 2016
+  rnn                h = tanh(W_h h + W_x x + b)                      baseline
+  rnn_bn_input       h = tanh(W_h h + BN(W_x x; γ, b))                Laurent eq. 18
+  rnn_bn_recurrence  h = tanh(BN(W_h h + W_x x; γ, β))                Laurent eq. 17, App. A
+
+`LayerOptions` carries field overrides through stacks and models
+(`StackedRNN(layer_options=...)`): an immutable, hashable mapping, so that a model holding
+one can be a static argument of `jax.jit`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import warnings
+from typing import Any, Iterator, Mapping
+
+from bn_rnn_jax import recurrent
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    'lstm': dict(cell='lstm'),
+    'bn_lstm': dict(cell='lstm', recurrent_norm='batch', input_norm='batch',
+                    cell_norm='batch'),
+    'bn_lstm_shared': dict(cell='lstm', recurrent_norm='batch', input_norm='batch',
+                           cell_norm='batch', statistics='shared'),
+    'bn_input_only': dict(cell='lstm', input_norm='batch'),
+    'bn_input_only_seq': dict(cell='lstm', input_norm='batch', statistics='sequence'),
+    'ln_lstm': dict(cell='lstm', recurrent_norm='layer', input_norm='layer',
+                    cell_norm='layer', gamma_init=1.0),
+    'rnn': dict(cell='rnn'),
+    'rnn_bn_input': dict(cell='rnn', input_norm='batch'),
+    'rnn_bn_recurrence': dict(cell='rnn', recurrent_norm='batch'),
+}
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(recurrent.RecurrentLayer)
+                    if f.name not in ('parent', 'name'))
+# Spellings of earlier releases: (stats_per_step, input_statistics) -> statistics.
+_OLD_STATISTICS = {(True, 'frame'): 'per_step', (True, 'sequence'): 'sequence',
+                   (False, 'sequence'): 'shared'}
+
+
+def _upgrade(fields: dict[str, Any]) -> dict[str, Any]:
+  """Old field spellings, translated with a DeprecationWarning (or a one-line error)."""
+  if 'stats_per_step' not in fields and 'input_statistics' not in fields:
+    return fields
+  fields = dict(fields)
+  key = (fields.pop('stats_per_step', True), fields.pop('input_statistics', 'frame'))
+  if key not in _OLD_STATISTICS:
+    raise ValueError(f'stats_per_step={key[0]} with input_statistics={key[1]!r} has no '
+                     f"'statistics' value; use statistics='per_step', 'sequence' or "
+                     "'shared'.")
+  warnings.warn(f"stats_per_step / input_statistics are replaced by statistics="
+                f"{_OLD_STATISTICS[key]!r}.", DeprecationWarning, stacklevel=3)
+  fields['statistics'] = _OLD_STATISTICS[key]
+  return fields
+
+
+def check_fields(fields: Mapping[str, Any]) -> None:
+  """A one-line error naming any key of `fields` that is no `RecurrentLayer` field."""
+  unknown = sorted(set(fields) - _FIELDS)
+  if unknown:
+    hints = [difflib.get_close_matches(name, _FIELDS, n=1) for name in unknown]
+    hint = ''.join(f' ({name}: did you mean {h[0]!r}?)' for name, h in zip(unknown, hints)
+                   if h)
+    raise ValueError(f'Unknown RecurrentLayer fields {unknown}{hint}.')
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerOptions(Mapping[str, Any]):
+  """`RecurrentLayer` field overrides, immutable and hashable.
+
+  `LayerOptions(max_length=784, remat='full')`; reads like a dict (`options['remat']`,
+  `dict(options)`, `options.get('axis_name')`). A field not given keeps the variant's (or
+  the layer's) default.
+  """
+  items_: tuple[tuple[str, Any], ...] = ()
+
+  def __init__(self, mapping: Mapping[str, Any] = (), /, **fields):
+    fields = _upgrade({**dict(mapping), **fields})
+    check_fields(fields)
+    object.__setattr__(self, 'items_', tuple(sorted(fields.items())))
+
+  def __getitem__(self, key: str) -> Any:
+    for name, value in self.items_:
+      if name == key:
+        return value
+    raise KeyError(key)
+
+  def __iter__(self) -> Iterator[str]:
+    return (name for name, _ in self.items_)
+
+  def __len__(self) -> int:
+    return len(self.items_)
+
+  def replace(self, **fields) -> 'LayerOptions':
+    """A copy with `fields` set (or overridden)."""
+    return LayerOptions({**dict(self), **fields})
+
+  def __repr__(self) -> str:
+    return f'LayerOptions({", ".join(f"{k}={v!r}" for k, v in self.items_)})'
+
+
+def as_layer_options(options: Mapping[str, Any] | None) -> LayerOptions:
+  """`options` as `LayerOptions` (a dict is converted; None is empty)."""
+  if isinstance(options, LayerOptions):
+    return options
+  return LayerOptions(options or {})
+
+
+def make_layer(variant: str, hidden_size: int, **fields) -> recurrent.RecurrentLayer:
+  """A `RecurrentLayer` of the `VARIANTS` preset `variant`, with any field overridden
+  (e.g. `make_layer('bn_lstm', 100, max_length=784, name='encoder')`)."""
+  if variant not in VARIANTS:
+    raise ValueError(f'Unknown RNN variant {variant!r}; choose one of {sorted(VARIANTS)}.')
+  name = fields.pop('name', None)
+  fields = _upgrade({**VARIANTS[variant], **fields})
+  check_fields(fields)
+  return recurrent.RecurrentLayer(hidden_size=hidden_size, name=name, **fields)
