@@ -188,7 +188,7 @@ def test_quickstart_table_says_what_holds_in_every_seed():
   assert '+0.200 -0.100 +0.300' in lines['at step 2']
   assert lines['at step 2'].endswith('ahead in 2 of 3 seeds (min -0.100, max +0.300)')
   assert lines['at step 4'].endswith('ahead in 2 of 3 seeds (min -0.100, max +0.100)')
-  assert '   1  bn_lstm     0.400    0.400    0.700  0.700' in text
+  assert '   1  bn_lstm     0.400    0.400    0.700  0.700        4.0s      –' in text
 
 
 def test_word_ptb_table_reads_best_epochs_and_test_score():

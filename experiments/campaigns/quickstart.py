@@ -55,34 +55,39 @@ def setup(config) -> str:
           f'({config.eval.population_batches} training batches)')
 
 
-def _row(records):
-  """`{'at': [(step, accuracy) at each fraction], 'end', 'best', 'time_s'}` of one run."""
+def _row(run):
+  """`{'at': [(step, accuracy) at each fraction], 'end', 'best', 'time_s', 'cpu_s'}` of
+  one run: its training clock, and the CPU seconds of its processes (start-up and
+  compilation included)."""
+  records = run['records']
   valid = tables.split(records, 'valid')
   last = valid[-1]['step']
   at = [min(valid, key=lambda r, f=f: abs(r['step'] - f * last)) for f in FRACTIONS]
   return {'at': [(r['step'], r['accuracy']) for r in at],
           'end': (last, valid[-1]['accuracy']),
-          'best': max(r['accuracy'] for r in valid), 'time_s': tables.wall_time(records)}
+          'best': max(r['accuracy'] for r in valid), 'time_s': tables.wall_time(records),
+          'cpu_s': tables.cpu_time(run)}
 
 
 def table(result: dict) -> str:
   """Every seed's accuracies, then what holds in every seed (BN-LSTM minus LSTM)."""
   runs = tables.runs_by_arm(result)
-  rows = {arm: {r['seed']: _row(r['records']) for r in arm_runs}
+  rows = {arm: {r['seed']: _row(r) for r in arm_runs}
           for arm, arm_runs in runs.items()}
   any_row = next(iter(next(iter(rows.values())).values()))
   steps = [s for s, _ in any_row['at']] + [any_row['end'][0]]
   names = [f'acc@{s}' for s in steps[:-1]] + ['acc@end']
   head = (f"{'seed':>4}  {'variant':<8}" + ''.join(f'{n:>9}' for n in names)
-          + f"{'best':>7}{'train time':>12}")
+          + f"{'best':>7}{'train time':>12}{'CPU':>7}")
   lines = [textwrap.fill(result.get('setup', ''), len(head) + 20), '', head, '-' * len(head)]
   for seed in sorted({s for r in rows.values() for s in r}):
     for arm, by_seed in rows.items():
       if seed in by_seed:
         row = by_seed[seed]
         values = [a for _, a in row['at']] + [row['end'][1]]
+        cpu = tables.DASH if row['cpu_s'] is None else f"{row['cpu_s']:.0f}s"
         lines.append(f'{seed:>4}  {arm:<8}' + ''.join(f'{v:>9.3f}' for v in values) +
-                     f"{row['best']:>7.3f}{row['time_s']:>11.1f}s")
+                     f"{row['best']:>7.3f}{row['time_s']:>11.1f}s{cpu:>7}")
   if set(rows) == {'lstm', 'bn_lstm'}:
     lines += ['', 'BN-LSTM minus LSTM, seed by seed:']
     seeds = sorted(set(rows['lstm']) & set(rows['bn_lstm']))
