@@ -172,8 +172,9 @@ def _minibatch_moments(model: nnx.Module, args: tuple) -> dict[str, Any]:
     model.set_attributes(FromLinen, _estimating=False)
   records = {}
   for path, module in _wrapped(model).items():
-    records[path] = module.minibatch_moments.get_value()
-    del module.minibatch_moments
+    if hasattr(module, 'minibatch_moments'):  # not when `model` did not call it
+      records[path] = module.minibatch_moments.get_value()
+      del module.minibatch_moments
   return records
 
 
