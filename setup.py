@@ -15,6 +15,7 @@ setup(
     ],
     extras_require={
         'data': ['tensorflow-datasets>=4.9.10', 'array_record', 'scikit-learn', 'kaldiio'],
+        'export': ['flatbuffers'],
         'plot': ['matplotlib'],
         'test': ['pytest', 'nbclient', 'nbformat', 'ipykernel'],
     },

@@ -21,13 +21,30 @@ averaging those over N training batches is the papers' population estimate
 (`population.estimate_population_stats`). In inference step t reads row
 `min(t, last row seen in training)`, so sequences longer than any trained one reuse the
 statistics of the longest (Cooijmans et al. sec. 3).
+
+Misuse is an error, as in `flax.linen.BatchNorm` (`site_variable` checks both, for every
+site of every module):
+
+  train=True   outside `init`, one of `batch_stats` (training) or `MOMENTS` (the
+               papers' estimate pass, `population.minibatch_moments`) must be mutable;
+               else the pass would update nothing. To use batch statistics and keep
+               none, pass `mutable=['batch_stats']` and drop the update.
+  train=False  a site whose statistics no training batch reached (`count` 0 in every
+               row) would normalise with mean 0, variance 1. Checked when the
+               statistics are concrete values (an eager `apply`, or variables closed
+               over by a jitted function); under `jax.jit` / `pmap` they are tracers and
+               pass unchecked: call `untrained_sites(variables['batch_stats'])` before
+               jitting. `allow_untrained_statistics()` opts out.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+import contextvars
+from typing import Any, Iterator, Mapping, Optional
 
 import jax
+import numpy as np
 from flax import linen as nn
 
 from bn_rnn_jax import normalization
@@ -56,10 +73,79 @@ def num_rows(site: str, statistics: str, max_length: int) -> int:
   return 1 if statistics == 'shared' else max_length
 
 
-def site_variable(module: nn.Module, site: str, rows: int, features: int):
-  """The `batch_stats` variable of `site`: fresh statistics (mean 0, var 1, count 0)."""
-  return module.variable('batch_stats', site, normalization.init_population_stats, rows,
-                         features)
+_UNTRAINED_ALLOWED = contextvars.ContextVar('untrained_statistics_allowed', default=False)
+
+
+@contextlib.contextmanager
+def allow_untrained_statistics() -> Iterator[None]:
+  """Inside this context `train=False` accepts statistics no training batch reached
+  (they normalise with mean 0, variance 1), e.g. to look at an untrained model."""
+  token = _UNTRAINED_ALLOWED.set(True)
+  try:
+    yield
+  finally:
+    _UNTRAINED_ALLOWED.reset(token)
+
+
+def _where(module: nn.Module, site: str) -> str:
+  """`RecurrentLayer 'rnn/layer_0' site 'cell'` (no path for a top-level module)."""
+  path = '/'.join(str(p) for p in module.path)
+  return f"{type(module).__name__}{f' {path!r}' if path else ''} site {site!r}"
+
+
+def _check_recorded(module: nn.Module, site: str) -> None:
+  """train=True must be able to write its moments somewhere."""
+  if not (module.is_mutable_collection('batch_stats') or module.is_mutable_collection(MOMENTS)):
+    raise ValueError(
+        f"{_where(module, site)}: train=True needs mutable=['batch_stats'] in apply (or "
+        f"mutable=['{MOMENTS}'] for the population estimate pass); without it the "
+        'population statistics would silently not be updated.')
+
+
+def is_untrained(site_stats) -> bool:
+  """Whether concrete statistics `{'mean', 'var', 'count'}` have no row any training batch
+  reached; False for traced ones (no values to check)."""
+  count = site_stats['count']
+  if isinstance(count, jax.core.Tracer):
+    return False
+  return not np.any(np.asarray(count) > 0)
+
+
+def untrained_sites(stats_tree) -> list[str]:
+  """Paths (`'rnn/layer_0/recurrent'`) of the sites in a `batch_stats` tree that no
+  training batch reached: what a jitted evaluation would normalise with (0, 1)."""
+  found = []
+  def visit(node, path):
+    if isinstance(node, Mapping) and set(node) == {'mean', 'var', 'count'}:
+      if is_untrained(node):
+        found.append('/'.join(path))
+    elif isinstance(node, Mapping):
+      for key, value in node.items():
+        visit(value, path + (str(key),))
+  visit(stats_tree, ())
+  return found
+
+
+def _check_trained(module: nn.Module, site: str, site_stats: Any) -> None:
+  """train=False must not read statistics that no training batch reached."""
+  if is_untrained(site_stats) and not _UNTRAINED_ALLOWED.get():
+    raise ValueError(
+        f'{_where(module, site)}: train=False with population statistics no training batch '
+        'reached (count 0 in every row: mean 0, variance 1); train or estimate them first, '
+        'or call inside batch_stats.allow_untrained_statistics().')
+
+
+def site_variable(module: nn.Module, site: str, rows: int, features: int, *, train: bool):
+  """The `batch_stats` variable of `site` (fresh: mean 0, var 1, count 0), after the
+  misuse checks of the module docstring (none at `init`)."""
+  variable = module.variable('batch_stats', site, normalization.init_population_stats, rows,
+                             features)
+  if not module.is_initializing():
+    if train:
+      _check_recorded(module, site)
+    else:
+      _check_trained(module, site, variable.value)
+  return variable
 
 
 def record(module: nn.Module, variable, site: str, mean: Array, var: Array, count: Array,
@@ -79,10 +165,11 @@ def record(module: nn.Module, variable, site: str, mean: Array, var: Array, coun
     module.put_variable(MOMENTS, site, minibatch)
 
 
-def population_rows(site_stats, length: int) -> tuple[Array, Array]:
-  """`(mean, var)`, each `[length, F]`: the population row of every step (row
-  `min(t, last seen)`; a single row serves every step)."""
-  return normalization.population_rows(site_stats, length)
+def population_rows(site_stats, length: int, first_step=0) -> tuple[Array, Array]:
+  """`(mean, var)`, each `[length, F]`: the population rows of steps `first_step ..
+  first_step + length - 1` (row `min(t, last seen)`; a single row serves every step).
+  `first_step`: an int, or an int scalar array (e.g. a sampling loop's counter)."""
+  return normalization.population_rows(site_stats, length, first_step)
 
 
 class MaskedBatchNorm(nn.Module):
@@ -117,7 +204,8 @@ class MaskedBatchNorm(nn.Module):
                        f'{x.shape}.')
     features = x.shape[-1]
     per_step = x.ndim == 3 and self.statistics == 'per_step'
-    stats = site_variable(self, 'stats', self.max_length if per_step else 1, features)
+    stats = site_variable(self, 'stats', self.max_length if per_step else 1, features,
+                          train=train)
     scale = self.param('scale', nn.initializers.constant(self.gamma_init), (features,))
     bias = self.param('bias', nn.initializers.zeros, (features,))
     if not train:

@@ -83,9 +83,10 @@ class LanguageModel(nn.Module):
   No `bidirectional` option: a backward direction would read the very symbols the model
   is asked to predict.
 
-  Call: `(tokens [B, T] int, mask [B, T] | None, train=..., initial_carries=None)` ->
-  `(final_carries, logits [B, T, vocab_size])`. Pass the returned carries back in to
-  carry state across truncated-BPTT segments (Zaremba et al. 2014).
+  Call: `(tokens [B, T] int, mask [B, T] | None, train=..., initial_carries=None,
+  first_step=0)` -> `(final_carries, logits [B, T, vocab_size])`. Pass the returned
+  carries back in to carry state across truncated-BPTT segments (Zaremba et al. 2014).
+  `step` runs one symbol at a time (sampling; `experiments/sample.py`).
   """
   vocab_size: int
   embed_size: Optional[int] = None
@@ -101,7 +102,7 @@ class LanguageModel(nn.Module):
 
   @nn.compact
   def __call__(self, tokens: Array, mask: Optional[Array] = None, *, train: bool,
-               initial_carries: Optional[Sequence[Any]] = None):
+               initial_carries: Optional[Sequence[Any]] = None, first_step=0):
     if tokens.ndim != 2:
       raise ValueError(f'LanguageModel expects tokens [batch, time]; got {tokens.shape}.')
     if self.embed_size is None:
@@ -111,8 +112,21 @@ class LanguageModel(nn.Module):
     carries, h = stack.StackedRNN(
         variant=self.variant, hidden_size=self.hidden_size, num_layers=self.num_layers,
         dropout_rate=self.dropout_rate, layer_options=self.layer_options,
-        name='rnn')(x, mask, train=train, initial_carries=initial_carries)
+        name='rnn')(x, mask, train=train, initial_carries=initial_carries,
+                    first_step=first_step)
     return carries, nn.Dense(self.vocab_size, name='softmax')(h)
+
+  def step(self, carries: Optional[Sequence[Any]], tokens: Array, t,
+           mask: Optional[Array] = None):
+    """One inference step: `(carries, tokens_t [B] int, t)` -> `(carries, logits [B,
+    vocab_size])`, each layer normalised with its population row `min(t, last trained
+    row)`; carries None: the initial states. `model.apply(variables, carries, tokens, t,
+    method='step')`; stepping t = 0, 1, ... equals `__call__` on the whole sequence."""
+    if tokens.ndim != 1:
+      raise ValueError(f'LanguageModel.step expects tokens [batch]; got {tokens.shape}.')
+    carries, logits = self(tokens[:, None], None if mask is None else mask[:, None],
+                           train=False, initial_carries=carries, first_step=t)
+    return carries, logits[:, 0]
 
 
 # ------------------------------------------------------------------ frame / token tagger

@@ -335,14 +335,18 @@ def update_running_stats(stats: dict[str, Array], record: dict[str, Array],
   }
 
 
-def population_rows(stats: dict[str, Array], length: int) -> tuple[Array, Array]:
-  """Population mean and var for steps 0..length-1: `[length, F]` each.
+def population_rows(stats: dict[str, Array], length: int,
+                    first_step=0) -> tuple[Array, Array]:
+  """Population mean and var for steps `first_step .. first_step + length - 1`:
+  `[length, F]` each.
 
   Step t reads row `min(t, last_seen)`, `last_seen` being the last row that any training
   batch reached, so inference runs on sequences of any length (Cooijmans et al. sec. 3).
+  `first_step` may be a traced int scalar (a loop that runs one step at a time).
   """
   num_rows = stats['count'].shape[0]
   seen_rows = jnp.sum((stats['count'] > 0).astype(jnp.int32))
   last_seen = jnp.maximum(seen_rows - 1, 0)
-  rows = jnp.minimum(jnp.arange(length), jnp.minimum(last_seen, num_rows - 1))
-  return stats['mean'][rows], stats['var'][rows]
+  rows = jnp.minimum(first_step + jnp.arange(length), jnp.minimum(last_seen, num_rows - 1))
+  # jnp.take, not indexing: statistics held as NumPy arrays take traced rows too.
+  return jnp.take(stats['mean'], rows, axis=0), jnp.take(stats['var'], rows, axis=0)

@@ -12,6 +12,7 @@ batch moments, and the layer folds them into the `batch_stats` collection once, 
 scan (`batch_stats.record`); in inference it gathers each step's population rows and
 feeds them to the scan as inputs. Nothing in the loop updates a `[T_max, F]` array, and
 nothing in it differs between one device and many but a psum (`axis_name`).
+`RecurrentLayer.step` runs one step at a time, with the population rows of that step.
 """
 
 from __future__ import annotations
@@ -168,14 +169,18 @@ class RecurrentLayer(nn.Module):
       return new
     return self.remat
 
-  def execution_policy(self, batch: int) -> policy_lib.ExecutionPolicy:
+  def execution_policy(self, batch) -> policy_lib.ExecutionPolicy:
     """How this layer runs on the current backend for a per-device `batch`
-    (`policy.resolve`, with this layer's fields)."""
+    (`policy.resolve`, with this layer's fields); a symbolic batch (`jax.export`) cannot
+    be compared with H, so `backward='auto'` is the autodiff of the scan there."""
+    backward = self.backward
+    if not isinstance(batch, int):
+      batch, backward = 1, 'scan' if backward == policy_lib.AUTO else backward
     return policy_lib.resolve(
         cell=self.cell, hidden_size=self.hidden_size, batch=batch,
         batch_norm=bool(self._batch_sites()),
         sequence_input=self._sequence_input(), hoist_input=self.hoist_input,
-        remat=self._remat_field(), backward=self.backward, batch_sums=self.batch_sums)
+        remat=self._remat_field(), backward=backward, batch_sums=self.batch_sums)
 
   def _sequence_input(self) -> bool:
     """Whether the input term is batch-normalised with sequence-wise statistics."""
@@ -239,22 +244,30 @@ class RecurrentLayer(nn.Module):
   # ------------------------------------------------------------------ forward
   @nn.compact
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *, train: bool,
-               initial_carry=None):
+               initial_carry=None, first_step=0):
     """Run the layer.
 
     Args:
       inputs: `[batch, time, features]`.
       mask: `[batch, time]`, 1 on valid steps (a prefix of each row), 0 on padding.
         Padded steps keep the state, output zeros and never count in statistics.
-      train: batch statistics (and their running average) or population statistics.
+      train: batch statistics (and their running average; `apply` needs
+        `mutable=['batch_stats']`) or population statistics (trained ones: see
+        `batch_stats.py`).
       initial_carry: optional state to start from (e.g. carried across truncated-BPTT
         segments): `(c, h)` for the LSTM, `h` for the RNN, each `[batch, hidden]`.
+      first_step: inference only: the time index of `inputs[:, 0]` in the sequence, an
+        int or an int scalar array; step t of `inputs` uses the population row of
+        `first_step + t` (a continuation of a sequence run in pieces).
 
     Returns:
       `(final_carry, outputs)`: the state after each sequence's last valid step, and
       `[batch, time, hidden]` outputs (zeros at padded steps).
     """
     self._validate(inputs, mask)
+    if train and not (isinstance(first_step, int) and first_step == 0):
+      raise ValueError(f'first_step={first_step} is for inference (train=False): training '
+                       'batches fill the statistics rows from step 0.')
     if mask is not None:
       # Padding is inert: whatever it holds (junk, inf, NaN) is replaced by zeros before
       # any product or moment; `where`, since NaN * 0 is NaN.
@@ -265,7 +278,7 @@ class RecurrentLayer(nn.Module):
     if train and sites:
       normalization.check_length(length, self.max_length)
     stats = {site: batch_stats.site_variable(self, site, self._rows(site),
-                                             self._site_features(site))
+                                             self._site_features(site), train=train)
              for site in sites}
     params = self._params(input_size)
     # The state is float32, or float64 when the inputs or weights are (under x64).
@@ -284,7 +297,7 @@ class RecurrentLayer(nn.Module):
         padded_statistics=self.padded_statistics, min_step_count=self.min_step_count,
         batch_sums=run.batch_sums)
     xs = {} if mask_tm is None else {'mask': mask_tm}
-    rows = self._step_rows(stats, length, train)
+    rows = self._step_rows(stats, length, train, first_step)
     moments = {}
     if run.hoist_input:
       xs['input_term'], input_moments = self._hoisted_input_term(
@@ -310,6 +323,18 @@ class RecurrentLayer(nn.Module):
       moments.update(_unpack_moments(ys['moments'], loop_sites, self._site_features, counts))
       self._record_moments(stats, moments)
     return final_carry, jnp.swapaxes(ys['h'], 0, 1)
+
+  def step(self, carry, x: Array, t, mask: Optional[Array] = None):
+    """One inference step, `layer.apply(variables, carry, x_t, t, method='step')`:
+    `(carry, x_t [batch, features], t)` -> `(carry, h_t [batch, hidden])`, normalised
+    with the population row `min(t, last trained row)`. `carry` as `initial_carry` (None:
+    the initial state); `t` an int or a traced int scalar; `mask` `[batch]`, 0 keeps a
+    row's state. Stepping t = 0, 1, ... equals `__call__` on the whole sequence."""
+    if x.ndim != 2:
+      raise ValueError(f'RecurrentLayer.step expects x [batch, features]; got {x.shape}.')
+    carry, outputs = self(x[:, None], None if mask is None else mask[:, None], train=False,
+                          initial_carry=carry, first_step=t)
+    return carry, outputs[:, 0]
 
   def _scan_with_layer_backward(self, params, cfg, carry, xs, loop_sites, remat: str):
     """`lax.scan` of the step with the whole-layer backward pass (`layer_vjp`)."""
@@ -363,14 +388,15 @@ class RecurrentLayer(nn.Module):
     """Whether a site's training moments are per step (all but sequence-wise input)."""
     return site != 'input' or not batch_stats.sequence_wise_input(self.statistics)
 
-  def _step_rows(self, stats, length: int, train: bool) -> dict[str, tuple[Array, Array]]:
-    """`{site: (mean [T, F], var [T, F])}`: the population rows handed to the steps. In
-    inference every batch-norm site normalises with them; in training (only with
-    `min_step_count > 1`) the per-step sites use them at steps with too few valid
-    sequences."""
+  def _step_rows(self, stats, length: int, train: bool,
+                 first_step=0) -> dict[str, tuple[Array, Array]]:
+    """`{site: (mean [T, F], var [T, F])}`: the population rows handed to the steps
+    (from `first_step` on). In inference every batch-norm site normalises with them; in
+    training (only with `min_step_count > 1`) the per-step sites use them at steps with
+    too few valid sequences."""
     if train and self.min_step_count <= 1:
       return {}
-    return {site: batch_stats.population_rows(stats[site].value, length)
+    return {site: batch_stats.population_rows(stats[site].value, length, first_step)
             for site in stats if not train or self._per_step_training_statistics(site)}
 
   def _record_moments(self, stats, moments) -> None:

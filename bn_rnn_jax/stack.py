@@ -1,4 +1,8 @@
 """Stacks of recurrent layers: `StackedRNN` (optionally bidirectional) and `Bidirectional`.
+
+A unidirectional stack also runs one step at a time (`StackedRNN.step`, with each layer's
+population rows of that step); a bidirectional one refuses, since its backward direction
+starts from the end of the sequence.
 """
 
 from __future__ import annotations
@@ -35,6 +39,14 @@ class Bidirectional(nn.Module):
                               axis=-1)
     return (forward_carry, backward_carry), outputs
 
+  def step(self, *args, **kwargs):
+    del args, kwargs
+    raise ValueError(_NO_BIDIRECTIONAL_STEP)
+
+
+_NO_BIDIRECTIONAL_STEP = ('A bidirectional layer cannot run one step at a time: its backward '
+                          'direction reads each sequence from its last step.')
+
 
 class StackedRNN(nn.Module):
   """`num_layers` recurrent layers with Zaremba-style dropout on the non-recurrent
@@ -49,8 +61,9 @@ class StackedRNN(nn.Module):
     layer_options: `RecurrentLayer` field overrides (`variants.LayerOptions`; a dict is
       converted), e.g. `{'max_length': 784, 'axis_name': 'batch'}`.
 
-  Call: `(inputs [B, T, I], mask [B, T] | None, train=..., initial_carries=None)` ->
-  `(final_carries: list per layer, outputs [B, T, H or 2H])`.
+  Call: `(inputs [B, T, I], mask [B, T] | None, train=..., initial_carries=None,
+  first_step=0)` -> `(final_carries: list per layer, outputs [B, T, H or 2H])`;
+  `first_step` as `RecurrentLayer` (inference, unidirectional).
   """
   variant: str
   hidden_size: int
@@ -66,13 +79,15 @@ class StackedRNN(nn.Module):
 
   @nn.compact
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *, train: bool,
-               initial_carries: Optional[Sequence[Any]] = None):
+               initial_carries: Optional[Sequence[Any]] = None, first_step=0):
     if self.num_layers <= 0:
       raise ValueError(f'num_layers must be positive; got {self.num_layers}.')
     if not 0.0 <= self.dropout_rate < 1.0:
       raise ValueError(f'dropout_rate must be in [0, 1); got {self.dropout_rate}.')
     if initial_carries is not None and self.bidirectional:
       raise ValueError('initial_carries are for unidirectional stacks (carried state).')
+    if self.bidirectional and not (isinstance(first_step, int) and first_step == 0):
+      raise ValueError(_NO_BIDIRECTIONAL_STEP)
     options = dict(self.layer_options)
     axis_name = options.get('axis_name')
     carries = []
@@ -88,10 +103,21 @@ class StackedRNN(nn.Module):
         layer = variants.make_layer(self.variant, self.hidden_size, **options,
                                     name=f'layer_{index}')
         start = None if initial_carries is None else initial_carries[index]
-        carry, x = layer(x, mask, train=train, initial_carry=start)
+        carry, x = layer(x, mask, train=train, initial_carry=start, first_step=first_step)
       carries.append(carry)
     x = self._dropout(x, train, axis_name)
     return carries, x
+
+  def step(self, carries: Optional[Sequence[Any]], x: Array, t, mask: Optional[Array] = None):
+    """One inference step of every layer: `(carries, x_t [B, I], t)` -> `(carries, h_t
+    [B, H])` (`RecurrentLayer.step`; carries None: the initial states)."""
+    if self.bidirectional:
+      raise ValueError(_NO_BIDIRECTIONAL_STEP)
+    if x.ndim != 2:
+      raise ValueError(f'StackedRNN.step expects x [batch, features]; got {x.shape}.')
+    carries, outputs = self(x[:, None], None if mask is None else mask[:, None], train=False,
+                            initial_carries=carries, first_step=t)
+    return carries, outputs[:, 0]
 
   def _dropout(self, x: Array, train: bool, axis_name: Optional[str]) -> Array:
     """Dropout with per-example masks (`sequence.example_dropout`), in training only."""

@@ -1,0 +1,161 @@
+"""A trained model as a self-contained program: `jax.export` with its variables baked in.
+
+  infer = inference_function(model, variables)    # model.apply(variables, *args, train=False)
+  specs = symbolic_specs((x, mask), (('batch', 'time', None), ('batch', 'time')))
+  exported = export(infer, specs)                 # a jax.export.Exported
+  save(exported, 'model.jax')
+
+The parameters and population statistics are constants of the exported program, and
+axes named in `symbolic_specs` are symbolic, so one file serves any batch size and, for
+every variant, any length (inference reads row `min(t, last trained row)` of per-step
+statistics, so no length is fixed by the statistics). Reloading needs JAX alone, no
+model code:
+
+  from jax import export
+  exported = export.deserialize(bytearray(open('model.jax', 'rb').read()))
+  logits = exported.call(x, mask)
+
+`run_in_fresh_process` does exactly that in a new Python process (importing only jax and
+numpy, and checking that nothing else was imported) and returns the outputs, so that an
+export can be checked against the model it came from (`experiments/export.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import numpy as np
+from jax import export as jax_export
+
+from bn_rnn_jax import batch_stats
+
+
+def inference_function(model, variables, **call_kwargs) -> Callable[..., Any]:
+  """`f(*args) = model.apply(variables, *args, train=False, **call_kwargs)`.
+
+  The variables are closed over, so `jax.export` bakes them in as constants. Raises a
+  one-line ValueError when a site's statistics were never trained (`batch_stats.py`):
+  an exported model would normalise with mean 0, variance 1 for good.
+  """
+  untrained = batch_stats.untrained_sites(variables.get('batch_stats', {}))
+  if untrained:
+    raise ValueError(f'Cannot export untrained population statistics (count 0) at '
+                     f'{", ".join(untrained)}; train or estimate them first.')
+
+  def infer(*args):
+    return model.apply(variables, *args, train=False, **call_kwargs)
+  return infer
+
+
+def _is_axes(x) -> bool:
+  return isinstance(x, tuple) and all(n is None or isinstance(n, str) for n in x)
+
+
+def map_axes(fn: Callable[[tuple, Any], Any], axes: Sequence[Any], args: Sequence[Any]):
+  """`fn(names, array)` for every array of `args` and its tuple of axis names in `axes`
+  (a matching sequence of pytrees whose leaves are those tuples); returns a tuple."""
+  # As lists, so that only the per-array tuples are leaves.
+  return tuple(jax.tree.map(fn, list(axes), list(args), is_leaf=_is_axes))
+
+
+def symbolic_specs(args: Sequence[Any], axes: Sequence[Any]) -> tuple:
+  """`jax.ShapeDtypeStruct`s like `args`, with named axes symbolic.
+
+  Args:
+    args: example arrays (or pytrees of them, e.g. a dict of inputs).
+    axes: per argument (a matching pytree), a tuple with one entry per axis: a name
+      (`'batch'`, `'time'`) makes that axis symbolic, the same name in several places
+      the same size; None keeps the example's size.
+
+  Returns:
+    A tuple of pytrees of `jax.ShapeDtypeStruct`, for `export`.
+  """
+  scope = jax_export.SymbolicScope()
+
+  def spec(names, array):
+    array = np.asarray(array)
+    if len(names) != array.ndim:
+      raise ValueError(f'axes {names} name {len(names)} axes of an array of shape '
+                       f'{array.shape}.')
+    dims = ', '.join(str(n) if name is None else name
+                     for n, name in zip(array.shape, names))
+    return jax.ShapeDtypeStruct(jax_export.symbolic_shape(dims, scope=scope), array.dtype)
+  return map_axes(spec, axes, args)
+
+
+def export(fn: Callable[..., Any], specs: Sequence[Any],
+           platforms: Optional[Sequence[str]] = None) -> jax_export.Exported:
+  """`jax.export` of `jax.jit(fn)` for arguments shaped as `specs`; `platforms` (e.g.
+  `('cpu', 'cuda')`) defaults to the current backend."""
+  return jax_export.export(jax.jit(fn), platforms=platforms)(*specs)
+
+
+def save(exported: jax_export.Exported, path: str) -> None:
+  with open(path, 'wb') as f:
+    f.write(exported.serialize())
+
+
+def load(path: str) -> jax_export.Exported:
+  """The exported program at `path` (`exported.call(*args)` runs it)."""
+  try:
+    with open(path, 'rb') as f:
+      return jax_export.deserialize(bytearray(f.read()))
+  except OSError as e:
+    raise ValueError(f'Cannot read the exported model {os.path.abspath(path)} '
+                     f'({e.strerror}).') from None
+
+
+# What the fresh process runs: jax and numpy only. argv: model, inputs .npz, outputs .npz.
+# The inputs hold `set{k}_{i}`, the i-th leaf of the k-th argument set.
+_RELOAD_PROGRAM = r'''
+import sys
+import numpy as np
+import jax
+from jax import export
+
+model_path, inputs_path, outputs_path = sys.argv[1:4]
+with open(model_path, 'rb') as f:
+  exported = export.deserialize(bytearray(f.read()))
+outputs = {}
+with np.load(inputs_path) as data:
+  sets = sorted({name.split('_')[0] for name in data.files})
+  for name in sets:
+    leaves = [data[f'{name}_{i}'] for i in range(exported.in_tree.num_leaves)]
+    args, kwargs = jax.tree.unflatten(exported.in_tree, leaves)
+    for i, leaf in enumerate(jax.tree.leaves(exported.call(*args, **kwargs))):
+      outputs[f'{name}_{i}'] = np.asarray(leaf)
+project = sorted({m.split('.')[0] for m in sys.modules} & {'bn_rnn_jax', 'flax', 'optax'})
+if project:
+  sys.exit(f'the fresh process imported {project}')
+np.savez(outputs_path, **outputs)
+'''
+
+
+def run_in_fresh_process(path: str, arg_sets: Sequence[tuple],
+                         timeout: float = 600.0) -> list[list[np.ndarray]]:
+  """Outputs of the exported model at `path` on each argument tuple of `arg_sets`, run in
+  a new Python process that imports only jax and numpy. Returns, per argument tuple, the
+  output leaves (`jax.tree.leaves` order). Raises RuntimeError (one line) when that
+  process fails or imported the project's code."""
+  with tempfile.TemporaryDirectory() as tmp:
+    inputs, outputs = os.path.join(tmp, 'inputs.npz'), os.path.join(tmp, 'outputs.npz')
+    np.savez(inputs, **{f'set{k:04d}_{i}': np.asarray(leaf)
+                        for k, args in enumerate(arg_sets)
+                        for i, leaf in enumerate(jax.tree.leaves(args))})
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    done = subprocess.run([sys.executable, '-c', _RELOAD_PROGRAM, os.path.abspath(path),
+                           inputs, outputs], cwd=tmp, env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+    if done.returncode:
+      last = (done.stderr.strip().splitlines() or ['no output'])[-1]
+      raise RuntimeError(f'Reloading {os.path.abspath(path)} in a fresh process failed: '
+                         f'{last}')
+    with np.load(outputs) as data:
+      return [[data[name] for name in sorted(
+          (n for n in data.files if n.startswith(f'set{k:04d}_')),
+          key=lambda n: int(n.split('_')[1]))] for k in range(len(arg_sets))]

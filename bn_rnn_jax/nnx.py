@@ -1,0 +1,197 @@
+"""The library's layers and models in Flax NNX.
+
+`FromLinen(module, *example_args, rngs=...)` makes any module of this library (a
+`RecurrentLayer`, a `StackedRNN`, a model) an NNX module, as `flax.nnx.bridge.ToNNX` does:
+its parameters become `nnx.Param`, its population statistics `nnx.BatchStat` (per site the
+same `{'mean': [R, F], 'var': [R, F], 'count': [R]}` rows as the Linen `batch_stats`),
+and a call runs the Linen module's own `apply` on them, so the numerics are the same
+cells and statistics. What it adds to the bridge:
+
+  model.train() / model.eval()   batch statistics (folding them into the `BatchStat`
+                                 running average) / population statistics, through
+                                 `use_running_average` as in `nnx.BatchNorm`;
+  estimate_population_stats(model, batches)
+                                 the papers' estimate in one call: every wrapped module
+                                 gets the average of its minibatch moments over the
+                                 batches, computed with the current parameters;
+  wrapped.step(carry, x_t, t)    one step at a time (`RecurrentLayer.step`,
+                                 `StackedRNN.step`, `LanguageModel.step`).
+
+Misuse is caught as in Linen (`batch_stats.py`): evaluating statistics that no training
+batch reached raises when their values are concrete (an eager call).
+
+Recipe: the sequential-MNIST BN-LSTM classifier (Linen:
+`models.SequenceClassifier(num_classes=10, variant='bn_lstm', hidden_size=100)`; the
+README shows both), with `tx = optax.adam(1e-3)`, `cross_entropy(logits, labels)` the mean
+softmax cross-entropy and `batches` a list of `(x [batch, 784, 1], labels [batch])`:
+
+  from flax import nnx
+  import bn_rnn_jax as br
+  from bn_rnn_jax import nnx as br_nnx
+
+  class Classifier(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+      layer = br.make_layer('bn_lstm', 100, max_length=784)
+      self.rnn = br_nnx.FromLinen(layer, jnp.zeros((1, 784, 1)), rngs=rngs)
+      self.head = nnx.Linear(100, 10, rngs=rngs)
+
+    def __call__(self, x, mask=None):               # x [batch, time, 1]
+      (_, h), _ = self.rnn(x, mask)
+      return self.head(h)                           # [batch, 10]
+
+  model = Classifier(nnx.Rngs(0))
+  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+  @nnx.jit
+  def train_step(model, optimizer, x, labels):
+    grads = nnx.grad(lambda model: cross_entropy(model(x), labels))(model)
+    optimizer.update(model, grads)
+
+  model.train()
+  for x, labels in batches:
+    train_step(model, optimizer, x, labels)
+  br_nnx.estimate_population_stats(model, [(x,) for x, _ in batches])
+  model.eval()
+  logits = model(x_valid)
+
+`tests/test_nnx.py` trains this classifier (smaller) from Linen and from NNX from the same
+initial values and finds the same parameters, statistics and evaluation outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import jax
+from flax import linen as nn
+from flax import nnx
+
+from bn_rnn_jax import batch_stats
+from bn_rnn_jax import population
+
+# The rng streams the library's modules read in training (h0 noise, dropout).
+RNG_STREAMS = ('noise', 'dropout')
+
+
+class MinibatchMoments(nnx.Variable):
+  """One estimate pass's minibatch moments of a wrapped module (`batch_stats.MOMENTS`)."""
+
+
+def _is_variable(x) -> bool:
+  return isinstance(x, nnx.Variable)
+
+
+def _values(tree):
+  """A tree of `nnx.Variable`s as the tree of their values."""
+  return jax.tree.map(lambda v: v.get_value(), tree, is_leaf=_is_variable)
+
+
+def _assign(variables, values) -> None:
+  """Set each `nnx.Variable` of `variables` to the matching leaf of `values`."""
+  jax.tree.map(lambda v, value: v.set_value(value), variables, values, is_leaf=_is_variable)
+
+
+class FromLinen(nnx.Module):
+  """A module of this library as an NNX module.
+
+  Args:
+    module: the Linen module (e.g. `make_layer('bn_lstm', 100, max_length=784)`).
+    *example_args, **example_kwargs: arguments of an example call, for the shapes of its
+      variables (as Linen's `init`, e.g. `jnp.zeros((1, T, I))`).
+    rngs: `nnx.Rngs`; its `params` (or default) stream initialises the parameters, and
+      its `noise` and `dropout` streams feed h0 noise and dropout in training.
+
+  Attributes:
+    params: the Linen `params` tree, each leaf an `nnx.Param`.
+    batch_stats: the Linen `batch_stats` tree, each leaf an `nnx.BatchStat`.
+    use_running_average: False (`model.train()`): batch statistics, folded into
+      `batch_stats`; True (`model.eval()`): population statistics.
+
+  Call: the Linen module's arguments without `train` (e.g. a layer's `(inputs [B, T, I],
+  mask [B, T] | None, initial_carry=None)`), and its outputs.
+  """
+
+  def __init__(self, module: nn.Module, *example_args, rngs: nnx.Rngs, **example_kwargs):
+    keys = {'params': rngs.params(), **{name: rngs[name]() for name in RNG_STREAMS}}
+    variables = module.init(keys, *example_args, train=False, **example_kwargs)
+    self.module = module
+    self.params = nnx.data(jax.tree.map(nnx.Param, variables.get('params', {})))
+    self.batch_stats = nnx.data(jax.tree.map(nnx.BatchStat,
+                                             variables.get('batch_stats', {})))
+    self.rngs = rngs
+    self.use_running_average = False
+    self._estimating = False
+
+  def linen_variables(self) -> dict[str, Any]:
+    """`{'params', 'batch_stats'}` as plain arrays, for the Linen module's `apply`."""
+    return {'params': _values(self.params), 'batch_stats': _values(self.batch_stats)}
+
+  def load_linen_variables(self, variables) -> None:
+    """Set `params` (and `batch_stats`, when given) from a Linen variables dict of the
+    same module, e.g. a checkpoint trained with Linen."""
+    _assign(self.params, variables['params'])
+    if 'batch_stats' in variables:
+      _assign(self.batch_stats, variables['batch_stats'])
+
+  def _training_rngs(self) -> dict[str, jax.Array]:
+    return {name: self.rngs[name]() for name in RNG_STREAMS}
+
+  def __call__(self, *args, **kwargs):
+    variables = self.linen_variables()
+    if self.use_running_average and not self._estimating:
+      return self.module.apply(variables, *args, train=False, **kwargs)
+    collection = batch_stats.MOMENTS if self._estimating else 'batch_stats'
+    outputs, mutated = self.module.apply(variables, *args, train=True,
+                                         rngs=self._training_rngs(), mutable=[collection],
+                                         **kwargs)
+    if self._estimating:
+      self.minibatch_moments = MinibatchMoments(mutated.get(collection, {}))
+    elif collection in mutated:
+      _assign(self.batch_stats, mutated[collection])
+    return outputs
+
+  def step(self, *args, **kwargs):
+    """The Linen module's `step` (one inference step with the population rows of that
+    step): `(carry, x_t, t)` -> `(carry, output_t)`."""
+    return self.module.apply(self.linen_variables(), *args, method='step', **kwargs)
+
+
+def _wrapped(model: nnx.Module) -> dict[str, FromLinen]:
+  """`{path: module}` of every `FromLinen` in `model` (itself included)."""
+  return {'/'.join(map(str, path)): node for path, node in nnx.iter_graph(model)
+          if isinstance(node, FromLinen)}
+
+
+@nnx.jit
+def _minibatch_moments(model: nnx.Module, args: tuple) -> dict[str, Any]:
+  """`{path: MOMENTS collection}` of one training-mode pass of `model(*args)`."""
+  model.set_attributes(FromLinen, _estimating=True)
+  try:
+    model(*args)
+  finally:
+    model.set_attributes(FromLinen, _estimating=False)
+  records = {}
+  for path, module in _wrapped(model).items():
+    if hasattr(module, 'minibatch_moments'):  # not when `model` did not call it
+      records[path] = module.minibatch_moments.get_value()
+      del module.minibatch_moments
+  return records
+
+
+def estimate_population_stats(model: nnx.Module, batches: Iterable[tuple]) -> None:
+  """The papers' population statistics for every `FromLinen` in `model`, in place.
+
+  Runs `model(*args)` for each `args` in `batches` (training data) with the wrapped
+  modules in training mode writing only their minibatch moments (parameters and
+  statistics untouched; other NNX modules, e.g. `nnx.Dropout`, run in the mode they are
+  in), then sets each wrapped module's `batch_stats` to the average of its moments per
+  row (`population.average_minibatch_moments`, as the Linen
+  `population.estimate_population_stats`). Compiled once per model and batch shape.
+  """
+  records = [_minibatch_moments(model, tuple(args)) for args in batches]
+  if not records:
+    raise ValueError('estimate_population_stats needs at least one batch.')
+  estimate = population.average_minibatch_moments(records)
+  for path, module in _wrapped(model).items():
+    if estimate.get(path):
+      _assign(module.batch_stats, estimate[path])
