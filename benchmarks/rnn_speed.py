@@ -35,13 +35,12 @@ line elsewhere; its row records `max_abs_diff_to_lstm_ref`, the largest differen
 outputs from JAX's pure-JAX version of the same LSTM); and `VARIANT[:BACKWARD[:REMAT]]`
 for our layer, e.g. `bn_lstm:layer` (whole-layer backward pass) or `bn_lstm:scan:dots`
 (autodiff of the scan, storing matmul outputs); without a backward, the layer's 'auto'
-(`policy.py`). And a float32 floor,
-not an LSTM: `products_only:scan` and `products_only:layer` run the matrix products of
-Flax's fwd+bwd with no gate math (`products_only`): all of them inside the steps, or
-only the two the recurrence forces (`h W_h`, `dz W_h^T`) with the input and weight-
-gradient products as one large product each. An LSTM that runs these products with
-XLA's matmul also runs its gate math, so the faster of the two bounds the ratio to Flax
-that any of ours can reach.
+(`policy.py`). And a float32 floor, not an LSTM: `products_only:scan` and
+`products_only:layer` run the matrix products of Flax's fwd+bwd with no gate math
+(`products_only`): all of them inside the steps, or only the two the recurrence forces
+(`h W_h`, `dz W_h^T`) with the input and weight-gradient products as one large product
+each. An LSTM that runs these products with XLA's matmul also runs its gate math, so
+the faster of the two bounds the ratio to Flax that any of ours can reach.
 
 The JSON's `batch_sums` (and the second table) time the two ways to sum over the batch
 (`batch_sum_speed.py`): per scan step, `jnp.sum(x, axis=0)` against `ones @ x` for
