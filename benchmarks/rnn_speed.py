@@ -24,8 +24,10 @@ counted from the shape) by the wall time: where the products take nearly all the
 row names its dtype, and its ratios are to Flax in the same dtype and to cuDNN (float32,
 its only dtype). "bf16 dots" counts the products JAX emits with bfloat16 operands, of
 all the fwd+bwd's products (`dot_operands`): Flax's bfloat16 cell runs its backward
-products in bfloat16 too, our layer's `dtype` casts the forward products only (their
-outputs are float32, so the backward products take float32 cotangents). The JSON
+products in bfloat16 too; our layer's whole-layer backward pass (`:layer`) does, but
+under the autodiff of the scan (`:scan`, the accelerators' choice) its `dtype` casts the
+forward products only (their outputs are float32, so the backward products take float32
+cotangents). The JSON
 records the machine (`machine_facts.py`: processor, cores, XLA flags, matmul precision,
 versions, device, load average) and the rows skipped, each with one line saying why.
 

@@ -159,7 +159,8 @@ def test_rows_for_each_dtype_and_skipped_lines(monkeypatch):
   assert flax_bf16.split('|')[5].strip() == '1.00'   # its own reference in bfloat16
 
 
-@pytest.mark.parametrize('impl', ['flax_optimized_lstm', 'lstm', 'bn_lstm'])
+@pytest.mark.parametrize('impl', ['flax_optimized_lstm', 'lstm:scan', 'lstm:layer',
+                                  'bn_lstm:scan', 'bn_lstm:layer'])
 def test_bfloat16_rows_run_bfloat16_products(impl):
   """At least the forward input and recurrent products take bfloat16 operands; no
   product of a float32 row does."""
@@ -167,8 +168,18 @@ def test_bfloat16_rows_run_bfloat16_products(impl):
   bf16 = rnn_speed.compiled_facts(*build(impl, TINY, 'bfloat16'))
   f32 = rnn_speed.compiled_facts(*build(impl, TINY, 'float32'))
   assert bf16['dot_operands'].get('bf16', 0) >= 2
-  assert 'bf16' not in f32['dot_operands'] and f32['dot_operands']['f32'] >= 5
+  assert 'bf16' not in f32['dot_operands'] and f32['dot_operands']['f32'] >= 4
   assert sum(bf16['dot_operands'].values()) == sum(f32['dot_operands'].values())
+
+
+def test_bfloat16_backward_products_follow_the_backward_pass():
+  """Flax's cell and the whole-layer pass run every product of an LSTM in bfloat16; the
+  autodiff of the scan runs the three backward ones (dh, dW_h, dW_x) in float32."""
+  build = rnn_speed._build  # pylint: disable=protected-access
+  dots = {impl: rnn_speed.compiled_facts(*build(impl, TINY, 'bfloat16'))['dot_operands']
+          for impl in ('flax_optimized_lstm', 'lstm:scan', 'lstm:layer')}
+  assert dots == {'flax_optimized_lstm': {'bf16': 5}, 'lstm:scan': {'bf16': 2, 'f32': 3},
+                  'lstm:layer': {'bf16': 4}}
 
 
 def test_dot_operand_dtypes_reads_stablehlo():
