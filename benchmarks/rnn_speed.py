@@ -8,7 +8,8 @@ processes here); the table gives each one's ratio to Flax's
 `nn.RNN(nn.OptimizedLSTMCell)` in the same run. Peak memory of the same compiled
 fwd+bwd comes from XLA's buffer assignment (`jit(f).lower(...).compile()
 .memory_analysis()`), not from a measurement of the process; the instructions per step of
-each compiled loop body (forward + backward) come from the same executable's HLO. The
+each compiled loop body (forward + backward) come from the same executable's HLO
+(`program_facts.py`). The
 matmul GFLOP/s column divides the matrix products a fwd+bwd must run (`matmul_gflop`,
 counted from the shape) by the wall time: where the products take nearly all the time
 (shape (c)), it says how fast they run inside the loop.
@@ -57,7 +58,6 @@ same `seq_lengths`); (c) B64 T100 I50 H1000; (d) B32 T35 I650 H650 (a layer of
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import time
 from typing import Optional
@@ -74,6 +74,7 @@ from bn_rnn_jax import variants
 import batch_sum_speed  # pylint: disable=g-bad-import-order
 import cudnn_lstm  # pylint: disable=g-bad-import-order
 import machine_facts  # pylint: disable=g-bad-import-order
+import program_facts  # pylint: disable=g-bad-import-order
 
 SHAPES = {
     'a': dict(batch=64, time=784, features=1, hidden=100, bidirectional=False, padding=0.0),
@@ -272,62 +273,6 @@ def matmul_gflop(impl: str, shape: dict) -> float:
   return directions * length * per_step / 1e9
 
 
-def compiled_facts(step, params) -> dict:
-  """Peak memory and loop size of the compiled fwd+bwd.
-
-  Memory is XLA's buffer assignment, in bytes: arguments + outputs + temporaries - aliased
-  (the CPU client's `peak_memory_in_bytes` leaves the temporaries out), and the
-  temporaries alone (the activations the backward pass keeps). `loop_instructions` counts,
-  for each `while` loop of the optimised HLO in program order (forward scans, then the
-  backward ones), the instructions its body runs per step, bookkeeping (parameter,
-  tuple, get-tuple-element, constant, bitcast) left out: the per-step kernel count.
-  `dot_operands` counts the program's matrix products by operand dtype as JAX emits
-  them (before XLA, which may upcast bfloat16 products where the backend lacks them).
-  """
-  lowered = step.lower(params)
-  compiled = lowered.compile()
-  stats = compiled.memory_analysis()
-  peak = (stats.argument_size_in_bytes + stats.output_size_in_bytes
-          + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
-  return {'peak_bytes': int(peak), 'temp_bytes': int(stats.temp_size_in_bytes),
-          'loop_instructions': loop_instructions(compiled.as_text()),
-          'dot_operands': dot_operand_dtypes(lowered.as_text())}
-
-
-def dot_operand_dtypes(stablehlo_text: str) -> dict[str, int]:
-  """`{dtype of the first operand: count}` of the `dot_general`s of a StableHLO module."""
-  pattern = r'stablehlo\.dot_general [^\n]*?: \(tensor<(?:[0-9?]+x)*([a-z]\w*)>'
-  counts = {}
-  for dtype in re.findall(pattern, stablehlo_text):
-    counts[dtype] = counts.get(dtype, 0) + 1
-  return counts
-
-
-_BOOKKEEPING = ('parameter', 'tuple', 'get-tuple-element', 'constant', 'bitcast')
-
-
-def loop_instructions(hlo_text: str) -> list[int]:
-  """Per `while` loop of an HLO module's text, the non-bookkeeping instructions of its body."""
-  computations, name = {}, None
-  for line in hlo_text.split('\n'):
-    header = re.match(r'^(?:ENTRY )?%?(\S+) .*\{$', line)
-    if header:
-      name = header.group(1)
-      computations[name] = []
-    elif line.startswith('}'):
-      name = None
-    elif name is not None:
-      computations[name].append(line)
-  counts = []
-  for lines in computations.values():
-    for line in lines:
-      loop = re.search(r' while\(.*body=%?([\w.\-]+)', line)
-      if loop:
-        ops = [re.search(r'= \S+ ([\w\-]+)\(', l) for l in computations[loop.group(1)]]
-        counts.append(sum(1 for op in ops if op and op.group(1) not in _BOOKKEEPING))
-  return counts
-
-
 def _time_once(step, params) -> tuple[float, float]:
   """(wall ms, process CPU ms). CPU time is the steadier number on a shared machine."""
   start, start_cpu = time.perf_counter(), time.process_time()
@@ -367,7 +312,7 @@ def run(shapes, impls, repeats, dtypes=('float32',)) -> tuple[list[dict], list[s
   for shape_name in shapes:
     shape = SHAPES[shape_name]
     built = {key: _build(*key[:1], shape, key[1]) for key in runs}
-    facts = {key: compiled_facts(*built[key]) for key in runs}
+    facts = {key: program_facts.compiled(*built[key]) for key in runs}
     if (CUDNN, 'float32') in built:
       facts[CUDNN, 'float32'].update(_cudnn_check(shape, built[CUDNN, 'float32'][1]))
     for step, params in built.values():  # compile + warm up

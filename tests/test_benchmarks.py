@@ -19,6 +19,7 @@ sys.path.insert(0, BENCHMARKS)
 import cudnn_lstm
 import environment
 import machine_facts
+import program_facts
 import rnn_speed
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -165,8 +166,8 @@ def test_bfloat16_rows_run_bfloat16_products(impl):
   """At least the forward input and recurrent products take bfloat16 operands; no
   product of a float32 row does."""
   build = rnn_speed._build  # pylint: disable=protected-access
-  bf16 = rnn_speed.compiled_facts(*build(impl, TINY, 'bfloat16'))
-  f32 = rnn_speed.compiled_facts(*build(impl, TINY, 'float32'))
+  bf16 = program_facts.compiled(*build(impl, TINY, 'bfloat16'))
+  f32 = program_facts.compiled(*build(impl, TINY, 'float32'))
   assert bf16['dot_operands'].get('bf16', 0) >= 2
   assert 'bf16' not in f32['dot_operands'] and f32['dot_operands']['f32'] >= 4
   assert sum(bf16['dot_operands'].values()) == sum(f32['dot_operands'].values())
@@ -176,7 +177,7 @@ def test_bfloat16_backward_products_follow_the_backward_pass():
   """Flax's cell and the whole-layer pass run every product of an LSTM in bfloat16; the
   autodiff of the scan runs the three backward ones (dh, dW_h, dW_x) in float32."""
   build = rnn_speed._build  # pylint: disable=protected-access
-  dots = {impl: rnn_speed.compiled_facts(*build(impl, TINY, 'bfloat16'))['dot_operands']
+  dots = {impl: program_facts.compiled(*build(impl, TINY, 'bfloat16'))['dot_operands']
           for impl in ('flax_optimized_lstm', 'lstm:scan', 'lstm:layer')}
   assert dots == {'flax_optimized_lstm': {'bf16': 5}, 'lstm:scan': {'bf16': 2, 'f32': 3},
                   'lstm:layer': {'bf16': 4}}
@@ -189,7 +190,7 @@ def test_dot_operand_dtypes_reads_stablehlo():
       '%2 = stablehlo.dot_general %3, %b, contracting_dims = [0] x [0] : '
       '(tensor<4xf32>, tensor<4x9xf32>) -> tensor<9xf32>',
       '%4 = stablehlo.add %1, %1 : tensor<4x32xf32>'])
-  assert rnn_speed.dot_operand_dtypes(text) == {'bf16': 1, 'f32': 1}
+  assert program_facts.dot_operand_dtypes(text) == {'bf16': 1, 'f32': 1}
 
 
 def test_old_results_without_dtype_still_report():
