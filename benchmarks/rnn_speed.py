@@ -1,4 +1,4 @@
-"""Forward+backward speed and memory of our recurrent layers against Flax's LSTM.
+"""Forward+backward speed and memory of our recurrent layers against Flax's and cuDNN's LSTM.
 
 Median wall time and median process CPU time of one jitted `value_and_grad` (loss = mean
 of squared outputs, gradient w.r.t. every parameter), after warm-up calls, with
@@ -8,7 +8,8 @@ processes here); the table gives each one's ratio to Flax's
 `nn.RNN(nn.OptimizedLSTMCell)` in the same run. Peak memory of the same compiled
 fwd+bwd comes from XLA's buffer assignment (`jit(f).lower(...).compile()
 .memory_analysis()`), not from a measurement of the process; the instructions per step of
-each compiled loop body (forward + backward) come from the same executable's HLO. The
+each compiled loop body (forward + backward) come from the same executable's HLO
+(`program_facts.py`). The
 matmul GFLOP/s column divides the matrix products a fwd+bwd must run (`matmul_gflop`,
 counted from the shape) by the wall time: where the products take nearly all the time
 (shape (c)), it says how fast they run inside the loop.
@@ -17,21 +18,36 @@ counted from the shape) by the wall time: where the products take nearly all the
   python benchmarks/rnn_speed.py --quick    # fewer repetitions
   python benchmarks/rnn_speed.py --json benchmarks/results/rnn_speed_cpu.json
   python benchmarks/rnn_speed.py --report benchmarks/results/rnn_speed_cpu.json  # table
+  python benchmarks/rnn_speed.py --dtypes float32,bfloat16 --json OUT.json  # both
 
-Implementations: `flax_optimized_lstm`, and `VARIANT[:BACKWARD[:REMAT]]` for our layer,
-e.g. `bn_lstm:layer` (whole-layer backward pass) or `bn_lstm:scan:dots` (autodiff of
-the scan, storing matmul outputs); without a backward, the layer's 'auto'. And a floor,
-not an LSTM: `products_only:scan` and `products_only:layer` run the matrix products of
-Flax's fwd+bwd with no gate math (`products_only`): all of them inside the steps, or
-only the two the recurrence forces (`h W_h`, `dz W_h^T`) with the input and weight-
-gradient products as one large product each. An LSTM that runs these products with
-XLA's matmul also runs its gate math, so the faster of the two bounds the ratio to Flax
-that any of ours can reach.
+`--dtypes`: the compute dtype of the matrix products (`RecurrentLayer.dtype`, Flax's
+`OptimizedLSTMCell(dtype=)`); parameters, state and batch statistics stay float32. Each
+row names its dtype, and its ratios are to Flax in the same dtype and to cuDNN (float32,
+its only dtype). "bf16 dots" counts the products JAX emits with bfloat16 operands, of
+all the fwd+bwd's products (`dot_operands`): Flax's bfloat16 cell runs its backward
+products in bfloat16 too; our layer's whole-layer backward pass (`:layer`) does, but
+under the autodiff of the scan (`:scan`, the accelerators' choice) its `dtype` casts the
+forward products only (their outputs are float32, so the backward products take float32
+cotangents). The JSON
+records the machine (`machine_facts.py`: processor, cores, XLA flags, matmul precision,
+versions, device, load average) and the rows skipped, each with one line saying why.
 
-The JSON's `batch_sums` (and the second table) time what `normalization.batch_sum` does
-on CPU: per scan step, `jnp.sum(x, axis=0)` against `ones @ x` for `[B, F]` blocks of the
-sizes the layers sum at every step (XLA's CPU reduction over the batch axis slows several
-times once F passes about 512 at B64).
+Implementations: `flax_optimized_lstm`; `cudnn_lstm`, cuDNN's LSTM through
+`jax.experimental.rnn` (`cudnn_lstm.py`: CUDA GPUs only, float32 only, skipped with one
+line elsewhere; its row records `max_abs_diff_to_lstm_ref`, the largest difference of its
+outputs from JAX's pure-JAX version of the same LSTM); and `VARIANT[:BACKWARD[:REMAT]]`
+for our layer, e.g. `bn_lstm:layer` (whole-layer backward pass) or `bn_lstm:scan:dots`
+(autodiff of the scan, storing matmul outputs); without a backward, the layer's 'auto'
+(`policy.py`). And a float32 floor, not an LSTM: `products_only:scan` and
+`products_only:layer` run the matrix products of Flax's fwd+bwd with no gate math
+(`products_only`): all of them inside the steps, or only the two the recurrence forces
+(`h W_h`, `dz W_h^T`) with the input and weight-gradient products as one large product
+each. An LSTM that runs these products with XLA's matmul also runs its gate math, so
+the faster of the two bounds the ratio to Flax that any of ours can reach.
+
+The JSON's `batch_sums` (and the second table) time the two ways to sum over the batch
+(`batch_sum_speed.py`): per scan step, `jnp.sum(x, axis=0)` against `ones @ x` for
+`[B, F]` blocks of the sizes the layers sum at every step.
 
 Shapes: (a) B64 T784 I1 H100 (sequential MNIST); (b) B40 T320 I240 H240, bidirectional,
 lengths spread evenly over [T/2, T] (25 % of the steps are padding, masked; Flax gets the
@@ -42,11 +58,9 @@ same `seq_lengths`); (c) B64 T100 I50 H1000; (d) B32 T35 I650 H650 (a layer of
 from __future__ import annotations
 
 import json
-import os
-import platform
-import re
 import statistics
 import time
+from typing import Optional
 
 from absl import app
 from absl import flags
@@ -57,6 +71,10 @@ from flax import linen as nn
 
 from bn_rnn_jax import stack
 from bn_rnn_jax import variants
+import batch_sum_speed  # pylint: disable=g-bad-import-order
+import cudnn_lstm  # pylint: disable=g-bad-import-order
+import machine_facts  # pylint: disable=g-bad-import-order
+import program_facts  # pylint: disable=g-bad-import-order
 
 SHAPES = {
     'a': dict(batch=64, time=784, features=1, hidden=100, bidirectional=False, padding=0.0),
@@ -68,15 +86,23 @@ SHAPES = {
               padding=0.0),
 }
 REFERENCE = 'flax_optimized_lstm'
+CUDNN = cudnn_lstm.NAME
 PRODUCTS_ONLY = 'products_only'
 FLOORS = (f'{PRODUCTS_ONLY}:scan', f'{PRODUCTS_ONLY}:layer')
-IMPLS = (REFERENCE, *FLOORS, 'lstm', 'lstm:scan', 'lstm:layer', 'bn_lstm', 'bn_lstm:scan',
+# Whole LSTMs of someone else: the same matrix products as Flax's cell (`matmul_gflop`).
+ANCHORS = (REFERENCE, CUDNN)
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+IMPLS = (*ANCHORS, *FLOORS, 'lstm', 'lstm:scan', 'lstm:layer', 'bn_lstm', 'bn_lstm:scan',
          'bn_lstm:scan:dots', 'bn_lstm:scan:full', 'bn_lstm:layer')
 
 _SHAPES = flags.DEFINE_list('shapes', ['a', 'b', 'c', 'd'], 'Shapes to run (a-d).')
 _IMPLS = flags.DEFINE_list('impls', list(IMPLS), 'Implementations to run.')
 _REPEATS = flags.DEFINE_integer('repeats', 9, 'Timed repetitions per implementation.')
 _QUICK = flags.DEFINE_bool('quick', False, 'Three repetitions.')
+_DTYPES = flags.DEFINE_list('dtypes', ['float32'],
+                            f'Compute dtypes of the matrix products: {", ".join(DTYPES)}.')
+_BATCH_SUMS = flags.DEFINE_bool('batch_sums', True,
+                                 'Also time the two batch sums (batch_sum_speed.py).')
 _JSON = flags.DEFINE_string('json', None, 'Write the results to this path.')
 _REPORT = flags.DEFINE_string('report', None, 'Print the table of this JSON and exit.')
 _UNROLL = flags.DEFINE_integer('unroll', None, 'Override RecurrentLayer.unroll.')
@@ -85,13 +111,15 @@ _HOIST = flags.DEFINE_enum('hoist', None, ['true', 'false'],
 
 
 class FlaxLSTM(nn.Module):
-  """The reference: `nn.RNN(nn.OptimizedLSTMCell)`, bidirectional if asked."""
+  """The reference: `nn.RNN(nn.OptimizedLSTMCell)`, bidirectional if asked; `dtype` is
+  the cell's compute dtype (parameters float32)."""
   hidden: int
   bidirectional: bool = False
+  dtype: object = jnp.float32
 
   @nn.compact
   def __call__(self, x, seq_lengths=None):
-    rnn = lambda: nn.RNN(nn.OptimizedLSTMCell(self.hidden))
+    rnn = lambda: nn.RNN(nn.OptimizedLSTMCell(self.hidden, dtype=self.dtype))
     if self.bidirectional:
       return nn.Bidirectional(rnn(), rnn())(x, seq_lengths=seq_lengths)
     return rnn()(x, seq_lengths=seq_lengths)
@@ -106,17 +134,18 @@ def lengths_and_mask(shape: dict):
   return jnp.asarray(lengths), jnp.asarray(mask)
 
 
-def _layer(impl: str, shape: dict) -> nn.Module:
+def _layer(impl: str, shape: dict, dtype: str = 'float32') -> nn.Module:
   variant, *rest = impl.split(':')
-  overrides = {}
+  overrides = {'dtype': DTYPES[dtype]}
   if rest:
     overrides['backward'] = rest[0]
   if len(rest) > 1:
     overrides['remat'] = rest[1]
-  if _UNROLL.value is not None:
-    overrides['unroll'] = _UNROLL.value
-  if _HOIST.value is not None:
-    overrides['hoist_input'] = _HOIST.value == 'true'
+  if flags.FLAGS.is_parsed():  # the command line's overrides (none when imported)
+    if _UNROLL.value is not None:
+      overrides['unroll'] = _UNROLL.value
+    if _HOIST.value is not None:
+      overrides['hoist_input'] = _HOIST.value == 'true'
   make = lambda: variants.make_layer(variant, shape['hidden'], max_length=shape['time'],
                                       **overrides)
   if shape['bidirectional']:
@@ -181,27 +210,41 @@ def _products_only_kernels(key, shape: dict):
   return kernels
 
 
-def _build(impl: str, shape: dict):
-  """A jitted `params -> (loss, grads)` function and its parameters."""
+def _inputs(shape: dict):
+  """`x [B, T, I]` and, with padding, the `[B]` lengths and `[B, T]` mask (else None)."""
   x = jax.random.normal(jax.random.key(0), (shape['batch'], shape['time'], shape['features']))
-  lengths, mask = lengths_and_mask(shape) if shape['padding'] else (None, None)
+  return (x, *lengths_and_mask(shape)) if shape['padding'] else (x, None, None)
+
+
+def _cudnn_lengths(shape: dict, lengths):
+  """cuDNN's lengths: always given, int32."""
+  return jnp.full((shape['batch'],), shape['time'], jnp.int32) if lengths is None else lengths
+
+
+def _build(impl: str, shape: dict, dtype: str = 'float32'):
+  """A jitted `params -> (loss, grads)` function and its parameters."""
+  x, lengths, mask = _inputs(shape)
+  if impl == CUDNN:
+    return cudnn_lstm.build(x, _cudnn_lengths(shape, lengths), shape['hidden'],
+                            shape['bidirectional'])
   if impl in FLOORS:
     backward = impl.partition(':')[2]
     def products_step(params):
       return jnp.float32(0.0), [products_only(x, kernels, backward) for kernels in params]
     return jax.jit(products_step), _products_only_kernels(jax.random.key(1), shape)
   if impl == REFERENCE:
-    model = FlaxLSTM(shape['hidden'], shape['bidirectional'])
+    model = FlaxLSTM(shape['hidden'], shape['bidirectional'], DTYPES[dtype])
     variables = model.init(jax.random.key(1), x, lengths)
     def loss_fn(params):
-      return jnp.mean(jnp.square(model.apply({'params': params}, x, lengths)))
+      y = model.apply({'params': params}, x, lengths)
+      return jnp.mean(jnp.square(y.astype(jnp.float32)))
   else:
-    model = _layer(impl, shape)
+    model = _layer(impl, shape, dtype)
     variables = model.init(jax.random.key(1), x, mask, train=True)
     def loss_fn(params):
       (_, y), _ = model.apply({**variables, 'params': params}, x, mask, train=True,
                               mutable=['batch_stats'])
-      return jnp.mean(jnp.square(y))
+      return jnp.mean(jnp.square(y.astype(jnp.float32)))
   step = jax.jit(jax.value_and_grad(loss_fn))
   return step, variables['params']
 
@@ -212,7 +255,7 @@ def matmul_gflop(impl: str, shape: dict) -> float:
   Per step and direction: the forward `x W_x` and `h W_h` (2 B (I + H) 4H), the backward
   dh and dW_h (2 x 2 B H 4H) and dW_x (2 B I 4H); no dx, the input takes no gradient.
   A layer whose remat resolves to 'full' also recomputes the forward products. Flax's
-  cell and ours (input term in the step on CPU) count the same, so where the products
+  cell, cuDNN's and ours (input term in the step on CPU) count the same, so where the products
   take nearly all the time (shape (c)), a ratio to Flax far below 1 would need our
   products to run faster than the same products in Flax's step.
   """
@@ -221,56 +264,13 @@ def matmul_gflop(impl: str, shape: dict) -> float:
   forward = 2 * batch * (inputs + hidden) * 4 * hidden
   backward = 2 * batch * (2 * hidden + inputs) * 4 * hidden
   per_step = forward + backward
-  if impl != REFERENCE and impl not in FLOORS:
+  if impl not in ANCHORS and impl not in FLOORS:
     layer = _layer(impl, shape)
     layer = layer.forward_layer if isinstance(layer, stack.Bidirectional) else layer
     if layer.execution_policy(batch).remat == 'full':
       per_step += forward
   directions = 2 if shape['bidirectional'] else 1
   return directions * length * per_step / 1e9
-
-
-def compiled_facts(step, params) -> dict:
-  """Peak memory and loop size of the compiled fwd+bwd.
-
-  Memory is XLA's buffer assignment, in bytes: arguments + outputs + temporaries - aliased
-  (the CPU client's `peak_memory_in_bytes` leaves the temporaries out), and the
-  temporaries alone (the activations the backward pass keeps). `loop_instructions` counts,
-  for each `while` loop of the optimised HLO in program order (forward scans, then the
-  backward ones), the instructions its body runs per step, bookkeeping (parameter,
-  tuple, get-tuple-element, constant, bitcast) left out: the per-step kernel count.
-  """
-  compiled = step.lower(params).compile()
-  stats = compiled.memory_analysis()
-  peak = (stats.argument_size_in_bytes + stats.output_size_in_bytes
-          + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
-  return {'peak_bytes': int(peak), 'temp_bytes': int(stats.temp_size_in_bytes),
-          'loop_instructions': loop_instructions(compiled.as_text())}
-
-
-_BOOKKEEPING = ('parameter', 'tuple', 'get-tuple-element', 'constant', 'bitcast')
-
-
-def loop_instructions(hlo_text: str) -> list[int]:
-  """Per `while` loop of an HLO module's text, the non-bookkeeping instructions of its body."""
-  computations, name = {}, None
-  for line in hlo_text.split('\n'):
-    header = re.match(r'^(?:ENTRY )?%?(\S+) .*\{$', line)
-    if header:
-      name = header.group(1)
-      computations[name] = []
-    elif line.startswith('}'):
-      name = None
-    elif name is not None:
-      computations[name].append(line)
-  counts = []
-  for lines in computations.values():
-    for line in lines:
-      loop = re.search(r' while\(.*body=%?([\w.\-]+)', line)
-      if loop:
-        ops = [re.search(r'= \S+ ([\w\-]+)\(', l) for l in computations[loop.group(1)]]
-        counts.append(sum(1 for op in ops if op and op.group(1) not in _BOOKKEEPING))
-  return counts
 
 
 def _time_once(step, params) -> tuple[float, float]:
@@ -280,67 +280,55 @@ def _time_once(step, params) -> tuple[float, float]:
   return (time.perf_counter() - start) * 1e3, (time.process_time() - start_cpu) * 1e3
 
 
-def run(shapes, impls, repeats) -> list[dict]:
+def skip_reason(impl: str, dtype: str, cudnn_unavailable: Optional[str]) -> Optional[str]:
+  """One line saying why `impl` in `dtype` has no row here, or None."""
+  if impl == CUDNN and cudnn_unavailable:
+    return cudnn_unavailable
+  if impl in (CUDNN, *FLOORS) and dtype != 'float32':
+    return f'{impl} {dtype}: skipped, it runs float32 only.'
+  return None
+
+
+def _cudnn_check(shape: dict, params) -> dict:
+  """The cuDNN row's distance from JAX's pure-JAX LSTM on the same weights and inputs."""
+  x, lengths, _ = _inputs(shape)
+  return {'max_abs_diff_to_lstm_ref': cudnn_lstm.max_abs_diff_to_reference(
+      x, params, _cudnn_lengths(shape, lengths), shape['hidden'], shape['bidirectional'])}
+
+
+def run(shapes, impls, repeats, dtypes=('float32',)) -> tuple[list[dict], list[str]]:
+  """Rows of every (shape, impl, dtype) that runs here, interleaved repetition by
+  repetition within a shape; and one line for each (impl, dtype) skipped."""
+  cudnn_unavailable = cudnn_lstm.unavailable_reason() if CUDNN in impls else None
+  runs, skipped = [], []
+  for impl in impls:
+    for dtype in dtypes:
+      reason = skip_reason(impl, dtype, cudnn_unavailable)
+      if reason is None:
+        runs.append((impl, dtype))
+      elif reason not in skipped:
+        skipped.append(reason)
   results = []
   for shape_name in shapes:
     shape = SHAPES[shape_name]
-    built = {impl: _build(impl, shape) for impl in impls}
-    memory = {impl: compiled_facts(*built[impl]) for impl in impls}
+    built = {key: _build(*key[:1], shape, key[1]) for key in runs}
+    facts = {key: program_facts.compiled(*built[key]) for key in runs}
+    if (CUDNN, 'float32') in built:
+      facts[CUDNN, 'float32'].update(_cudnn_check(shape, built[CUDNN, 'float32'][1]))
     for step, params in built.values():  # compile + warm up
       _time_once(step, params)
       _time_once(step, params)
-    times = {impl: [] for impl in impls}
+    times = {key: [] for key in runs}
     for _ in range(repeats):
-      for impl, (step, params) in built.items():
-        times[impl].append(_time_once(step, params))
-    for impl in impls:
-      wall, cpu = zip(*times[impl])
-      results.append({'shape': shape_name, 'impl': impl, 'ms': statistics.median(wall),
-                      'cpu_ms': statistics.median(cpu), 'repeats': repeats,
-                      'matmul_gflop': matmul_gflop(impl, shape), **memory[impl]})
-  return results
-
-
-BATCH_SUM_SHAPES = ((64, 100), (64, 400), (64, 512), (64, 600), (64, 800), (64, 1000),
-                    (128, 400), (64, 4000))
-BATCH_SUM_STEPS = 784
-
-
-def _scanned_sum(batch_sum):
-  """A jitted scan whose every step sums its `[B, F]` carry over B and feeds it back."""
-  def step(carry, _):
-    return carry + 1e-3 * batch_sum(carry), None
-  return jax.jit(lambda x: jax.lax.scan(step, x, None, length=BATCH_SUM_STEPS)[0])
-
-
-def time_batch_sums(repeats: int) -> list[dict]:
-  """Process CPU microseconds per scan step of a batch-axis reduction and of the same sum
-  as a contraction with ones, interleaved."""
-  sums = {'reduce': lambda x: jnp.sum(x, axis=0),
-          'ones_contraction': lambda x: jnp.ones((x.shape[0],), x.dtype) @ x}
-  results = []
-  for shape in BATCH_SUM_SHAPES:
-    x = jax.random.normal(jax.random.key(0), shape)
-    loops = {name: _scanned_sum(f) for name, f in sums.items()}
-    for loop in loops.values():
-      jax.block_until_ready(loop(x))
-    times = {name: [] for name in loops}
-    for _ in range(repeats):
-      for name, loop in loops.items():
-        times[name].append(_time_once(loop, x)[1] * 1e3 / BATCH_SUM_STEPS)
-    results.append({'shape': list(shape), **{f'{name}_cpu_us_per_step': statistics.median(t)
-                                             for name, t in times.items()}})
-  return results
-
-
-def format_batch_sums(results: list[dict]) -> str:
-  lines = ['| [B, F] | reduce us/step | ones contraction us/step | reduce / contraction |',
-           '|---|---|---|---|']
-  for r in results:
-    reduce_us, dot_us = r['reduce_cpu_us_per_step'], r['ones_contraction_cpu_us_per_step']
-    lines.append(f"| {r['shape']} | {reduce_us:.1f} | {dot_us:.1f} | "
-                 f"{reduce_us / dot_us:.1f} |")
-  return '\n'.join(lines)
+      for key, (step, params) in built.items():
+        times[key].append(_time_once(step, params))
+    for impl, dtype in runs:
+      wall, cpu = zip(*times[impl, dtype])
+      results.append({'shape': shape_name, 'impl': impl, 'dtype': dtype,
+                      'ms': statistics.median(wall), 'cpu_ms': statistics.median(cpu),
+                      'repeats': repeats, 'matmul_gflop': matmul_gflop(impl, shape),
+                      **facts[impl, dtype]})
+  return results, skipped
 
 
 def shape_label(name: str) -> str:
@@ -352,71 +340,73 @@ def shape_label(name: str) -> str:
 
 
 def format_table(results: list[dict]) -> str:
-  """Markdown: times and their ratios to Flax, and peak memory with its ratio to our lstm
-  of the same backward mode."""
-  lines = ['| shape | impl | wall ms | wall / Flax | CPU ms | CPU / Flax | matmul GFLOP/s '
-           '| peak MiB | peak / lstm | HLO per step (loops) |',
-           '|---|---|---|---|---|---|---|---|---|---|']
-  by_key = {(r['shape'], r['impl']): r for r in results}
+  """Markdown: times and their ratios to Flax (same dtype) and to cuDNN (float32), and
+  peak memory with its ratio to our lstm of the same backward mode and dtype. Rows
+  written before the dtype was recorded are float32."""
+  lines = ['| shape | impl | dtype | wall ms | wall / Flax | wall / cuDNN | CPU ms | CPU / Flax '
+           '| matmul GFLOP/s | peak MiB | peak / lstm | HLO per step (loops) | bf16 dots |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
+  dtype_of = lambda r: r.get('dtype', 'float32')
+  by_key = {(r['shape'], r['impl'], dtype_of(r)): r for r in results}
   for r in results:
-    ref = by_key.get((r['shape'], REFERENCE))
+    dtype = dtype_of(r)
+    flax_row = by_key.get((r['shape'], REFERENCE, dtype))
+    cudnn_row = by_key.get((r['shape'], CUDNN, 'float32'))
     variant, _, mode = r['impl'].partition(':')
-    plain = by_key.get((r['shape'], ':'.join(['lstm', mode]) if mode else 'lstm'))
+    plain = by_key.get((r['shape'], ':'.join(['lstm', mode]) if mode else 'lstm', dtype))
     ratio = lambda key, base: f'{r[key] / base[key]:.2f}' if base else '-'
     rate = f"{r['matmul_gflop'] / (r['ms'] / 1e3):.0f}" if 'matmul_gflop' in r else '-'
     lines.append(
-        f"| {shape_label(r['shape'])} | {r['impl']} | {r['ms']:.0f} | {ratio('ms', ref)} | "
-        f"{r['cpu_ms']:.0f} | {ratio('cpu_ms', ref)} | {rate} | "
+        f"| {shape_label(r['shape'])} | {r['impl']} | {dtype} | {r['ms']:.0f} | "
+        f"{ratio('ms', flax_row)} | {ratio('ms', cudnn_row)} | "
+        f"{r['cpu_ms']:.0f} | {ratio('cpu_ms', flax_row)} | {rate} | "
         f"{r['peak_bytes'] / 2**20:.1f} | "
         f"{ratio('peak_bytes', plain) if variant in variants.VARIANTS else '-'} | "
-        f"{' + '.join(map(str, r.get('loop_instructions', []))) or '-'} |")
+        f"{' + '.join(map(str, r.get('loop_instructions', []))) or '-'} | "
+        f"{_bf16_share(r)} |")
   return '\n'.join(lines)
 
 
-def machine() -> dict:
-  """What the numbers came from (no paths)."""
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open('/proc/cpuinfo') as f:
-      names = [line.split(':', 1)[1].strip() for line in f if line.startswith('model name')]
-    cpu = names[0] if names else cpu
-  except OSError:
-    pass
-  return {'backend': jax.default_backend(), 'devices': jax.device_count(), 'cpu': cpu,
-          'cpu_count': os.cpu_count(), 'jax': jax.__version__,
-          'xla_flags': os.environ.get('XLA_FLAGS', ''),
-          'load_average_1_5_15_min': [round(v, 2) for v in os.getloadavg()],
-          'note': 'compare ratios within one run; the load average says what else ran'}
+def _bf16_share(row: dict) -> str:
+  """'bf16 products / all products' of a row ('-' where not recorded)."""
+  dots = row.get('dot_operands')
+  return f"{dots.get('bf16', 0)}/{sum(dots.values())}" if dots else '-'
+
+
+def _print_report(saved: dict) -> None:
+  print(saved.get('machine'))
+  for line in saved.get('skipped', []):
+    print(line)
+  print(format_table(saved['results']))
+  if 'batch_sums' in saved:
+    clock = 'cpu' if saved.get('machine', {}).get('backend', 'cpu') == 'cpu' else 'wall'
+    print(batch_sum_speed.format_table(saved['batch_sums'], clock))
 
 
 def main(argv):
   del argv
   if _REPORT.value:
     with open(_REPORT.value) as f:
-      saved = json.load(f)
-    print(saved.get('machine'))
-    print(format_table(saved['results']))
-    if 'batch_sums' in saved:
-      print(format_batch_sums(saved['batch_sums']))
+      _print_report(json.load(f))
     return
   known = set(variants.VARIANTS)
   unknown = [i for i in _IMPLS.value
-             if i not in (REFERENCE, *FLOORS) and i.split(':')[0] not in known]
-  if unknown or set(_SHAPES.value) - set(SHAPES):
-    raise app.UsageError(f'Unknown impls {unknown} or shapes {_SHAPES.value}; impls: '
-                         f'{REFERENCE}, {", ".join(FLOORS)} or VARIANT[:BACKWARD[:REMAT]], '
-                         f'shapes: {sorted(SHAPES)}.')
+             if i not in (*ANCHORS, *FLOORS) and i.split(':')[0] not in known]
+  if unknown or set(_SHAPES.value) - set(SHAPES) or set(_DTYPES.value) - set(DTYPES):
+    raise app.UsageError(f'Unknown impls {unknown}, shapes {_SHAPES.value} or dtypes '
+                         f'{_DTYPES.value}; impls: {", ".join(ANCHORS)}, {", ".join(FLOORS)} '
+                         f'or VARIANT[:BACKWARD[:REMAT]], shapes: {sorted(SHAPES)}, dtypes: '
+                         f'{", ".join(DTYPES)}.')
   repeats = 3 if _QUICK.value else _REPEATS.value
-  facts = machine()   # the load average before this process adds its own
-  results = run(_SHAPES.value, _IMPLS.value, repeats)
-  batch_sums = time_batch_sums(repeats)
-  print(f'{facts} repeats={repeats}')
-  print(format_table(results))
-  print(format_batch_sums(batch_sums))
+  facts = machine_facts.machine()   # the load average before this process adds its own
+  results, skipped = run(_SHAPES.value, _IMPLS.value, repeats, _DTYPES.value)
+  saved = {'machine': facts, 'repeats': repeats, 'skipped': skipped, 'results': results}
+  if _BATCH_SUMS.value:
+    saved['batch_sums'] = batch_sum_speed.run(repeats, _time_once)
+  _print_report(saved)
   if _JSON.value:
     with open(_JSON.value, 'w') as f:
-      json.dump({'machine': facts, 'results': results, 'batch_sums': batch_sums}, f,
-                indent=1)
+      json.dump(saved, f, indent=1)
 
 
 if __name__ == '__main__':

@@ -1,4 +1,5 @@
-r"""Overhead of the training loop: steps/s of `train._run` against the bare compiled step.
+r"""Overhead of the training loop: steps/s of the loop (`loop._Run`) against the bare
+compiled step.
 
   python benchmarks/trainer_overhead.py [--steps_quickstart 60] [--steps_mnist 8]
       [--population [--population_repeats 3]]
@@ -8,15 +9,18 @@ For each shape (the quickstart's: 8x8 digits, T=64, B=64, H=100 BN-LSTM; seq-MNI
 T=784, B=100, H=100 BN-LSTM), on the same batches and the same compiled step:
   bare   `p_train_step` called back to back on batches already on the device, one block
          at the end: what the device can do;
-  loop   `train._run` (prefetch, metrics fetched every `log_every` steps, the finiteness
+  loop   `loop._Run` (prefetch, metrics fetched every `log_every` steps, the finiteness
          check, the final save's device-to-host copy), without evaluation or writes to
          disk (a no-op checkpointer, no eval splits);
-  sync   the loop as it was before (issue 13): build the batch on the host, run the step,
-         convert its metrics to Python floats (waits for the step) every step;
+  sync   a loop that waits on every step: build the batch on the host, run the step,
+         convert its metrics to Python floats every step;
   host   only the host work the loop adds per step (build a batch, put it on the device):
          `host/step` = its time over a bare step bounds the loop's overhead even when
          nothing overlaps (a machine too loaded for the ratios to settle).
 Repeats alternate the three; the table gives medians and ratios (target loop/bare >= 0.95).
+Where the MNIST files are not under the data root (`$BN_RNN_JAX_DATA`), the seq-MNIST
+shape trains on random pixels of the same shape (the row's `data` says which): the loop's
+work does not depend on the pixels.
 
 `--population` also times the quickstart's bn_lstm and lstm runs end to end (300 steps,
 `experiments/configs/quickstart.py`; medians of `--population_repeats` pairs, each run
@@ -30,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -38,13 +41,18 @@ import tempfile
 import time
 
 import jax
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bn_rnn_jax import metric_writer  # pylint: disable=wrong-import-position
-from bn_rnn_jax import train  # pylint: disable=wrong-import-position
+# pylint: disable=wrong-import-position
+from bn_rnn_jax import input_pipeline
 from bn_rnn_jax import loop
-from experiments.configs import quickstart as quickstart_config  # pylint: disable=wrong-import-position
-from experiments.configs import seq_mnist as seq_mnist_config  # pylint: disable=wrong-import-position
+from bn_rnn_jax import metric_writer
+from bn_rnn_jax.input_pipeline import mnist
+from experiments.configs import quickstart as quickstart_config
+from experiments.configs import seq_mnist as seq_mnist_config
+import machine_facts
+# pylint: enable=wrong-import-position
 
 
 class _NoCheckpoints:
@@ -88,9 +96,28 @@ def _timed(fn):
   return time.perf_counter() - wall, _cpu() - cpu
 
 
+def _dataset(config):
+  """`(dataset, what it is)`: the config's data, or for seq-MNIST without its files under
+  the data root, random pixels of the same shape (60,000 - 5,000 training sequences)."""
+  if config.data.name != 'mnist':
+    return None, config.data.name
+  try:
+    if os.path.isdir(input_pipeline.resolve_path(config.data, 'mnist_dir')):
+      return None, 'mnist'
+  except ValueError:
+    pass  # no data root set
+  rng = np.random.default_rng(0)
+  split = lambda n: (rng.random((n, 784, 1), np.float32), rng.integers(0, 10, n, np.int32))
+  splits = {'train': split(55_000), 'valid': split(1_000), 'test': split(1_000)}
+  return (mnist.SequenceDataset(splits, seed=config.seed, batch_size=config.train.batch_size,
+                                eval_batch_size=config.eval.batch_size),
+          'random pixels, 784 steps (no MNIST under the data root)')
+
+
 def measure(name: str, num_steps: int, repeats: int) -> dict:
   config = _config(name, num_steps)
-  trainer = loop.Trainer(config, None)
+  dataset, data = _dataset(config)
+  trainer = loop.Trainer(config, None, dataset)
   host_state = trainer.initial_state()
   # Built once: building it (model.init under a fresh jit) is setup, not the loop's work.
   trainer.initial_state = lambda: host_state
@@ -105,8 +132,8 @@ def measure(name: str, num_steps: int, repeats: int) -> dict:
       state, metrics = trainer.p_train_step(state, batch)
     jax.block_until_ready((state, metrics))
 
-  def loop():
-    train._run(config, trainer, writer, _NoCheckpoints())  # pylint: disable=protected-access
+  def run_loop():
+    loop._Run(trainer, writer, _NoCheckpoints()).run()  # pylint: disable=protected-access
 
   def sync():
     state = start
@@ -118,14 +145,15 @@ def measure(name: str, num_steps: int, repeats: int) -> dict:
     for step in range(num_steps):
       jax.block_until_ready(trainer.device_batch(step))
 
-  kinds = {'bare': bare, 'loop': loop, 'sync': sync, 'host': host_work}
+  kinds = {'bare': bare, 'loop': run_loop, 'sync': sync, 'host': host_work}
   for fn in kinds.values():  # compile and warm up
     fn()
   times = {kind: [] for kind in kinds}
   for _ in range(repeats):
     for kind, fn in kinds.items():
       times[kind].append(_timed(fn))
-  result = {'shape': _shape(config, trainer), 'steps': num_steps, 'repeats': repeats}
+  result = {'shape': _shape(config, trainer), 'data': data, 'steps': num_steps,
+            'repeats': repeats}
   for kind, values in times.items():
     result[f'{kind}_steps_per_s'] = num_steps / statistics.median(w for w, _ in values)
     result[f'{kind}_cpu_s_per_step'] = statistics.median(c for _, c in values) / num_steps
@@ -202,15 +230,6 @@ def population_share(repeats: int) -> dict:
   return result
 
 
-def machine() -> dict:
-  return {'platform': platform.platform(), 'processor': platform.processor() or 'unknown',
-          'cpu_count': os.cpu_count(), 'backend': jax.default_backend(),
-          'device': jax.devices()[0].device_kind, 'jax': jax.__version__,
-          'load_average_1_5_15_min_at_start': [round(v, 2) for v in os.getloadavg()],
-          'note': 'wall-clock ratios depend on what else the machine runs (see the load '
-                  'average); compare the ratios, taken in one process'}
-
-
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--steps_quickstart', type=int, default=60)
@@ -222,6 +241,7 @@ def main():
   parser.add_argument('--out', default=os.path.join('benchmarks', 'results',
                                                     'trainer_overhead_cpu.json'))
   args = parser.parse_args()
+  facts = machine_facts.machine()  # the load average before this process adds its own
   rows = [measure('quickstart', args.steps_quickstart, args.repeats),
           measure('mnist', args.steps_mnist, args.repeats)]
   print(f'{"shape":34s} {"bare steps/s":>12s} {"loop steps/s":>12s} {"loop/bare":>9s} '
@@ -230,7 +250,7 @@ def main():
     print(f'{r["shape"]:34s} {r["bare_steps_per_s"]:12.2f} {r["loop_steps_per_s"]:12.2f} '
           f'{r["loop_over_bare"]:9.3f} {r["sync_over_bare"]:9.3f} '
           f'{r["host_work_over_step"]:9.4f}')
-  out = {'machine': machine(), 'command': 'python benchmarks/trainer_overhead.py ' +
+  out = {'machine': facts, 'command': 'python benchmarks/trainer_overhead.py ' +
          ' '.join(sys.argv[1:]), 'shapes': rows}
   if args.population:
     out['quickstart_population'] = p = population_share(args.population_repeats)

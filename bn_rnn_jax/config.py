@@ -91,6 +91,9 @@ def default_config() -> ml_collections.ConfigDict:
   t.num_steps = 1000
   t.log_every = 50               # training metrics averaged over this many steps
   t.num_devices = _placeholder(int)  # local devices to use; None = all
+  # Wall-clock seconds for one launch; None = no limit. Once spent, the run stops at the
+  # next checkpoint save and returns; a launch on the same workdir continues from it.
+  t.time_budget_s = _placeholder(float)
 
   config.eval = e = ml_collections.ConfigDict()
   e.every = 500                  # steps between evaluations (and at the last step)
@@ -215,6 +218,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
     raise ValueError(f'config.optimizer.learning_rate must be a positive finite number; '
                      f'got {lr!r}.')
+  budget = config.train.get('time_budget_s')
+  if budget is not None and (not isinstance(budget, (int, float)) or not math.isfinite(budget)
+                             or budget <= 0):
+    raise ValueError('config.train.time_budget_s must be None (no limit) or a positive '
+                     f'number of seconds; got {budget!r}.')
   clip = config.optimizer.clip_norm
   if clip is not None and (not math.isfinite(clip) or clip <= 0):
     raise ValueError(f'config.optimizer.clip_norm must be None (off) or positive; got '

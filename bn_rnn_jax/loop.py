@@ -5,6 +5,11 @@ functions under `parallel.device_map`) and places the state on the devices. `_Ru
 the loop over steps with its bookkeeping as attributes: what has been checked finite,
 the metrics not yet fetched, the training-metric window, the best validation value.
 
+With `config.train.time_budget_s` a launch stops at the first checkpoint save after the
+budget is spent (counted from the call of `train_and_evaluate`), logs how to go on and
+returns; the next launch on the same workdir resumes from that checkpoint exactly, as
+after a kill.
+
 Evaluation always uses population statistics (train=False): the running average kept in
 `batch_stats` ('running'), or the papers' estimate ('estimate', the default): minibatch
 moments averaged over `config.eval.population_batches` training batches with the current
@@ -21,6 +26,7 @@ import time
 from typing import Optional
 
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 from absl import logging
@@ -166,11 +172,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        dataset=None) -> dict:
   """Train, evaluate, checkpoint; resume from the newest intact checkpoint in `workdir`.
 
-  Returns the last metrics of every split logged, e.g. `{'valid': {...}, 'test': {...}}`.
+  Returns the last metrics of every split logged, e.g. `{'valid': {...}, 'test': {...}}`
+  (no 'test' when `config.train.time_budget_s` stopped the launch before the last step).
   Raises FloatingPointError on a non-finite state or metric, naming the first bad step,
   after saving the last good (finite) state; `checkpoint.WorkdirInUse` when another run
   holds the workdir (`checkpoint.WorkdirLock`); ValueError for a bad workdir, config or data.
   """
+  started = time.monotonic()
   _make_workdir(workdir)
   primary = jax.process_index() == 0
   lock = checkpoint_lib.WorkdirLock(workdir).acquire() if primary else None
@@ -182,7 +190,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     writer = metric_writer.MetricWriter(workdir, enabled=primary)
     ckpt = checkpoint_lib.Checkpointer(workdir, keep=trainer.config.checkpoint.keep)
     try:
-      return _Run(trainer, writer, ckpt).run()
+      return _Run(trainer, writer, ckpt, started).run()
     finally:
       ckpt.close()
       writer.close()
@@ -258,11 +266,13 @@ class _Run:
     best: the best value of `checkpoint.best_metric` so far.
     progress: steps/s, ETA and the run's wall time (across restarts).
     last: the last metrics of every split logged (the return value).
+    started: `time.monotonic()` when this launch began (`config.train.time_budget_s`).
   """
 
   def __init__(self, trainer: Trainer, writer: metric_writer.MetricWriter,
-               ckpt: checkpoint_lib.Checkpointer):
+               ckpt: checkpoint_lib.Checkpointer, started: Optional[float] = None):
     self.trainer, self.writer, self.ckpt = trainer, writer, ckpt
+    self.started = time.monotonic() if started is None else started
     self.config = trainer.config
     self.template = trainer.initial_state()
     host_state = self.template
@@ -362,11 +372,33 @@ class _Run:
         self._evaluate(done)
       if save:
         self._save(self.state, done)
+        if done < num_steps and self._budget_spent():
+          self._stop_for_budget(done)
+          return self.last
     if config.eval.test_at_end and 'test' not in self.last:
       self.last['test'], tested_step = self._test_best()
       self.writer.write(num_steps, 'test', self.last['test'], checkpoint_step=tested_step,
                         time_s=round(self.progress.elapsed(), 3))
     return self.last
+
+  def _budget_spent(self) -> bool:
+    budget = self.config.train.get('time_budget_s')
+    if budget is None:
+      return False
+    spent = time.monotonic() - self.started >= budget
+    if jax.process_count() > 1:  # all processes stop at the same step: process 0 decides
+      spent = bool(multihost_utils.broadcast_one_to_all(np.asarray(spent)))
+    return spent
+
+  def _stop_for_budget(self, done: int) -> None:
+    """End this launch after the save of step `done` (written before returning)."""
+    self.ckpt.wait()
+    logging.info('Stopped after step %d of %d: the time budget of this launch '
+                 '(config.train.time_budget_s=%g s) is spent (%.0f s). The checkpoint of '
+                 'step %d is in %s; run the same command with the same workdir to continue '
+                 'from it.', done, self.config.train.num_steps,
+                 self.config.train.time_budget_s, time.monotonic() - self.started, done,
+                 self.ckpt.latest.directory)
 
   def _test_best(self):
     """Test metrics of the best-validation checkpoint (the papers' early-stopped model),

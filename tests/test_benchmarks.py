@@ -1,15 +1,27 @@
-"""The products-only floor of benchmarks/rnn_speed.py against a NumPy float64 version."""
+"""The benchmarks: rnn_speed.py's products-only floor and cuDNN path against NumPy
+float64 versions, its rows per dtype and skip lines, the machine facts every result
+records, and accelerator_check.sh's first stage run end to end."""
 
+import json
 import os
+import subprocess
 import sys
 
 import jax
+from jax.experimental import rnn
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                'benchmarks'))
-import rnn_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          'benchmarks')
+sys.path.insert(0, BENCHMARKS)
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import cudnn_lstm
+import environment
+import machine_facts
+import program_facts
+import rnn_speed
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 
 def numpy_products_only(x, w_x, w_h):
@@ -52,3 +64,187 @@ def test_products_only_recurrent_kernel_keeps_h_norm():
   for _, w_h in kernels:
     block = np.asarray(w_h)[:, :6]
     np.testing.assert_allclose(block.T @ block, np.eye(6), atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- cuDNN's LSTM
+
+
+@pytest.mark.parametrize('inputs,hidden,bidirectional', [(1, 100, False), (240, 240, True),
+                                                         (3, 5, True)])
+def test_cudnn_weight_count_and_layout(inputs, hidden, bidirectional):
+  """Per direction W_ih [4H, I], W_hh [4H, H], b_ih and b_hh [4H], in one flat vector."""
+  count = cudnn_lstm.num_params(inputs, hidden, bidirectional)
+  assert count == rnn.get_num_params_in_lstm(inputs, hidden, 1, bidirectional)
+  weights = cudnn_lstm.init_weights(jax.random.key(0), inputs, hidden, bidirectional)
+  assert weights.shape == (count,)
+  w_ih, w_hh, b_ih, b_hh = rnn.unpack_lstm_weights(weights, inputs, hidden, 1, bidirectional)
+  directions = 2 if bidirectional else 1
+  for d in range(directions):
+    assert w_ih[d].shape == (4 * hidden, inputs) and w_hh[d].shape == (4 * hidden, hidden)
+    assert b_ih[d].shape == b_hh[d].shape == (4 * hidden,)
+
+
+def numpy_cudnn_lstm(x, weights, lengths, hidden, bidirectional):
+  """Float64 LSTM of cuDNN's layout: gates (i, f, g, o), two biases; the reverse direction
+  runs each sequence backwards from its last valid step; zeros past each length."""
+  batch, length, inputs = x.shape
+  w = np.asarray(weights, np.float64)
+  gates = 4 * hidden
+  directions = 2 if bidirectional else 1
+  matrices = gates * (inputs + hidden)
+  kernels = [(w[d * matrices:d * matrices + gates * inputs].reshape(gates, inputs),
+              w[d * matrices + gates * inputs:(d + 1) * matrices].reshape(gates, hidden))
+             for d in range(directions)]
+  biases = w[directions * matrices:].reshape(directions, 2, gates)
+  sigmoid = lambda z: 1.0 / (1.0 + np.exp(-z))
+  out = np.zeros((batch, length, directions * hidden))
+  for d, (w_ih, w_hh) in enumerate(kernels):
+    for b in range(batch):
+      h, c = np.zeros(hidden), np.zeros(hidden)
+      steps = range(lengths[b]) if d == 0 else reversed(range(lengths[b]))
+      for t in steps:
+        z = w_ih @ x[b, t] + w_hh @ h + biases[d, 0] + biases[d, 1]
+        i, f, g, o = np.split(z, 4)
+        c = sigmoid(f) * c + sigmoid(i) * np.tanh(g)
+        h = sigmoid(o) * np.tanh(c)
+        out[b, t, d * hidden:(d + 1) * hidden] = h
+  return out
+
+
+@pytest.mark.parametrize('bidirectional', [False, True])
+def test_cudnn_reference_path_matches_numpy(bidirectional):
+  """The check the cuDNN row runs against (`rnn.lstm_ref` on our flat weights and
+  lengths) computes cuDNN's LSTM: against a float64 NumPy loop, uneven lengths."""
+  x = np.asarray(jax.random.normal(jax.random.key(2), (3, 6, 2)))
+  lengths = np.array([6, 2, 4], np.int32)
+  weights = cudnn_lstm.init_weights(jax.random.key(3), 2, 5, bidirectional)
+  got = cudnn_lstm.reference_outputs(x, weights, lengths, 5, bidirectional)
+  want = numpy_cudnn_lstm(x.astype(np.float64), weights, lengths, 5, bidirectional)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+
+
+def test_cudnn_row_is_skipped_with_one_line_without_cudnn():
+  if jax.default_backend() == 'gpu':
+    pytest.skip('this backend may have cuDNN')
+  reason = cudnn_lstm.unavailable_reason()
+  assert reason == f"cudnn_lstm: skipped, the '{jax.default_backend()}' backend has no cuDNN."
+  assert '\n' not in reason
+
+
+# ----------------------------------------------------------------------------- rnn_speed rows
+
+TINY = dict(batch=4, time=3, features=2, hidden=8, bidirectional=False, padding=0.0)
+
+
+def test_rows_for_each_dtype_and_skipped_lines(monkeypatch):
+  """Every implementation that runs here gets a row per dtype (ratios within a dtype);
+  the rest one line each."""
+  monkeypatch.setitem(rnn_speed.SHAPES, 't', TINY)
+  impls = ['flax_optimized_lstm', 'cudnn_lstm', 'products_only:scan', 'lstm', 'bn_lstm']
+  rows, skipped = rnn_speed.run(['t'], impls, 1, ['float32', 'bfloat16'])
+  ran = {(r['impl'], r['dtype']) for r in rows}
+  ours = {(i, d) for i in ('flax_optimized_lstm', 'lstm', 'bn_lstm')
+          for d in ('float32', 'bfloat16')}
+  assert ours | {('products_only:scan', 'float32')} <= ran
+  assert ('products_only:scan', 'bfloat16') not in ran
+  assert 'products_only:scan bfloat16: skipped, it runs float32 only.' in skipped
+  if jax.default_backend() != 'gpu':
+    assert not any(r['impl'] == 'cudnn_lstm' for r in rows)
+    assert cudnn_lstm.unavailable_reason() in skipped
+  for r in rows:
+    assert r['peak_bytes'] > 0 and r['ms'] > 0 and r['repeats'] == 1
+  table = rnn_speed.format_table(rows)
+  assert table.count('| (t) B4 T3 I2 H8 |') == len(rows)
+  flax_bf16 = next(line for line in table.splitlines()
+                   if '| flax_optimized_lstm | bfloat16 |' in line)
+  assert flax_bf16.split('|')[5].strip() == '1.00'   # its own reference in bfloat16
+
+
+@pytest.mark.parametrize('impl', ['flax_optimized_lstm', 'lstm:scan', 'lstm:layer',
+                                  'bn_lstm:scan', 'bn_lstm:layer'])
+def test_bfloat16_rows_run_bfloat16_products(impl):
+  """At least the forward input and recurrent products take bfloat16 operands; no
+  product of a float32 row does."""
+  build = rnn_speed._build  # pylint: disable=protected-access
+  bf16 = program_facts.compiled(*build(impl, TINY, 'bfloat16'))
+  f32 = program_facts.compiled(*build(impl, TINY, 'float32'))
+  assert bf16['dot_operands'].get('bf16', 0) >= 2
+  assert 'bf16' not in f32['dot_operands'] and f32['dot_operands']['f32'] >= 4
+  assert sum(bf16['dot_operands'].values()) == sum(f32['dot_operands'].values())
+
+
+def test_bfloat16_backward_products_follow_the_backward_pass():
+  """Flax's cell and the whole-layer pass run every product of an LSTM in bfloat16; the
+  autodiff of the scan runs the three backward ones (dh, dW_h, dW_x) in float32."""
+  build = rnn_speed._build  # pylint: disable=protected-access
+  dots = {impl: program_facts.compiled(*build(impl, TINY, 'bfloat16'))['dot_operands']
+          for impl in ('flax_optimized_lstm', 'lstm:scan', 'lstm:layer')}
+  assert dots == {'flax_optimized_lstm': {'bf16': 5}, 'lstm:scan': {'bf16': 2, 'f32': 3},
+                  'lstm:layer': {'bf16': 4}}
+
+
+def test_dot_operand_dtypes_reads_stablehlo():
+  text = '\n'.join([
+      '%1 = stablehlo.dot_general %0, %a, contracting_dims = [1] x [0] : '
+      '(tensor<4x8xbf16>, tensor<8x32xbf16>) -> tensor<4x32xf32>',
+      '%2 = stablehlo.dot_general %3, %b, contracting_dims = [0] x [0] : '
+      '(tensor<4xf32>, tensor<4x9xf32>) -> tensor<9xf32>',
+      '%4 = stablehlo.add %1, %1 : tensor<4x32xf32>'])
+  assert program_facts.dot_operand_dtypes(text) == {'bf16': 1, 'f32': 1}
+
+
+def test_old_results_without_dtype_still_report():
+  with open(os.path.join(BENCHMARKS, 'results', 'rnn_speed_cpu.json')) as f:
+    saved = json.load(f)
+  table = rnn_speed.format_table(saved['results'])
+  assert table.count('| float32 |') == len(saved['results'])
+
+
+def test_machine_facts_name_the_machine_without_paths():
+  facts = machine_facts.machine()
+  for key in ('processor', 'cpu_count', 'xla_flags', 'jax', 'jaxlib', 'flax', 'device_kind',
+              'load_average_1_5_15_min', 'matmul_precision'):
+    assert key in facts, key
+  assert facts['jax'] == jax.__version__ and facts['flax']
+  text = json.dumps(facts)
+  for prefix in ('/tmp/', '/work/', '/root/', '/home/'):
+    assert prefix not in text
+
+
+# ----------------------------------------------------------------------------- the scripts
+
+
+def test_wheel_list_is_well_formed():
+  modules = environment.required_modules()
+  assert {'ml_collections==1.1.0', 'kaldiio==2.18.1', 'tensorboardX==2.6.5'} <= set(modules)
+  with open(environment.WHEEL_LIST) as f:
+    for line in f:
+      fields = line.split()
+      if fields and not fields[0].startswith('#'):
+        assert len(fields) == 3 and '==' in fields[0] and fields[2] in ('download', 'build'), line
+
+
+def test_accelerator_check_env_stage_runs(tmp_path):
+  """The script's first stage, end to end on this machine: env.json names the device and
+  finds every package of the wheel list (the suite's own environment has them all)."""
+  env = {**os.environ, 'STAGES': 'env', 'PYTHON': sys.executable}
+  result = subprocess.run(['bash', os.path.join(BENCHMARKS, 'accelerator_check.sh'),
+                           str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+  with open(tmp_path / 'env.json') as f:
+    saved = json.load(f)
+  assert saved['machine']['backend'] == jax.default_backend()
+  assert not [m for m, v in saved['modules'].items() if v.startswith('missing')]
+  log = (tmp_path / 'check.log').read_text()
+  assert '=== env: exit 0' in log and 'all stages passed' in log
+
+
+def test_accelerator_check_usage_and_unknown_stage(tmp_path):
+  script = os.path.join(BENCHMARKS, 'accelerator_check.sh')
+  usage = subprocess.run(['bash', script], capture_output=True, text=True, check=False)
+  assert usage.returncode == 2 and 'usage:' in usage.stderr
+  env = {**os.environ, 'STAGES': 'bogus', 'PYTHON': sys.executable}
+  bad = subprocess.run(['bash', script, str(tmp_path)], env=env, capture_output=True,
+                       text=True, check=False)
+  assert bad.returncode == 1 and "unknown stage 'bogus'" in bad.stdout

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Check and time the library on a fresh accelerator machine; everything goes to OUTDIR.
+#
+#   benchmarks/accelerator_check.sh OUTDIR [WHEEL_DIR]
+#
+# Run it from anywhere: it works in the repository that holds it (nothing is installed
+# there). It expects python3 (or $PYTHON) with jax and the accelerator's jaxlib plugin,
+# flax, optax, orbax-checkpoint, absl-py, chex, numpy, scipy, scikit-learn and pytest.
+# The packages listed in benchmarks/accelerator_wheels.txt (ml_collections, kaldiio,
+# tensorboardX, tensorflow-datasets and what they need) come as wheels in WHEEL_DIR,
+# made on a machine with network by `benchmarks/fetch_wheels.sh WHEEL_DIR`: each one whose
+# module does not import already is installed with `pip install --no-index --no-deps
+# --target $SITE` (default /tmp/site), and $SITE goes on PYTHONPATH after the repository.
+# No network and no data files are needed.
+#
+# Stages, in order ($STAGES, default "env tests speed overhead"):
+#   env       device, jax / jaxlib / flax / CUDA / cuDNN versions, whether cuDNN's LSTM
+#             runs, the packages above                       -> env.json
+#   tests     the suite's core tier on the default device: pytest -m "not slow", the data
+#             root pointed at an empty folder (the data tests skip), float32 matmuls at
+#             full precision (JAX_DEFAULT_MATMUL_PRECISION=highest unless set: the tests
+#             compare with a float64 reference; TF32 products would not pass), GPU memory
+#             allocated on demand. Tests written for 8 CPU devices or the CPU's policy
+#             fail on one GPU; the XML says which             -> tests.xml
+#   speed     rnn_speed.py at shapes a-d ($SHAPES), float32 and bfloat16, one JSON per
+#             shape (batch-sum timings with the first)       -> rnn_speed_<shape>.json
+#   overhead  trainer_overhead.py with the quickstart's population timing
+#                                                            -> trainer_overhead.json
+# and check.log (all output). QUICK=1 runs a check of the script, not numbers: one
+# repetition, shape (d) only, four implementations, two test files, a few loop steps.
+# Each stage's exit status is logged; the script exits 1 if any stage failed. A machine
+# that limits one command's time can run the stages one at a time (STAGES=tests ...).
+# $PYTEST_ARGS is added to pytest's arguments (e.g. "-n 4" where pytest-xdist is there).
+set -uo pipefail
+
+if [[ $# -lt 1 || $# -gt 2 ]]; then
+  echo "usage: $0 OUTDIR [WHEEL_DIR]" >&2
+  exit 2
+fi
+mkdir -p "$1" || exit 2
+outdir=$(cd "$1" && pwd)
+wheels=${2:-}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+python=${PYTHON:-python3}
+site=${SITE:-/tmp/site}
+stages=${STAGES-env tests speed overhead}
+quick=${QUICK:-0}
+cd "$repo" || exit 2
+exec > >(tee -a "$outdir/check.log") 2>&1
+
+export PYTHONPATH="$repo:$site${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+# Empty: every platform JAX finds, the accelerator first (tests/conftest.py would
+# otherwise pick the CPU).
+export JAX_PLATFORMS=${JAX_PLATFORMS-}
+
+normalized() { tr 'A-Z_.' 'a-z--' <<< "$1"; }
+
+install_wheels() {
+  local list="$repo/benchmarks/accelerator_wheels.txt" requirement module kind name version
+  local wheel found=() missing=()
+  while read -r requirement module kind; do
+    [[ -z "$requirement" || "$requirement" == \#* ]] && continue
+    if "$python" -c "import $module" 2>/dev/null; then
+      echo "have $module"
+      continue
+    fi
+    name=$(normalized "${requirement%%==*}")
+    version=${requirement##*==}
+    wheel=""
+    for candidate in "$wheels"/*.whl; do
+      local base=${candidate##*/}
+      if [[ $(normalized "${base%%-*}") == "$name" && ${base#*-} == "$version"-* ]]; then
+        wheel=$candidate
+      fi
+    done
+    if [[ -z "$wheel" ]]; then
+      missing+=("$requirement")
+    else
+      found+=("$wheel")
+    fi
+  done < "$list"
+  if (( ${#missing[@]} )); then
+    echo "no wheel in $wheels for: ${missing[*]}"
+  fi
+  if (( ${#found[@]} )); then
+    echo "installing into $site: ${found[*]##*/}"
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target "$site" "${found[@]}"
+  fi
+}
+
+failed=()
+run_stage() {
+  local name=$1 start=$SECONDS rc
+  shift
+  echo "=== $name: $*"
+  "$@"
+  rc=$?
+  echo "=== $name: exit $rc after $((SECONDS - start)) s"
+  (( rc == 0 )) || failed+=("$name")
+}
+
+env_stage() {
+  "$python" benchmarks/environment.py "$outdir/env.json"
+}
+
+tests_stage() {
+  local targets=(tests) empty_root
+  (( quick )) && targets=(tests/test_benchmarks.py tests/test_initializers.py)
+  empty_root=$(mktemp -d)
+  # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
+  BN_RNN_JAX_DATA=$empty_root \
+  JAX_DEFAULT_MATMUL_PRECISION=${JAX_DEFAULT_MATMUL_PRECISION:-highest} \
+  XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    "$python" -m pytest -q -m "not slow" -p no:cacheprovider -rfE \
+      --junitxml="$outdir/tests.xml" ${PYTEST_ARGS:-} "${targets[@]}"
+  local rc=$?
+  rmdir "$empty_root"
+  return $rc
+}
+
+speed_stage() {
+  local shapes=${SHAPES:-a,b,c,d} impls=() repeats=() sums=--batch_sums rc=0 shape
+  if (( quick )); then
+    shapes=${SHAPES:-d}
+    impls=(--impls flax_optimized_lstm,cudnn_lstm,lstm,bn_lstm)
+    repeats=(--repeats 1)
+  fi
+  for shape in ${shapes//,/ }; do
+    "$python" benchmarks/rnn_speed.py --shapes "$shape" --dtypes float32,bfloat16 \
+      "${impls[@]}" "${repeats[@]}" $sums --json "$outdir/rnn_speed_$shape.json" || rc=1
+    sums=--nobatch_sums
+  done
+  return $rc
+}
+
+overhead_stage() {
+  local args=(--population --population_repeats 3)
+  (( quick )) && args=(--steps_quickstart 4 --steps_mnist 2 --repeats 1)
+  "$python" benchmarks/trainer_overhead.py "${args[@]}" --out "$outdir/trainer_overhead.json"
+}
+
+echo "accelerator_check: $(date -u +%Y-%m-%dT%H:%M:%SZ), stages: $stages, quick: $quick"
+if [[ -n "$wheels" ]]; then
+  run_stage wheels install_wheels
+fi
+for stage in $stages; do
+  case "$stage" in
+    env|tests|speed|overhead) run_stage "$stage" "${stage}_stage" ;;
+    *) echo "unknown stage '$stage' (env, tests, speed, overhead)"; failed+=("$stage") ;;
+  esac
+done
+if (( ${#failed[@]} )); then
+  echo "accelerator_check: failed stages: ${failed[*]} (see $outdir/check.log)"
+  exit 1
+fi
+echo "accelerator_check: all stages passed; results in $outdir"

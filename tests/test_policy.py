@@ -1,0 +1,357 @@
+"""What an accelerator runs, checked on CPU: every execution policy computes what the
+CPU's computes.
+
+`policy.resolve` picks four choices per layer call (see `bn_rnn_jax/policy.py`; its
+table is tested first). At the shape used here (B=4, H=32: H >= 8 B, so LSTMs take the
+whole-layer backward pass) the CPU's choices are: input term in the step, remat 'full',
+backward 'layer' (LSTMs; the tanh RNN 'scan') and batch sums by contraction with ones.
+GPUs and TPUs resolve every layer to the opposite: hoisted input term, remat 'none', the
+autodiff of the scan and reductions. The tests below take the CPU's choices (forced, so
+that they hold on any backend: on a GPU the same tests compare the two programs there)
+and force each accelerator choice alone, and all four together (what `resolve` gives
+for 'gpu' and 'tpu', checked too), on every batch-normalised
+variant (per-step, sequence-wise and shared statistics; a mask with uneven lengths and
+junk in the padding), and compare with the CPU's own policy: outputs, final state,
+gradients (parameters and inputs), the `batch_stats` update and the minibatch moments.
+A choice that is already the CPU's for a variant is not a separate case (sequence-wise
+input statistics always hoist; the tanh RNN always takes the autodiff of the scan).
+
+Each policy is also compared with the float64 NumPy reference (`tests/reference.py`,
+gradients by central finite differences) at float32's tolerance (as
+`tests/test_recurrent.py`): the policies agree with each other, and with the maths.
+
+Tolerances between policies. Both sides are float32 programs of the same function; they
+differ only in the order of float32 sums (a batched product against one per step, a
+reduction against a contraction, weight gradients summed in one product against step by
+step), each sum off by a few units of float32's rounding (1.2e-7 relative); recomputing
+('full') against storing ('none') gave identical bits here. The largest differences,
+measured relative to each array's largest magnitude: outputs, state and statistics
+2.8e-6, gradients 1.2e-5. Tolerances: 2e-5 and 1e-4, relative to the array's largest
+magnitude; counts must be equal. Every step keeps at least three valid rows: at a step
+with two, batch norm is ill-conditioned (the two normalised values are +-1 whatever the
+inputs, and its backward divides by their difference), which amplified the same rounding
+differences to 2.5e-4 on the gradients (`tests/test_recurrent.py` covers such steps at
+H=4, `min_step_count` guards them in training). Against the reference the largest
+differences were 2.5e-6 (values) and 4.5e-5 (gradients), within test_recurrent's 1e-4
+and 2e-4.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bn_rnn_jax import policy
+from bn_rnn_jax import train
+from bn_rnn_jax import variants
+import reference as ref
+import training_fixtures as fx
+
+B, T, I, H = 4, 5, 3, 32
+MAX_LEN = 7
+MOMENTUM = 0.9
+LENGTHS = (5, 3, 5, 5)   # uneven: the last two steps have three valid rows
+GARBAGE = 30.0
+
+# Outputs, state, statistics / gradients: see the module docstring.
+RTOL_VALUES = 2e-5
+RTOL_GRADS = 1e-4
+# Against the float64 reference (float32 rounding and finite differences).
+RTOL_REF_VALUES = 1e-4
+RTOL_REF_GRADS = 2e-4
+
+ACCELERATOR = {'hoist_input': True, 'remat': 'none', 'backward': 'scan',
+               'batch_sums': 'reduce'}
+# Each accelerator choice alone, then all four.
+FORCED = {**{name: {name: value} for name, value in ACCELERATOR.items()},
+          'accelerator': ACCELERATOR}
+BATCH_VARIANTS = tuple(v for v in variants.VARIANTS if ref.batch_sites(v))
+
+
+def _mask():
+  return (np.arange(T)[None, :] < np.asarray(LENGTHS)[:, None]).astype(np.float64)
+
+
+def _inputs():
+  rng = np.random.default_rng(0)
+  mask = _mask()
+  x = rng.normal(size=(B, T, I))
+  return np.where(mask[..., None] > 0, x, GARBAGE * rng.normal(size=x.shape)), mask
+
+
+X, MASK = _inputs()
+_rng = np.random.default_rng(1)
+W_OUT = _rng.normal(size=(B, T, H))
+W_CARRY = _rng.normal(size=(2, B, H))
+
+
+def _layer(variant, forced=()):
+  return variants.make_layer(variant, H, max_length=MAX_LEN, momentum=MOMENTUM,
+                             **dict(forced))
+
+
+def _resolve(variant, backend, **fields):
+  auto = dict(hoist_input=None, remat='auto', backward='auto', batch_sums='auto')
+  return policy.resolve(cell=ref.spec(variant)['cell'], hidden_size=H, batch=B,
+                        batch_norm=True,
+                        sequence_input=ref.spec(variant)['input_stats'] == 'sequence',
+                        backend=backend, **{**auto, **fields})
+
+
+def _cpu_fields(variant) -> dict:
+  """The CPU's choices for `variant` at this shape, as layer fields."""
+  return dataclasses.asdict(_resolve(variant, 'cpu'))
+
+
+def _f32(tree):
+  return jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), tree)
+
+
+def _np(tree):
+  return jax.tree.map(lambda a: np.asarray(a, np.float64), tree)
+
+
+@functools.cache
+def _params(variant):
+  """Random float64 parameters in the layer's layout, and fresh statistics."""
+  shapes = jax.eval_shape(
+      lambda: _layer(variant).init(jax.random.key(0), jnp.zeros((B, T, I)), train=False))
+  params = ref.random_params({k: s.shape for k, s in shapes['params'].items()},
+                             np.random.default_rng(BATCH_VARIANTS.index(variant) + 20))
+  fresh = {site: ref.init_population(*s['mean'].shape)
+           for site, s in shapes['batch_stats'].items()}
+  return params, fresh
+
+
+def _policy_of(variant, forced=()):
+  return _layer(variant, {**_cpu_fields(variant), **dict(forced)}).execution_policy(B)
+
+
+@functools.cache
+def run(variant, forced=()):
+  """One jitted training pass of the layer with the CPU's choices, overridden by
+  `forced`: carry, outputs, new `batch_stats`, minibatch moments and gradients w.r.t.
+  parameters and inputs."""
+  layer = _layer(variant, {**_cpu_fields(variant), **dict(forced)})
+  params, fresh = _params(variant)
+
+  def loss(p, x, stats):
+    (carry, out), new = layer.apply({'params': p, 'batch_stats': stats}, x, _f32(MASK),
+                                    train=True, mutable=['batch_stats', 'minibatch_moments'])
+    value = jnp.sum(out * _f32(W_OUT))
+    for leaf, w in zip(jax.tree.leaves(carry), _f32(W_CARRY)):
+      value = value + jnp.sum(leaf * w)
+    return value, (carry, out, new)
+
+  (_, (carry, out, new)), (g_params, g_x) = jax.jit(
+      jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(_f32(params), _f32(X),
+                                                             _f32(fresh))
+  return dict(carry=_np(jax.tree.leaves(carry)), out=np.asarray(out, np.float64),
+              stats=_np(new['batch_stats']), moments=_np(new['minibatch_moments']),
+              g_params=_np(g_params), g_x=np.asarray(g_x, np.float64))
+
+
+@functools.cache
+def reference(variant):
+  """The float64 reference's outputs, carry, statistics and finite-difference gradients."""
+  params, fresh = _params(variant)
+
+  def ref_loss(arrays):
+    p = {k: v for k, v in arrays.items() if k != '__x'}
+    carry, out, _ = ref.run_layer(p, arrays['__x'], MASK, variant)
+    return np.sum(out * W_OUT) + sum(np.sum(leaf * w) for leaf, w in
+                                     zip(jax.tree.leaves(carry), W_CARRY))
+
+  carry, out, moments = ref.run_layer(params, X, MASK, variant)
+  grads = ref.numerical_grad(ref_loss, {**params, '__x': X})
+  records = {site: ref.minibatch_record(moments[site], shared, 1 if shared else MAX_LEN)
+             for site, shared in ref.batch_sites(variant).items()}
+  stats = {site: ref.ema_update(fresh[site], record, MOMENTUM)
+           for site, record in records.items()}
+  return dict(carry=jax.tree.leaves(carry), out=out, stats=stats, moments=records,
+              g_x=grads.pop('__x'), g_params=grads)
+
+
+def assert_close(actual, expected, rtol, what):
+  """Elementwise, with an absolute floor of `rtol` times the array's largest magnitude."""
+  actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+  assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+  scale = max(float(np.max(np.abs(expected))) if expected.size else 0.0, 1e-3)
+  np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * scale, err_msg=what)
+
+
+def assert_same_training_pass(got, want, rtol_values, rtol_grads):
+  """Outputs, carry, statistics (counts exactly) and gradients of two training passes."""
+  assert_close(got['out'], want['out'], rtol_values, 'outputs')
+  for g, w in zip(got['carry'], want['carry']):
+    assert_close(g, w, rtol_values, 'final carry')
+  for collection in ('stats', 'moments'):
+    assert set(got[collection]) == set(want[collection]), collection
+    for site in want[collection]:
+      np.testing.assert_array_equal(got[collection][site]['count'],
+                                    want[collection][site]['count'])
+      for key in ('mean', 'var'):
+        assert_close(got[collection][site][key], want[collection][site][key], rtol_values,
+                     f'{collection} {site} {key}')
+  assert set(got['g_params']) == set(want['g_params'])
+  for name, g in got['g_params'].items():
+    assert_close(g, want['g_params'][name], rtol_grads, f'd loss / d {name}')
+  assert_close(got['g_x'], want['g_x'], rtol_grads, 'd loss / d x')
+
+
+def _cases():
+  """(variant, forced choice name) where forcing changes the CPU's policy."""
+  return [(variant, name) for variant in BATCH_VARIANTS for name, forced in FORCED.items()
+          if _policy_of(variant, tuple(forced.items())) != _policy_of(variant)]
+
+
+# ----------------------------------------------------------------------------- the table
+
+Policy = policy.ExecutionPolicy
+# (cell, hidden, per-device batch, batch_norm, sequence_input) -> the CPU's choices, as
+# policy.py's table states them.
+CPU_TABLE = {
+    ('lstm', 100, 64, True, False): Policy(False, 'full', 'scan', 'contraction'),
+    ('lstm', 128, 64, True, False): Policy(False, 'full', 'scan', 'contraction'),
+    ('lstm', 129, 64, True, False): Policy(False, 'dots', 'scan', 'contraction'),
+    ('lstm', 128, 16, True, False): Policy(False, 'full', 'layer', 'contraction'),
+    ('lstm', 1000, 64, True, False): Policy(False, 'dots', 'layer', 'contraction'),
+    ('lstm', 511, 64, True, True): Policy(True, 'dots', 'scan', 'contraction'),
+    ('lstm', 512, 64, True, True): Policy(True, 'dots', 'layer', 'contraction'),
+    ('lstm', 650, 32, False, False): Policy(False, 'none', 'layer', 'contraction'),
+    ('lstm', 240, 40, False, False): Policy(False, 'none', 'scan', 'contraction'),
+    ('rnn', 1000, 8, True, False): Policy(False, 'dots', 'scan', 'contraction'),
+    ('rnn', 100, 64, False, False): Policy(False, 'none', 'scan', 'contraction'),
+}
+
+
+@pytest.mark.parametrize('backend', ['cpu', 'gpu', 'tpu'])
+def test_resolve_follows_the_table(backend):
+  """CPU: as measured (`policy.py`); GPU and TPU: hoisted, no remat, the autodiff of
+  the scan, reductions, whatever the layer."""
+  for (cell, hidden, batch, batch_norm, sequence_input), cpu in CPU_TABLE.items():
+    got = policy.resolve(cell=cell, hidden_size=hidden, batch=batch, batch_norm=batch_norm,
+                         sequence_input=sequence_input, hoist_input=None, remat='auto',
+                         backward='auto', batch_sums='auto', backend=backend)
+    want = cpu if backend == 'cpu' else Policy(True, 'none', 'scan', 'reduce')
+    assert got == want, (backend, cell, hidden, batch, batch_norm, sequence_input)
+
+
+@pytest.mark.parametrize('backend', ['cpu', 'gpu', 'tpu'])
+def test_resolve_keeps_forced_choices_and_refuses_bad_ones(backend):
+  common = dict(cell='lstm', hidden_size=1000, batch=8, batch_norm=True, backend=backend)
+  for fields in ({'hoist_input': False, 'remat': 'dots', 'backward': 'layer',
+                  'batch_sums': 'contraction'},
+                 {'hoist_input': True, 'remat': 'none', 'backward': 'scan',
+                  'batch_sums': 'reduce'}):
+    assert policy.resolve(sequence_input=False, **common, **fields) == Policy(**fields)
+  auto = dict(hoist_input=None, remat='auto', backward='auto', batch_sums='auto')
+  for name, bad in (('remat', 'sometimes'), ('backward', 'both'), ('batch_sums', 'sum'),
+                    ('hoist_input', 'yes')):
+    with pytest.raises(ValueError, match=name):
+      policy.resolve(sequence_input=False, **common, **{**auto, name: bad})
+  with pytest.raises(ValueError, match='hoist_input=False cannot hold'):
+    policy.resolve(sequence_input=True, **common, **{**auto, 'hoist_input': False})
+
+
+def test_resolve_defaults_to_the_current_backend():
+  fields = dict(cell='lstm', hidden_size=1000, batch=8, batch_norm=True,
+                sequence_input=False, hoist_input=None, remat='auto', backward='auto',
+                batch_sums='auto')
+  assert policy.resolve(**fields) == policy.resolve(backend=jax.default_backend(), **fields)
+
+
+def test_cpu_policy_at_this_shape_is_the_opposite_of_the_accelerators():
+  """The shape makes every choice differ from the accelerators' where it can; on a CPU
+  the layers' own 'auto' resolves to it."""
+  for variant in BATCH_VARIANTS:
+    sequence_input = ref.spec(variant)['input_stats'] == 'sequence'
+    lstm = ref.spec(variant)['cell'] == 'lstm'
+    cpu = Policy(hoist_input=sequence_input, remat='full',
+                 backward='layer' if lstm else 'scan', batch_sums='contraction')
+    assert _resolve(variant, 'cpu') == _policy_of(variant) == cpu, variant
+    if jax.default_backend() == 'cpu':
+      assert _layer(variant).execution_policy(B) == cpu, variant
+
+
+def test_every_case_is_run():
+  cases = _cases()
+  # 6 variants x 5 forced policies, minus hoisting for the 2 with sequence-wise input
+  # statistics and the backward pass for the 2 tanh RNNs.
+  assert len(cases) == 6 * 5 - 2 - 2
+  assert {name for _, name in cases} == set(FORCED)
+
+
+@pytest.mark.parametrize('backend', ['gpu', 'tpu'])
+@pytest.mark.parametrize('variant', BATCH_VARIANTS)
+def test_forced_accelerator_policy_is_what_accelerators_resolve(variant, backend):
+  assert _resolve(variant, backend) == _policy_of(variant, tuple(ACCELERATOR.items()))
+
+
+# ----------------------------------------------------------------------------- numerics
+
+
+@pytest.mark.parametrize('variant,choice', _cases())
+def test_forced_choice_matches_cpu_policy(variant, choice):
+  got = run(variant, tuple(FORCED[choice].items()))
+  assert_same_training_pass(got, run(variant), RTOL_VALUES, RTOL_GRADS)
+
+
+@pytest.mark.parametrize('choice', ['cpu', *FORCED])
+@pytest.mark.parametrize('variant', BATCH_VARIANTS)
+def test_each_policy_matches_the_float64_reference(variant, choice):
+  forced = () if choice == 'cpu' else tuple(FORCED[choice].items())
+  got = run(variant, forced)
+  want = reference(variant)
+  assert_same_training_pass(got, want, RTOL_REF_VALUES, RTOL_REF_GRADS)
+  assert np.all(got['out'][MASK == 0] == 0.0), 'padded outputs must be exactly 0'
+  assert np.all(got['g_x'][MASK == 0] == 0.0), 'padded inputs must get no gradient'
+
+
+# ----------------------------------------------------------------------------- trainer
+
+
+def _trainer_config(forced: dict):
+  """A tiny bn_lstm run on 1 device (B=4, H=32, SGD), `config.model` fields `forced`."""
+  return fx.tiny_config('bn_lstm', **{
+      'model.hidden_size': H, 'train.batch_size': B, 'eval.batch_size': B,
+      'train.num_devices': 1, 'optimizer.name': 'sgd', 'optimizer.momentum': 0.0,
+      'optimizer.learning_rate': 0.1,
+      **{f'model.{name}': value for name, value in forced.items()}})
+
+
+def _trainer_step(forced: dict):
+  config = _trainer_config({**dataclasses.asdict(_resolve('bn_lstm', 'cpu')), **forced})
+  dataset = fx.synthetic_dataset(config)
+  options = train.layer_options(config, dataset.train_length)
+  resolved = variants.make_layer('bn_lstm', H, **options).execution_policy(B)
+  return resolved, fx.one_step(config, dataset, num_devices=1)
+
+
+def test_trainer_step_with_the_accelerator_policy_matches_the_cpu_policy():
+  """The config fields reach the layers, and one training step (SGD, so that the update
+  is the gradient times the learning rate) plus a validation pass with population
+  statistics give what the CPU's policy gives."""
+  policy_cpu, (init_cpu, cpu, metrics_cpu, valid_cpu) = _trainer_step({})
+  policy_acc, (init_acc, acc, metrics_acc, valid_acc) = _trainer_step(ACCELERATOR)
+  assert policy_cpu == policy.ExecutionPolicy(False, 'full', 'layer', 'contraction')
+  assert policy_acc == policy.ExecutionPolicy(**ACCELERATOR)
+  for a, b in zip(jax.tree.leaves(init_acc.params), jax.tree.leaves(init_cpu.params)):
+    np.testing.assert_array_equal(a, b)
+  for name, before, after_acc, after_cpu in zip(
+      [str(p) for p, _ in jax.tree_util.tree_flatten_with_path(init_cpu.params)[0]],
+      jax.tree.leaves(init_cpu.params), jax.tree.leaves(acc.params),
+      jax.tree.leaves(cpu.params)):
+    step_acc = np.asarray(after_acc, np.float64) - np.asarray(before, np.float64)
+    step_cpu = np.asarray(after_cpu, np.float64) - np.asarray(before, np.float64)
+    assert np.any(step_cpu != 0.0), name
+    assert_close(step_acc, step_cpu, RTOL_GRADS, f'update of {name}')
+  for a, b in zip(jax.tree.leaves(acc.batch_stats), jax.tree.leaves(cpu.batch_stats)):
+    assert_close(a, b, RTOL_VALUES, 'batch_stats')
+  for name in metrics_cpu:
+    assert_close(metrics_acc[name], metrics_cpu[name], RTOL_VALUES, name)
+  for name in valid_cpu:
+    assert_close(valid_acc[name], valid_cpu[name], RTOL_VALUES, f'valid {name}')
