@@ -29,29 +29,22 @@ _LIBRARIES = ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'numpy')
 
 
 def machine(xla_flags: Optional[str] = None) -> dict:
-  """What a timing or a result depends on: processor, cores, XLA flags, versions, load."""
+  """What a timing or a result depends on: processor, cores, XLA flags, versions, load.
+
+  `xla_flags`: those of the process the record is about (default this one's). Nothing here
+  starts a JAX backend: the runner records its children's machine.
+  """
+  from benchmarks import machine_facts  # pylint: disable=g-import-not-at-top
   versions = {}
   for name in _LIBRARIES:
     try:
       versions[name] = importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
       versions[name] = None
-  return {'processor': processor(), 'cores': os.cpu_count(),
+  return {'processor': machine_facts.processor(), 'cores': os.cpu_count(),
           'xla_flags': xla_flags if xla_flags is not None else os.environ.get('XLA_FLAGS', ''),
           'python': platform.python_version(), 'versions': versions,
           'load_average_1_5_15_min': [round(v, 2) for v in os.getloadavg()]}
-
-
-def processor() -> str:
-  """The processor's model name (`/proc/cpuinfo`), or what `platform` knows."""
-  try:
-    with open('/proc/cpuinfo') as f:
-      for line in f:
-        if line.startswith('model name'):
-          return line.split(':', 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
 
 
 def read_run(workdir: str) -> dict:

@@ -27,8 +27,10 @@ def measure(campaign: spec_lib.Campaign, extra: Mapping[str, Any] = (),
   speed = campaign.speed
   if speed is None:
     raise ValueError(f'Campaign {campaign.name!r} has no speed table.')
+  from benchmarks import machine_facts  # pylint: disable=g-import-not-at-top
   arms = list(arms or speed.arms)
-  load_at_start = collect.machine()['load_average_1_5_15_min']
+  facts = machine_facts.machine()   # before the timed work: the load is what else ran
+  load_at_start = facts['load_average_1_5_15_min']
   trainers, states = {}, {}
   for arm in arms:
     config = spec_lib.load_config(campaign.config, campaign.arms[arm].config_arg)
@@ -77,6 +79,7 @@ def measure(campaign: spec_lib.Campaign, extra: Mapping[str, Any] = (),
               'steps': speed.steps, 'rounds': speed.rounds, 'what': speed.what,
               'expected': speed.expected}),
           'machine': {**collect.machine(), 'load_average_at_start': load_at_start,
-                      'backend': jax.default_backend()},
+                      **{k: facts[k] for k in ('backend', 'device_kind', 'devices',
+                                               'matmul_precision')}},
           'batch_shapes': shapes, 'arms': out}
 
