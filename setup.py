@@ -18,5 +18,6 @@ setup(
         'export': ['flatbuffers'],
         'plot': ['matplotlib'],
         'test': ['pytest', 'nbclient', 'nbformat', 'ipykernel'],
+        'docs': ['sphinx>=9.0', 'myst-parser>=5.0', 'furo'],
     },
 )

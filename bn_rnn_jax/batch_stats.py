@@ -51,8 +51,9 @@ from bn_rnn_jax import normalization
 
 Array = jax.Array
 
+#: How a layer's sites keep statistics (the module docstring).
 STATISTICS = ('per_step', 'sequence', 'shared')
-# The collection a training pass writes its minibatch moments to, when mutable.
+#: The collection a training pass writes its minibatch moments to, when mutable.
 MOMENTS = 'minibatch_moments'
 
 
@@ -113,7 +114,15 @@ def is_untrained(site_stats) -> bool:
 
 def untrained_sites(stats_tree) -> list[str]:
   """Paths (`'rnn/layer_0/recurrent'`) of the sites in a `batch_stats` tree that no
-  training batch reached: what a jitted evaluation would normalise with (0, 1)."""
+  training batch reached: what a jitted evaluation would normalise with (0, 1).
+
+  Example:
+    >>> import bn_rnn_jax as br
+    >>> layer = br.make_layer('bn_lstm', 4, max_length=5)
+    >>> variables = layer.init(jax.random.key(0), jnp.ones((2, 5, 1)), train=False)
+    >>> br.batch_stats.untrained_sites(variables['batch_stats'])
+    ['recurrent', 'input', 'cell']
+  """
   found = []
   def visit(node, path):
     if isinstance(node, Mapping) and set(node) == {'mean', 'var', 'count'}:

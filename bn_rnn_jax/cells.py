@@ -31,7 +31,7 @@ from bn_rnn_jax import normalization
 Array = jax.Array
 Params = dict[str, Array]
 
-# A normalisation site is one of these (None = not normalised):
+#: A normalisation site is one of these (None = not normalised):
 NORM_KINDS = (None, 'batch', 'layer')
 
 
@@ -213,6 +213,7 @@ def lstm_step(params: Params, cfg: StepConfig, carry: tuple[Array, Array],
     gates = N_h(W_h h_{t-1}; gamma_h) + N_x(W_x x_t; gamma_x) + b
     c_t   = sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(g)
     h_t   = sigmoid(o) * tanh(N_c(c_t; gamma_c, beta_c))
+
   where each N is the identity, a batch norm or a layer norm as `cfg` says.
 
   Args:
@@ -273,9 +274,11 @@ def lstm_cell(params: Params, cfg: StepConfig, carry: tuple[Array, Array],
 def rnn_step(params: Params, cfg: StepConfig, carry: Array, inputs: dict[str, Any]):
   """One tanh-RNN step, in Laurent et al.'s three forms.
 
-    no BN / input-only BN (eq. 18):  h_t = tanh(W_h h_{t-1} + N_x(W_x x_t) + b)
+    no BN / input-only BN (eq. 18):
+        h_t = tanh(W_h h_{t-1} + N_x(W_x x_t) + b)
     BN in the recurrence (eq. 17, their appendix A):
-                                     h_t = tanh(BN(W_h h_{t-1} + W_x x_t; gamma, beta))
+        h_t = tanh(BN(W_h h_{t-1} + W_x x_t; gamma, beta))
+
   `cfg.recurrent_norm` normalises the *sum* (the appendix-A form); `cfg.input_norm` only
   the input term. Arguments and outputs as in `lstm_step`, with carry `h [B, H]`.
   """

@@ -100,7 +100,7 @@ class DamagedCheckpoint(Exception):
 
 
 class Checkpointer:
-  """Latest-K and best checkpoints of one workdir (orbax `CheckpointManager`s)."""
+  """Latest-K and best checkpoints of one workdir (two orbax `CheckpointManager` objects)."""
 
   def __init__(self, workdir: str, keep: int = 2):
     if keep <= 0:

@@ -21,9 +21,9 @@ import ml_collections
 PARALLEL_BACKENDS = ('pmap', 'shard_map')
 POPULATION_STATS = ('estimate', 'running')
 
-# `config.model` fields that are `RecurrentLayer` fields, passed to every layer of the
-# model (None = the variant's or the layer's default). `max_length` is resolved against
-# the training length by the trainer.
+#: `config.model` fields that are `RecurrentLayer` fields, passed to every layer of the
+#: model (None = the variant's or the layer's default). `max_length` is resolved against
+#: the training length by the trainer.
 LAYER_FIELDS = ('statistics', 'recurrent_init', 'input_init', 'initial_state',
                 'initial_state_noise', 'gamma_init', 'momentum', 'epsilon', 'forget_bias',
                 'min_step_count', 'padded_statistics', 'unroll', 'remat', 'backward',
@@ -42,7 +42,7 @@ def default_config() -> ml_collections.ConfigDict:
   m.variant = 'bn_lstm'          # a name in variants.VARIANTS (models.READER_VARIANTS for
                                  # the attentive reader)
   m.hidden_size = 100            # units per layer (per direction)
-  m.num_layers = 1
+  m.num_layers = 1               # recurrent layers in the stack
   m.dropout_rate = 0.0           # between layers, before the first and after the last
   m.bidirectional = _placeholder(bool)       # None = the model's default (tagger: True)
   m.embed_size = _placeholder(int)           # token models: None = one-hot (LM) or the
@@ -54,15 +54,19 @@ def default_config() -> ml_collections.ConfigDict:
   m.dtype = 'float32'            # matmul compute dtype ('bfloat16'); statistics stay float32
   # RecurrentLayer fields (see its docstring); None = the variant's or the layer's default.
   m.max_length = _placeholder(int)           # T_max; None = the training length
-  m.statistics = _placeholder(str)           # 'per_step' | 'sequence' | 'shared'
-  m.recurrent_init = 'orthogonal'  # | 'identity' | 'identity_candidate' | 'glorot_uniform'
-  m.input_init = 'orthogonal'    # | 'glorot_uniform'
-  m.initial_state = 'zeros'      # | 'learned' | 'noise'
+  m.statistics = _placeholder(str)           # 'per_step' | 'sequence' | 'shared'; None =
+                                             # the variant's (batch_stats.STATISTICS)
+  m.recurrent_init = 'orthogonal'  # W_h per gate block: 'orthogonal' | 'identity' |
+                                 # 'identity_candidate' (identity on g only) |
+                                 # 'glorot_uniform'
+  m.input_init = 'orthogonal'    # W_x: 'orthogonal' | 'glorot_uniform'
+  m.initial_state = 'zeros'      # h0, c0: 'zeros' | 'learned' | 'noise' (Gaussian h0 in
+                                 # training, zeros in evaluation)
   m.initial_state_noise = 0.1    # std of the h0 noise (initial_state='noise')
   m.gamma_init = _placeholder(float)         # None = the variant's (0.1 BN, 1.0 LN)
   m.momentum = 0.99              # running-average momentum of the population statistics
   m.epsilon = 1e-5               # variance epsilon of every normalisation
-  m.forget_bias = 0.0
+  m.forget_bias = 0.0            # initial bias of the forget-gate block
   m.min_step_count = 1           # per-step moments need this many valid sequences; fewer:
                                  # that step uses the population rows
   m.padded_statistics = False    # count padding in batch moments (Cooijmans' reader)
@@ -74,10 +78,10 @@ def default_config() -> ml_collections.ConfigDict:
 
   config.optimizer = o = ml_collections.ConfigDict()
   o.name = 'rmsprop'             # 'rmsprop' | 'adam' | 'sgd'
-  o.learning_rate = 1e-3
+  o.learning_rate = 1e-3         # initial learning rate (see `schedule`)
   o.momentum = 0.9               # rmsprop / sgd (0 = none)
   o.decay = 0.9                  # rmsprop's squared-gradient average
-  o.eps = 1e-8
+  o.eps = 1e-8                   # rmsprop / adam denominator epsilon
   o.centered = False             # rmsprop
   o.b1 = 0.9                     # adam
   o.b2 = 0.999                   # adam
@@ -88,7 +92,7 @@ def default_config() -> ml_collections.ConfigDict:
 
   config.train = t = ml_collections.ConfigDict()
   t.batch_size = 100             # global batch (all devices of all processes)
-  t.num_steps = 1000
+  t.num_steps = 1000             # training steps of the whole run (over all launches)
   t.log_every = 50               # training metrics averaged over this many steps
   t.num_devices = _placeholder(int)  # local devices to use; None = all
   # Wall-clock seconds for one launch; None = no limit. Once spent, the run stops at the
@@ -97,7 +101,7 @@ def default_config() -> ml_collections.ConfigDict:
 
   config.eval = e = ml_collections.ConfigDict()
   e.every = 500                  # steps between evaluations (and at the last step)
-  e.batch_size = 500
+  e.batch_size = 500             # global evaluation batch (the last one is padded)
   e.splits = ('valid',)          # evaluated every `every` steps
   e.max_batches = _placeholder(int)  # periodic evaluations read at most this many
                                  # batches; None = all (the test at the end reads all)
@@ -122,8 +126,8 @@ def default_config() -> ml_collections.ConfigDict:
   config.distributed = d = ml_collections.ConfigDict()
   d.enabled = False              # call jax.distributed.initialize() (multi-host)
   d.coordinator_address = ''     # '' = auto-detect (SLURM, TPU pods, ...)
-  d.num_processes = _placeholder(int)
-  d.process_id = _placeholder(int)
+  d.num_processes = _placeholder(int)    # None = auto-detect
+  d.process_id = _placeholder(int)       # None = auto-detect
   return config
 
 

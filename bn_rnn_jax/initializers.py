@@ -29,7 +29,14 @@ def _check_blocks(shape):
 
 
 def identity_blocks(scale: float = 1.0):
-  """`[H, G*H]` kernel made of G identity blocks (times `scale`)."""
+  """`[H, G*H]` kernel made of G identity blocks (times `scale`).
+
+  Example:
+    >>> from bn_rnn_jax import initializers
+    >>> initializers.identity_blocks()(jax.random.key(0), (2, 4))   # H = 2, two gates
+    Array([[1., 0., 1., 0.],
+           [0., 1., 0., 1.]], dtype=float32)
+  """
   def init(key, shape, dtype=jnp.float32):
     del key
     num_blocks = _check_blocks(shape)

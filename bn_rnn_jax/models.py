@@ -198,9 +198,9 @@ class SequenceTagger(nn.Module):
 
 
 # ==================================================================== attentive reader
-# Cooijmans et al. sec. 5.4 / App. C, after Hermann et al. 2015. The reader variants:
-# the recurrent layers' `VARIANTS` preset, their overrides, bidirectional encoders, and the
-# statistics of the batch norms in the attention (None = no batch norm there).
+#: Cooijmans et al. sec. 5.4 / App. C, after Hermann et al. 2015. The reader variants:
+#: the recurrent layers' `VARIANTS` preset, their overrides, bidirectional encoders, and the
+#: statistics of the batch norms in the attention (None = no batch norm there).
 READER_VARIANTS: dict[str, dict[str, Any]] = {
     'lstm': dict(layer='lstm'),
     # BN-LSTM and BN-everywhere as the paper ran them: moments biased by zero padding.
@@ -217,8 +217,8 @@ READER_VARIANTS: dict[str, dict[str, Any]] = {
     'lstm_bidirectional': dict(layer='lstm', bidirectional=True),
 }
 
-# Logit of an entity that is not a candidate: finite, so that log-softmax and its gradient
-# stay NaN-free, and exp(NON_CANDIDATE_LOGIT - max) is exactly 0 in float32.
+#: Logit of an entity that is not a candidate: finite, so that log-softmax and its gradient
+#: stay NaN-free, and exp(NON_CANDIDATE_LOGIT - max) is exactly 0 in float32.
 NON_CANDIDATE_LOGIT = -1e30
 
 
@@ -231,6 +231,7 @@ class AttentiveReader(nn.Module):
     r = sum_t s(t) y_d(t);  g = tanh(N(W_rg r) + N(W_ug u));
     logits = W_g g + b over the entity vocabulary, non-candidates set to
     `NON_CANDIDATE_LOGIT` (never predicted).
+
   N is the identity, or a batch norm with its own gamma, beta (`MaskedBatchNorm`) in the
   BN-everywhere variants: per-step masked statistics for W_ym y_d ('per_step',
   BN-everywhere)

@@ -22,7 +22,7 @@ batch reached raises when their values are concrete (an eager call).
 
 Recipe: the sequential-MNIST BN-LSTM classifier (Linen:
 `models.SequenceClassifier(num_classes=10, variant='bn_lstm', hidden_size=100)`; the
-README shows both), with `tx = optax.adam(1e-3)`, `cross_entropy(logits, labels)` the mean
+layer guide, docs/guide/layers.md, runs a small one), with `tx = optax.adam(1e-3)`, `cross_entropy(logits, labels)` the mean
 softmax cross-entropy and `batches` a list of `(x [batch, 784, 1], labels [batch])`:
 
   from flax import nnx
@@ -69,7 +69,7 @@ from flax import nnx
 from bn_rnn_jax import batch_stats
 from bn_rnn_jax import population
 
-# The rng streams the library's modules read in training (h0 noise, dropout).
+#: The rng streams the library's modules read in training (h0 noise, dropout).
 RNG_STREAMS = ('noise', 'dropout')
 
 
@@ -96,8 +96,9 @@ class FromLinen(nnx.Module):
 
   Args:
     module: the Linen module (e.g. `make_layer('bn_lstm', 100, max_length=784)`).
-    *example_args, **example_kwargs: arguments of an example call, for the shapes of its
-      variables (as Linen's `init`, e.g. `jnp.zeros((1, T, I))`).
+    *example_args: arguments of an example call, for the shapes of its variables (as
+      Linen's `init`, e.g. `jnp.zeros((1, T, I))`).
+    **example_kwargs: keyword arguments of that call.
     rngs: `nnx.Rngs`; its `params` (or default) stream initialises the parameters, and
       its `noise` and `dropout` streams feed h0 noise and dropout in training.
 

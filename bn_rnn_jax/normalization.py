@@ -100,6 +100,13 @@ def batch_moments(x: Array,
     count is the global number of valid entries per statistic (features excluded; 0
     for a statistic that saw only padding). The division uses the count clamped at 1,
     so an all-padding statistic has mean 0 and variance 0 instead of NaN.
+
+  Example:
+    >>> from bn_rnn_jax import normalization
+    >>> x = jnp.array([[1.], [3.], [100.]])            # [batch 3, features 1]
+    >>> mask = jnp.array([[1.], [1.], [0.]])           # the third row is padding
+    >>> normalization.batch_moments(x, mask)
+    (Array([2.], dtype=float32), Array([1.], dtype=float32), Array(2., dtype=float32))
   """
   reduce_axes = tuple(a % x.ndim for a in reduce_axes)
   # Statistics in at least float32, also under a bfloat16 compute dtype.

@@ -5,12 +5,12 @@ same outputs, statistics and gradients (the tests force each one on CPU and comp
 Each layer field takes a value or 'auto'; `resolve` turns 'auto' into the backend's
 choice once per call, for the layer's size and per-device batch:
 
-| choice | CPU | GPU, TPU |
-|---|---|---|
-| `hoist_input` | in the step (False) | hoisted (True) |
-| `remat` | with batch norm: 'full' up to H128, 'dots' above; else 'none' | 'none' |
-| `backward` | 'layer' for LSTMs with H >= 8 B; else 'scan' | 'scan' |
-| `batch_sums` | 'contraction' | 'reduce' |
+  | choice | CPU | GPU, TPU |
+  |---|---|---|
+  | `hoist_input` | in the step (False) | hoisted (True) |
+  | `remat` | with batch norm: 'full' up to H128, 'dots' above; else 'none' | 'none' |
+  | `backward` | 'layer' for LSTMs with H >= 8 B; else 'scan' | 'scan' |
+  | `batch_sums` | 'contraction' | 'reduce' |
 
 Why, per choice:
 - `hoist_input`: W_x x for all steps as one large product before the scan (as cuDNN
@@ -48,11 +48,11 @@ REMAT_MODES = ('none', 'dots', 'full')
 BACKWARD_PASSES = ('scan', 'layer')
 BATCH_SUMS = ('reduce', 'contraction')
 
-# remat 'auto' on CPU: the largest hidden size whose batch-normalised layers recompute the
-# whole step in the backward pass.
+#: remat 'auto' on CPU: the largest hidden size whose batch-normalised layers recompute the
+#: whole step in the backward pass.
 FULL_REMAT_MAX_HIDDEN = 128
-# backward 'auto' on CPU: LSTM layers take the whole-layer backward pass when the hidden
-# size is at least this many times the per-device batch.
+#: backward 'auto' on CPU: LSTM layers take the whole-layer backward pass when the hidden
+#: size is at least this many times the per-device batch.
 LAYER_BACKWARD_MIN_HIDDEN_PER_EXAMPLE = 8
 
 
@@ -97,6 +97,19 @@ def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
     An `ExecutionPolicy`. Raises ValueError for an unknown value, or for
     `hoist_input=False` with sequence-wise input statistics (which need the whole input
     term before the scan).
+
+  Example: a BN-LSTM layer of 1000 units at batch 64 (the character-PTB config).
+
+    >>> import dataclasses
+    >>> from bn_rnn_jax import policy
+    >>> for backend in ('cpu', 'gpu'):
+    ...   choices = policy.resolve(
+    ...       cell='lstm', hidden_size=1000, batch=64, batch_norm=True, sequence_input=False,
+    ...       hoist_input=None, remat='auto', backward='auto', batch_sums='auto',
+    ...       backend=backend)
+    ...   print(backend, dataclasses.astuple(choices))
+    cpu (False, 'dots', 'layer', 'contraction')
+    gpu (True, 'none', 'scan', 'reduce')
   """
   backend = backend or jax.default_backend()
   cpu = backend == 'cpu'

