@@ -38,12 +38,16 @@ exclude_patterns = ['_build']
 root_doc = 'index'
 # Docstrings write code in single backticks, as in Markdown.
 default_role = 'code'
+# Flags and quotes as typed: `--config.x` stays two hyphens outside code too.
+smartquotes = False
 myst_enable_extensions = ['colon_fence', 'dollarmath']
 myst_heading_anchors = 3
 
 autodoc_member_order = 'bysource'
 autodoc_typehints = 'description'
-autodoc_default_options = {'members': True, 'undoc-members': True, 'show-inheritance': False}
+# Flax's own module fields (parent, scope) are left to Flax's documentation.
+autodoc_default_options = {'members': True, 'undoc-members': True, 'show-inheritance': False,
+                           'exclude-members': 'parent,scope'}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
@@ -58,3 +62,5 @@ import numpy as np
 
 html_theme = 'furo'
 html_title = 'bn_rnn_jax'
+html_static_path = ['_static']
+html_css_files = ['tables.css']

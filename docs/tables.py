@@ -80,8 +80,8 @@ def _init_options() -> tuple[str, str]:
   paper = result['spec']['paper']['table1_test_accuracy_mnist']
   return (f"valid accuracy at step {step}: LSTM {valid['lstm_ours']['accuracy']:.3f}, "
           f"BN-LSTM {valid['bn_lstm_ours']['accuracy']:.3f}",
-          f"Table 1, 784-step MNIST test accuracy: LSTM {paper['lstm']}, BN-LSTM "
-          f"{paper['bn_lstm']}")
+          f"Table 1, 784-step MNIST test accuracy: LSTM {paper['lstm']:.3f}, BN-LSTM "
+          f"{paper['bn_lstm']:.3f}")
 
 
 def _ptb_char() -> tuple[str, str]:
@@ -214,10 +214,14 @@ def experiments(where: str = 'readme') -> str:
     if config.endswith('.py') or '.py:' in config or config.endswith(')'):
       name = config.split(' ')[0]
       config = f"[`{name}`]({configs}{name.split(':')[0]}){config[len(name):]}"
-    rows.append([title, config, _SOURCES[data], command, time, ours or DASH,
-                 paper or DASH, f'[page]({page(page_name)})'])
-  return markdown(['experiment', 'config', 'data', 'command', 'run time', 'ours', 'paper',
-                   'docs'], rows)
+    if where == 'readme':
+      rows.append([title, config, _SOURCES[data], command, time, ours, paper,
+                   f'[page]({page(page_name)})'])
+    else:   # the title links to the page
+      rows.append([f'[{title}]({page(page_name)})', config, _SOURCES[data], command, time,
+                   ours, paper])
+  header = ['experiment', 'config', 'data', 'command', 'run time', 'ours', 'paper']
+  return markdown(header + ['docs'] if where == 'readme' else header, rows)
 
 
 # ---------------------------------------------------------------------- speed
@@ -255,7 +259,7 @@ def machine(path: str) -> str:
   versions = m.get('versions') or {'jax': m.get('jax')}
   parts = [f'{processor}' if processor and processor != 'unknown' else 'processor not recorded',
            f'{cores} cores', f"backend {m.get('backend', 'cpu')}",
-           f"XLA_FLAGS='{m['xla_flags']}'" if m.get('xla_flags') else 'default XLA flags',
+           f"`XLA_FLAGS='{m['xla_flags']}'`" if m.get('xla_flags') else 'default XLA flags',
            ', '.join(f'{k} {v}' for k, v in versions.items() if v)]
   if load:
     parts.append(f'load average {load[0]:.2f} at the start')

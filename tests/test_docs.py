@@ -14,6 +14,7 @@ quoted table matches its JSON, and the README says what CI does.
 
 import glob
 import importlib
+import importlib.util
 import inspect
 import os
 import pkgutil
@@ -29,10 +30,19 @@ import bn_rnn_jax
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(REPO, 'docs')
-sys.path.insert(0, DOCS)
-sys.path.insert(0, os.path.join(DOCS, '_ext'))
-import config_fields  # pylint: disable=g-import-not-at-top,wrong-import-position
-import tables  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _load(name: str, path: str):
+  """A module of docs/ under a name of its own (not importable from the repository)."""
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  return module
+
+
+config_fields = _load('docs_config_fields', os.path.join(DOCS, '_ext', 'config_fields.py'))
+tables = _load('docs_tables', os.path.join(DOCS, 'tables.py'))
 
 with open(os.path.join(REPO, 'README.md')) as _f:
   README = _f.read()
