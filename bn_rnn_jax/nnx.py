@@ -22,8 +22,9 @@ batch reached raises when their values are concrete (an eager call).
 
 Recipe: the sequential-MNIST BN-LSTM classifier (Linen:
 `models.SequenceClassifier(num_classes=10, variant='bn_lstm', hidden_size=100)`; the
-layer guide, docs/guide/layers.md, runs a small one), with `tx = optax.adam(1e-3)`, `cross_entropy(logits, labels)` the mean
-softmax cross-entropy and `batches` a list of `(x [batch, 784, 1], labels [batch])`:
+layer guide, docs/guide/layers.md, runs a small one), with `tx = optax.adam(1e-3)`,
+`cross_entropy(logits, labels)` the mean softmax cross-entropy and `batches` a list of
+`(x [batch, 784, 1], labels [batch])`:
 
   from flax import nnx
   import bn_rnn_jax as br
