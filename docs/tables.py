@@ -252,14 +252,14 @@ def machine(path: str) -> str:
       'spec', {}) else ''
   m = saved['machine']
   if m.get('recorded') is False:
-    return f"Machine: {m['description']} (not recorded in detail with these runs).{expected}"
+    return f"Machine, as the JSON describes it: {m['description']}.{expected}"
   processor = m.get('processor') or m.get('cpu')
   cores = m.get('cores') or m.get('cpu_count')
   load = m.get('load_average_1_5_15_min') or m.get('load_average_1_5_15_min_at_start')
   versions = m.get('versions') or {'jax': m.get('jax')}
   parts = [f'{processor}' if processor and processor != 'unknown' else 'processor not recorded',
            f'{cores} cores', f"backend {m.get('backend', 'cpu')}",
-           f"`XLA_FLAGS='{m['xla_flags']}'`" if m.get('xla_flags') else 'default XLA flags',
+           f"`XLA_FLAGS='{m['xla_flags']}'`" if m.get('xla_flags') else 'XLA flags not recorded',
            ', '.join(f'{k} {v}' for k, v in versions.items() if v)]
   if load:
     parts.append(f'load average {load[0]:.2f} at the start')
