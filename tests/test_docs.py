@@ -219,7 +219,7 @@ def test_readme_is_short_and_its_links_resolve():
       assert os.path.exists(os.path.join(REPO, link)), link
 
 
-HISTORY = re.compile(r'previous stop|this stop|this session|issue [0-9]+|\.\./shared|'
+HISTORY = re.compile(r'previous\sstop|this\sstop|this\ssession|issue\s[0-9]+|\.\./shared|'
                      r'DESIGN\.md')
 
 
