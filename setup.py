@@ -17,6 +17,9 @@ setup(
         'data': ['tensorflow-datasets>=4.9.10', 'array_record', 'scikit-learn', 'kaldiio'],
         'export': ['flatbuffers'],
         'plot': ['matplotlib'],
+        # The viewer of the event files every run writes (<workdir>/tensorboard, written
+        # with tensorboardX, which needs no TensorFlow): `tensorboard --logdir <workdir>`.
+        'tensorboard': ['tensorboard>=2.21'],
         'test': ['pytest', 'nbclient', 'nbformat', 'ipykernel'],
         'docs': ['sphinx>=9.0', 'myst-parser>=5.0', 'furo'],
     },

@@ -4,6 +4,7 @@ compiled step.
   python benchmarks/trainer_overhead.py [--steps_quickstart 60] [--steps_mnist 8]
       [--population [--population_repeats 3]]
       [--out benchmarks/results/trainer_overhead_cpu.json]
+  python benchmarks/trainer_overhead.py --report benchmarks/results/trainer_overhead_cpu.json
 
 For each shape (the quickstart's: 8x8 digits, T=64, B=64, H=100 BN-LSTM; seq-MNIST's:
 T=784, B=100, H=100 BN-LSTM), on the same batches and the same compiled step:
@@ -230,6 +231,29 @@ def population_share(repeats: int) -> dict:
   return result
 
 
+def format_report(saved: dict) -> str:
+  """The tables of a results JSON: steps/s per shape, and the quickstart's end-to-end
+  timing when it was measured."""
+  lines = [f'{"shape":34s} {"bare steps/s":>12s} {"loop steps/s":>12s} {"loop/bare":>9s} '
+           f'{"sync/bare":>9s} {"host/step":>9s}']
+  for r in saved['shapes']:
+    lines.append(f'{r["shape"]:34s} {r["bare_steps_per_s"]:12.2f} {r["loop_steps_per_s"]:12.2f} '
+                 f'{r["loop_over_bare"]:9.3f} {r["sync_over_bare"]:9.3f} '
+                 f'{r["host_work_over_step"]:9.4f}')
+  p = saved.get('quickstart_population')
+  if p:
+    per_repeat = ', '.join(f'{r:.2f}' for r in p['bn_lstm_over_lstm_per_repeat'])
+    lines.append(
+        f'quickstart (300 steps, medians of {p["repeats"]}): lstm {p["lstm"]["wall_s"]:.1f} s, '
+        f'bn_lstm {p["bn_lstm"]["wall_s"]:.1f} s ({p["bn_lstm_over_lstm"]:.2f}x; per '
+        f'repeat {per_repeat}), of which the '
+        f'population estimate {p["bn_lstm"]["population_s"]:.1f} s '
+        f'({100 * p["bn_lstm_population_share"]:.0f} %); compilation: lstm '
+        f'{p["lstm"]["compile_s"]:.1f} s, bn_lstm {p["bn_lstm"]["compile_s"]:.1f} s '
+        f'({p["bn_lstm_over_lstm_without_compile"]:.2f}x without it)')
+  return '\n'.join(lines)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--steps_quickstart', type=int, default=60)
@@ -240,28 +264,20 @@ def main():
                       help='Pairs of quickstart runs behind the --population medians.')
   parser.add_argument('--out', default=os.path.join('benchmarks', 'results',
                                                     'trainer_overhead_cpu.json'))
+  parser.add_argument('--report', help='Print the tables of this results JSON and exit.')
   args = parser.parse_args()
+  if args.report:
+    with open(args.report) as f:
+      print(format_report(json.load(f)))
+    return
   facts = machine_facts.machine()  # the load average before this process adds its own
   rows = [measure('quickstart', args.steps_quickstart, args.repeats),
           measure('mnist', args.steps_mnist, args.repeats)]
-  print(f'{"shape":34s} {"bare steps/s":>12s} {"loop steps/s":>12s} {"loop/bare":>9s} '
-        f'{"sync/bare":>9s} {"host/step":>9s}')
-  for r in rows:
-    print(f'{r["shape"]:34s} {r["bare_steps_per_s"]:12.2f} {r["loop_steps_per_s"]:12.2f} '
-          f'{r["loop_over_bare"]:9.3f} {r["sync_over_bare"]:9.3f} '
-          f'{r["host_work_over_step"]:9.4f}')
   out = {'machine': facts, 'command': 'python benchmarks/trainer_overhead.py ' +
          ' '.join(sys.argv[1:]), 'shapes': rows}
   if args.population:
-    out['quickstart_population'] = p = population_share(args.population_repeats)
-    per_repeat = ', '.join(f'{r:.2f}' for r in p['bn_lstm_over_lstm_per_repeat'])
-    print(f'quickstart (300 steps, medians of {p["repeats"]}): lstm {p["lstm"]["wall_s"]:.1f} s, '
-          f'bn_lstm {p["bn_lstm"]["wall_s"]:.1f} s ({p["bn_lstm_over_lstm"]:.2f}x; per '
-          f'repeat {per_repeat}), of which the '
-          f'population estimate {p["bn_lstm"]["population_s"]:.1f} s '
-          f'({100 * p["bn_lstm_population_share"]:.0f} %); compilation: lstm '
-          f'{p["lstm"]["compile_s"]:.1f} s, bn_lstm {p["bn_lstm"]["compile_s"]:.1f} s '
-          f'({p["bn_lstm_over_lstm_without_compile"]:.2f}x without it)')
+    out['quickstart_population'] = population_share(args.population_repeats)
+  print(format_report(out))
   with open(args.out, 'w') as f:
     json.dump(out, f, indent=2)
     f.write('\n')

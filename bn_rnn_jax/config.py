@@ -9,11 +9,15 @@ of the model, layer or variant it configures.
 0 for "default" (`model.max_length`, `train.num_devices`, `eval.max_batches`,
 `eval.population_batch_size`; `optimizer.clip_norm` <= 0 for "off") and a
 `model.layer_options` sub-dict (its fields now live in `config.model`).
+
+`parse_arg` reads a config file's argument (`ptb_char.py:bn_lstm,tiny`), and
+`apply_tiny` sets the fields every config's `tiny` preset shares.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Optional, Sequence
 import warnings
 
 import ml_collections
@@ -129,6 +133,43 @@ def default_config() -> ml_collections.ConfigDict:
   d.num_processes = _placeholder(int)    # None = auto-detect
   d.process_id = _placeholder(int)       # None = auto-detect
   return config
+
+
+# ====================================================================== config files
+def parse_arg(arg: str, file: str, choices: Sequence[str] = (), kind: str = 'variant',
+              presets: Sequence[str] = ('tiny',)) -> tuple[Optional[str], set[str]]:
+  """A config file's argument (`<file>:<arg>`): at most one of `choices` (a variant, a
+  size) and any of `presets`, comma-separated, in any order (`'bn_lstm,tiny'`).
+
+  Returns `(the choice or None, the presets named)`. Anything else is a one-line
+  ValueError naming the file and what its argument accepts.
+  """
+  tokens = [t.strip() for t in arg.split(',') if t.strip()] if arg else []
+  named = [t for t in tokens if t in choices]
+  unknown = [t for t in tokens if t not in choices and t not in presets]
+  if unknown or len(named) > 1:
+    accepts = (f'{kind} must be one of {tuple(choices)}, presets are {tuple(presets)}'
+               if choices else f'it takes only the presets {tuple(presets)}')
+    problem = (f'{unknown[0]!r} is no {kind} and no preset' if choices else
+               f'{unknown[0]!r} is no preset') if unknown else f'it names two {kind}s'
+    hint = '' if choices else '; set other fields with --config.<field>=<value>'
+    raise ValueError(f'{file}:{arg}: {problem}; {accepts}{hint}.')
+  return (named[0] if named else None), set(tokens) - set(named)
+
+
+def apply_tiny(config: ml_collections.ConfigDict) -> None:
+  """The fields every config's `tiny` preset shares: four steps of an 8-unit model, an
+  evaluation of two batches at the end with the population estimate from one batch, one
+  checkpoint. The files add what their data and model need to run in seconds."""
+  config.model.hidden_size = 8
+  config.train.num_steps = 4
+  config.train.log_every = 2
+  config.eval.every = 4
+  config.eval.max_batches = 2
+  config.eval.population_batches = 1
+  config.eval.population_batch_size = None
+  config.checkpoint.every = 4
+  config.checkpoint.keep = 1
 
 
 # ====================================================================== old spellings

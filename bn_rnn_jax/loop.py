@@ -67,7 +67,7 @@ class Trainer:
     self.dataset = dataset or input_pipeline.get_dataset(
         config, workdir=workdir, process_index=jax.process_index(),
         process_count=jax.process_count())
-    self.task = tasks.get(self.dataset.task)
+    self.task = tasks.get(self.dataset.task, getattr(self.dataset, 'unit', None))
     self.model = train.create_model(config, self.dataset)
     self.tx = optim.create_optimizer(config, self.dataset.steps_per_epoch)
     self.backend = config.parallel.backend
@@ -144,28 +144,44 @@ class Trainer:
     """Metrics of `split` with population statistics (never batch statistics).
 
     `max_batches` (default `config.eval.max_batches`; None or 0 = all) caps the batches
-    read. A long evaluation logs its progress every few seconds.
+    read. It logs what it reads: every few seconds while it runs, and at the end.
     """
+    start = last_log = time.time()
     stats = self.population_stats(state, kind)
-    totals, count, carry = None, 0.0, None
+    totals, count, carry, batches = None, 0.0, None, 0
     if max_batches is None:
       max_batches = self.config.eval.max_batches
-    start = last_log = time.time()
-    for i, batch in enumerate(self.dataset.eval_batches(split)):
-      if max_batches and i >= max_batches:
+    for batch in self.dataset.eval_batches(split):
+      if max_batches and batches >= max_batches:
         break
       sums, n, new_carry = self.p_eval_step(state.params, stats, self.shard(batch), carry)
       carry = new_carry if self.dataset.carries_state else None
       sums = {k: float(v[0]) for k, v in sums.items()}
       totals = sums if totals is None else {k: totals[k] + v for k, v in sums.items()}
       count += float(n[0])
+      batches += 1
       if time.time() - last_log > _EVAL_LOG_EVERY_S:
         last_log = time.time()
-        logging.info('evaluating %s: %d batches, %d examples or tokens, %.0f s', split,
-                     i + 1, count, last_log - start)
+        logging.info('evaluating %s: %d batches, %d %s so far, %.0f s', split, batches,
+                     count, self.task.counted, last_log - start)
     if totals is None:
       raise ValueError(f'Split {split!r} has no evaluation batches.')
+    cap = f' (the first {max_batches}: config.eval.max_batches)' if (
+        max_batches and batches == max_batches) else ''
+    logging.info('evaluated %s: %d batches%s, %d %s, %.1f s, %s', split, batches, cap,
+                 count, self.task.counted, time.time() - start,
+                 self._statistics_text(state, kind))
     return self.task.finalize({k: v / max(count, 1.0) for k, v in totals.items()})
+
+  def _statistics_text(self, state: TrainState, kind: Optional[str]) -> str:
+    """What the evaluation normalised with, for its log line."""
+    if not jax.tree.leaves(state.batch_stats):
+      return 'no batch statistics'
+    if (kind or self.config.eval.population_stats) == 'running':
+      return 'population statistics: the running average'
+    size = self.config.eval.population_batch_size or self.config.train.batch_size
+    return (f'population statistics: the estimate from {self.config.eval.population_batches}'
+            f' training batches of {size}')
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -323,7 +339,7 @@ class _Run:
         f'last good state (step {bad - 1}) is saved in {self.ckpt.latest.directory}.')
 
   def _log_train(self, done: int) -> None:
-    means = self.window.means()
+    means = self.trainer.task.finalize(self.window.means())  # e.g. bpc, as evaluations
     self.writer.write(done, 'train', means, time_s=round(self.progress.elapsed(), 3))
     self.last['train'] = means
     self.window.reset()
@@ -350,9 +366,26 @@ class _Run:
       self.best = self.last[split][name]
       self._save(self.state, done, best=True)
 
+  def _log_plan(self) -> None:
+    """One line saying what this launch will do, before the first (compiling) step."""
+    config = self.config
+    if self.start >= config.train.num_steps:
+      return
+    splits = ', '.join(config.eval.splits) or 'no split'
+    cap = (f'at most {config.eval.max_batches} batches each' if config.eval.max_batches
+           else 'whole splits')
+    test = ('; then the best-validation checkpoint on the whole test split'
+            if config.eval.test_at_end else '')
+    logging.info('Training steps %d to %d (batch %d, %d %s); evaluating %s (%s) every %d '
+                 'steps and at the end%s.', self.start + 1, config.train.num_steps,
+                 config.train.batch_size, self.trainer.num_devices,
+                 'device' if self.trainer.num_devices == 1 else 'devices', splits, cap,
+                 config.eval.every, test)
+
   def run(self) -> dict:
     trainer, config = self.trainer, self.config
     num_steps = config.train.num_steps
+    self._log_plan()
     batch = trainer.device_batch(self.start) if self.start < num_steps else None
     for step in range(self.start, num_steps):
       self.state, metrics = trainer.p_train_step(self.state, batch)
@@ -405,12 +438,14 @@ class _Run:
     or of the final state when there is none. Returns `(metrics, step tested)`."""
     trainer = self.trainer
     self.ckpt.wait()
-    logging.info('Testing the best-validation checkpoint on the whole test split.')
     if self.ckpt.best.latest_step() is not None:
       try:
         best, _ = self.ckpt.restore(self.template, best=True)
+        logging.info('Testing the best-validation checkpoint (step %d) on the whole test '
+                     'split.', int(best.step))
         metrics = trainer.evaluate(trainer.to_devices(best), 'test', max_batches=0)
         return metrics, int(best.step)
       except ValueError as e:  # every best checkpoint damaged (each one warned about)
         logging.warning('%s Testing the final state instead.', e)
+    logging.info('Testing the final state on the whole test split.')
     return trainer.evaluate(self.state, 'test', max_batches=0), int(self.state.step[0])

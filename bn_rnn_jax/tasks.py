@@ -1,8 +1,10 @@
 """Tasks: what the task-generic loop in `train.py` needs to know about a problem.
 
-A `Task` is four small functions; `TASKS` maps a dataset's `task` name to one. Adding a
-task (a model, its loss and its metrics) is `register('name', Task(...))` here or from
-your own module; the loop in `train.py` never changes.
+A `Task` is four small functions; `TASKS` maps a dataset's `task` name to one, and
+`get(name, unit)` picks the one whose metrics fit the dataset's `unit` where a task has
+several (`register(name, task, unit=...)`). Adding a task (a model, its loss and its
+metrics) is `register('name', Task(...))` here or from your own module; the loop in
+`train.py` never changes.
 
   build_model(config, model_kwargs, layer_options) -> flax module
       `model_kwargs` come from the dataset (sizes such as `num_classes`), `layer_options`
@@ -14,15 +16,20 @@ your own module; the loop in `train.py` never changes.
       Sums of per-example (or per-token) values over the valid entries
       (`batch['weights']`, and `batch['mask']` for tokens); count = their number. The
       loop divides by the *global* count, so N devices compute the one-device step.
-  finalize(means) -> metrics with derived values (e.g. bpc = loss / ln 2, perplexity)
+  finalize(means) -> metrics with derived values (e.g. bpc = loss / ln 2, perplexity);
+      applied to evaluation means and to the training records' window means alike.
   metrics: the names of the metrics `finalize` returns, so that a config naming another
       (`checkpoint.best_metric`) is refused at start; () = not declared, not checked.
+  counted: what `count` counts, for progress lines ('examples', 'characters', ...).
 
 The `config.model` fields a task's model reads are all in `config.default_config()`.
 
 Registered here:
   'classification'  `SequenceClassifier`, logits `[B, C]`, labels `[B]`.
-  'language_model'  `LanguageModel`, logits `[B, T, V]`, targets / mask `[B, T]`.
+  'language_model'  `LanguageModel`, logits `[B, T, V]`, targets / mask `[B, T]`. Per
+                    character (`unit='character'`: PTB characters, text8): bits per
+                    character, `bpc`; per word (`unit='word'`, and any other token):
+                    `nats` (= loss) and `perplexity` (Mikolov et al.; Zaremba et al.).
   'tagging'         `SequenceTagger`, logits `[B, T, C]` at every step, labels / mask
                     `[B, T]`; frame cross-entropy (fce) and frame error rate (fer).
   'reading_comprehension'  `AttentiveReader`, logits `[B, E]` over the entity vocabulary
@@ -32,8 +39,9 @@ Registered here:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax.numpy as jnp
 import optax
@@ -48,23 +56,31 @@ class Task:
   loss_sums: Callable[..., Any]
   finalize: Callable[[dict], dict] = dict
   metrics: tuple[str, ...] = ()
+  counted: str = 'examples'
 
 
 TASKS: dict[str, Task] = {}
+# `{(name, unit): Task}`: a task's form for datasets whose `unit` (what one position of a
+# sequence is) calls for other metrics; `get` prefers it to `TASKS[name]`.
+UNIT_TASKS: dict[tuple[str, str], Task] = {}
 
 
-def register(name: str, task: Task) -> Task:
-  """Make `task` available to datasets whose `task` attribute is `name`."""
-  if name in TASKS and TASKS[name] is not task:
-    raise ValueError(f'A task named {name!r} is already registered.')
-  TASKS[name] = task
+def register(name: str, task: Task, unit: Optional[str] = None) -> Task:
+  """Make `task` available to datasets whose `task` attribute is `name` (and whose `unit`
+  is `unit`, when given)."""
+  registry, key = (TASKS, name) if unit is None else (UNIT_TASKS, (name, unit))
+  if key in registry and registry[key] is not task:
+    raise ValueError(f'A task {key!r} is already registered.')
+  registry[key] = task
   return task
 
 
-def get(name: str) -> Task:
+def get(name: str, unit: Optional[str] = None) -> Task:
+  """The task of datasets whose `task` is `name` and whose `unit` is `unit` (None: the
+  dataset declares none)."""
   if name not in TASKS:
     raise ValueError(f'Unknown task {name!r}; have {sorted(TASKS)}.')
-  return TASKS[name]
+  return UNIT_TASKS.get((name, unit), TASKS[name])
 
 
 # ---------------------------------------------------------------------- shared pieces
@@ -139,16 +155,27 @@ def _language_model_sums(logits, batch):
   return weighted_sums({'loss': ce, 'accuracy': correct}, token_weights(batch))
 
 
-def _language_model_finalize(means):
+def _per_word_finalize(means):
+  """Nats per word (the loss) and perplexity = exp(nats)."""
   loss = means['loss']
-  return {**means, 'bpc': loss / math.log(2.0), 'perplexity': math.exp(min(loss, 700.0))}
+  return {**means, 'nats': loss, 'perplexity': math.exp(min(loss, 700.0))}
+
+
+def _per_character_finalize(means):
+  """Bits per character = nats / ln 2."""
+  return {**means, 'bpc': means['loss'] / math.log(2.0)}
 
 
 register('classification', Task(_build_classifier, _apply_classifier,
                                 _classification_sums, metrics=('loss', 'accuracy')))
-register('language_model', Task(_build_language_model, _apply_language_model,
-                                _language_model_sums, _language_model_finalize,
-                                metrics=('loss', 'accuracy', 'bpc', 'perplexity')))
+_language_model = functools.partial(Task, _build_language_model, _apply_language_model,
+                                    _language_model_sums)
+# Words (`unit='word'`) and any other tokens: nats and perplexity; characters: bpc.
+register('language_model', _language_model(
+    _per_word_finalize, metrics=('loss', 'accuracy', 'nats', 'perplexity'), counted='tokens'))
+register('language_model', _language_model(
+    _per_character_finalize, metrics=('loss', 'accuracy', 'bpc'), counted='characters'),
+         unit='character')
 
 
 # ---------------------------------------------------------------------- tagging
@@ -176,7 +203,7 @@ def _tagging_finalize(means):
 
 
 register('tagging', Task(_build_tagger, _apply_classifier, _tagging_sums, _tagging_finalize,
-                         metrics=('loss', 'accuracy', 'fer', 'fce')))
+                         metrics=('loss', 'accuracy', 'fer', 'fce'), counted='frames'))
 
 
 # ---------------------------------------------------------------------- reading comprehension
@@ -211,4 +238,5 @@ def _reader_finalize(means):
 
 
 register('reading_comprehension', Task(_build_reader, _apply_reader, _reader_sums,
-                                       _reader_finalize, metrics=('loss', 'accuracy', 'error')))
+                                       _reader_finalize, metrics=('loss', 'accuracy', 'error'),
+                                       counted='questions'))

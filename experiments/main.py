@@ -1,15 +1,24 @@
 r"""Train and evaluate one configuration.
 
   python experiments/main.py --config experiments/configs/seq_mnist.py \
-      --workdir /tmp/seq_mnist --config.model.variant=lstm \
-      --config.data.mnist_dir=/path/to/mnist
+      --workdir /tmp/seq_mnist --config.model.variant=lstm
+  python experiments/main.py --config experiments/configs/ptb_char.py:bn_lstm,tiny \
+      --workdir /tmp/ptb_char_tiny          # the config's seconds-long preset
+  python experiments/main.py --config experiments/configs/ptb_char.py --show_config
 
-`--config` is an ml_collections config file (any field can be overridden with
-`--config.a.b=value`); `--workdir` receives config.json, checkpoints, metrics.jsonl and
+`--config` is an ml_collections config file, optionally with its argument after a colon
+(a variant or size, and presets such as `tiny`: each file's docstring lists them). Any
+field can be overridden with `--config.a.b=value`; `--show_config` prints the resolved
+config (every field, after `bn_rnn_jax.config.upgrade`), checks it and exits. Data are
+read under the data root: `--config.data.root=/path/to/datasets` or the environment
+variable BN_RNN_JAX_DATA. `--workdir` receives config.json, checkpoints, metrics.jsonl and
 TensorBoard events, and a run started again in the same workdir resumes from its latest
-checkpoint. All the work happens in `bn_rnn_jax.loop.train_and_evaluate`.
+checkpoint. All the work happens in `bn_rnn_jax.loop.train_and_evaluate`; a mistake in
+the arguments, the config or the data ends the run with one line `error: ...`.
 """
 
+import os
+import re
 import sys
 
 from absl import app
@@ -17,39 +26,134 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from bn_rnn_jax import checkpoint
-from bn_rnn_jax import loop
+# Config files import their siblings as `experiments.configs.<name>`; run as a script, the
+# repository root must be importable as it is under `python -m`.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from bn_rnn_jax import config as config_lib
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file('config', None, 'Path to an experiment config file.',
+config_flags.DEFINE_config_file('config', None, 'Experiment config file, e.g. '
+                                'experiments/configs/ptb_char.py:bn_lstm,tiny.',
                                 lock_config=True)
 flags.DEFINE_string('workdir', None, 'Directory of the run (created if missing).')
-flags.mark_flags_as_required(['config', 'workdir'])
+flags.DEFINE_bool('show_config', False, 'Print the resolved config, check it and exit.')
+
+FLAG_NAMES = ('--config=<file>[:<argument>]', '--workdir=<folder>', '--show_config',
+              '--config.<field>=<value>')
+
+
+QUOTES = '\'"'
+
+
+def _one_line(text) -> str:
+  return ' '.join(str(text).split())
+
+
+def _innermost(error: BaseException) -> BaseException:
+  while (error.__cause__ or error.__context__) is not None:
+    error = error.__cause__ or error.__context__
+  return error
+
+
+def _config_overrides(argv) -> list[str]:
+  return [a.split('=')[0] for a in argv[1:] if a.startswith('--config.')]
+
+
+def _bad_value(error: flags.IllegalFlagValueError) -> str:
+  """A config file's own error, or a field's value that does not parse, in one line."""
+  match = re.match(r'flag --([^=]+)=(.*?): ', str(error), re.S)
+  name, value = match.groups() if match else ('', '')
+  inner = _innermost(error)
+  if name.startswith('config.') and name in FLAGS:
+    kind = FLAGS[name].parser.flag_type()
+    article = 'an' if kind[:1] in 'aeiou' else 'a'
+    return f'--{name}={value}: {name} takes {article} {kind}; got {value!r}.'
+  # The config file raised (e.g. an unknown variant): ml_collections and absl wrap it with
+  # the traceback as text; the innermost error is the file's own message.
+  text = _one_line(inner)
+  return text if isinstance(inner, ValueError) else f'--{name}={value}: {text}'
+
+
+def _unknown_field(error: Exception, argv) -> str:
+  """`--config.a.b=v` naming a field the config does not have, in one line (keeping
+  ml_collections' "did you mean")."""
+  key = _innermost(error).args[0] if _innermost(error).args else ''
+  suggestion = re.search(r'Did you mean "([^"]+)"', str(error))
+  overrides = _config_overrides(argv)
+  culprit = next((n for n in overrides if key in n.split('.')[1:]), None)
+  if culprit is None:
+    # e.g. a field below a number; ml_collections' message names the path it looked up.
+    culprit = next((n for n in overrides if n[len('--config.'):] in str(error)), 'a --config.')
+    return f'{culprit}: {_one_line(error).strip(QUOTES)}.'
+  path = culprit[2:].split('.')
+  parent = '.'.join(path[:path.index(key)])
+  hint = (f"; did you mean {suggestion.group(1)!r}?" if suggestion else
+          '; --show_config prints every field.')
+  return f'{culprit}: {parent} has no field {key!r}{hint}'
+
+
+def _check_config_loaded() -> None:
+  """ml_collections defers an unreadable config file's error to the first access."""
+  try:
+    FLAGS.config.get('seed')
+  except OSError:
+    given = FLAGS['config'].config_filename
+    path = os.path.abspath(given.split(':', 1)[0])
+    if not os.path.isfile(path):
+      sys.exit(f'error: --config={given}: no config file at {path}.')
+    sys.exit(f'error: --config={given}: cannot read {path}.')
 
 
 def parse_flags(argv):
-  """absl's parse, with an unknown `--config.x.y` field as one line (keeping
-  ml_collections' "did you mean") instead of a traceback."""
+  """absl's parse, with every mistake in the arguments as one line `error: ...` naming
+  the flag (instead of a traceback)."""
   try:
-    return FLAGS(argv)
+    rest = FLAGS(argv)
   except flags.IllegalFlagValueError as e:
-    # A config file's own error (e.g. an unknown variant in `file.py:arg`) comes wrapped in
-    # ml_collections' and absl's messages with the traceback as text: keep the innermost.
-    while (e.__cause__ or e.__context__) is not None:
-      e = e.__cause__ or e.__context__
-    sys.exit(f'error: {" ".join(str(e).split())}')
+    sys.exit(f'error: {_bad_value(e)}')
   except (AttributeError, KeyError) as e:
-    detail = ' '.join(str(e).replace('\\n', ' ').strip('\'"').split())
-    detail = detail.replace("\\'", "'")
-    names = [a.split('=')[0] for a in argv[1:] if a.startswith('--config.')]
-    culprit = next((n for n in names if n.split('.')[-1] in detail), None)
-    where = f' in {culprit}' if culprit else ''
-    sys.exit(f'error: unknown config field{where}: {detail}')
+    sys.exit(f'error: {_unknown_field(e, argv)}')
+  except flags.UnrecognizedFlagError as e:
+    sys.exit(f'error: unknown flag --{e.flagname}; the flags are {", ".join(FLAG_NAMES)}.')
+  except flags.Error as e:   # e.g. a flag without its value
+    sys.exit(f'error: {_one_line(e)}.')
+  if len(rest) > 1:
+    sys.exit(f'error: unexpected arguments {rest[1:]}; the flags are '
+             f'{", ".join(FLAG_NAMES)}.')
+  if FLAGS.config is None:
+    sys.exit('error: --config is required: an experiment config file, e.g. '
+             '--config=experiments/configs/quickstart.py (one per paper experiment in '
+             'experiments/configs/).')
+  _check_config_loaded()
+  if FLAGS.workdir is None and not FLAGS.show_config:
+    sys.exit('error: --workdir is required: the folder of the run (config.json, '
+             'checkpoints, metrics.jsonl); or --show_config to print the config.')
+  return rest
+
+
+def show_config(config) -> None:
+  """Print `config` as the run would use it (upgraded), then check it."""
+  config = config_lib.upgrade(config)
+  print(config.to_json_best_effort(indent=2))
+  try:
+    config_lib.validate_config(config)
+  except ValueError as e:
+    sys.exit(f'error: {e}')
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  del argv  # parse_flags refused any positional argument
+  if FLAGS.show_config:
+    show_config(FLAGS.config)
+    return
+  # Imported here: the checks above answer without loading JAX.
+  from bn_rnn_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax import loop  # pylint: disable=g-import-not-at-top
   checkpoint.quiet_orbax_logs()
   try:
     loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)

@@ -1,12 +1,19 @@
-r"""The README's tables and figure numbers, printed from the JSONs under experiments/results/.
+r"""Every result set the docs quote, printed from the committed JSONs (no runs needed).
 
-  python experiments/report.py                         # every table, then the figures
-  python experiments/report.py init_options figures    # some of them
+  python experiments/report.py                          # all of them
+  python experiments/report.py brown_tagger figures     # some of them
+  python experiments/report.py --list                   # their names
 
-A campaign's tables are `python -m experiments.campaign report <name>` (the campaign's
-spec renders them from its results JSON; `python -m experiments.campaign list` names every
-campaign with its command). `figures` prints the numbers the README's Figures section
-quotes, from the JSONs of `experiments/analysis/` in `experiments/results/figures/`.
+The names:
+  <campaign>        its tables, rendered by its spec (`python -m experiments.campaign list`
+                    names every campaign with its command); a campaign's speed table is
+                    also reachable by the name of its JSON (e.g. brown_tagger_speed)
+  figures           the numbers of the figures, from the JSONs of `experiments/analysis/`
+                    in `experiments/results/figures/`
+  rnn_speed         benchmarks/rnn_speed.py's tables (benchmarks/results/rnn_speed_cpu.json)
+  trainer_overhead  benchmarks/trainer_overhead.py's tables
+                    (benchmarks/results/trainer_overhead_cpu.json)
+An unknown name is a one-line error listing the known ones.
 """
 
 import json
@@ -15,9 +22,24 @@ import subprocess
 import sys
 
 from absl import app
+from absl import flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:   # run as a script: the campaign modules import from the root
+  sys.path.insert(0, ROOT)
+
+from experiments.campaign import show  # pylint: disable=g-import-not-at-top,wrong-import-position
+from experiments.campaign import spec  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 FIGURES = os.path.join(ROOT, 'experiments', 'results', 'figures')
+# Benchmark tables, printed by their scripts from the committed JSON.
+BENCHMARKS = {
+    'rnn_speed': ['benchmarks/rnn_speed.py', '--report',
+                  'benchmarks/results/rnn_speed_cpu.json'],
+    'trainer_overhead': ['benchmarks/trainer_overhead.py', '--report',
+                         'benchmarks/results/trainer_overhead_cpu.json'],
+}
+_LIST = flags.DEFINE_bool('list', False, 'Print the names of the result sets and exit.')
 
 
 def _figure(name: str) -> dict:
@@ -71,17 +93,54 @@ def figures() -> str:
   return '\n'.join('* ' + line for line in out)
 
 
+def _speed_campaigns() -> dict:
+  """`{speed JSON name: the campaign that measures it}`."""
+  out = {}
+  for name in spec.names():
+    campaign = spec.get(name)
+    if campaign.speed is not None:
+      out[campaign.speed.name] = campaign
+  return out
+
+
+def names() -> list[str]:
+  """Every result set this script prints, in the order it prints them."""
+  return list(spec.names()) + ['figures'] + list(BENCHMARKS) + sorted(_speed_campaigns())
+
+
+def render(name: str) -> str:
+  """One result set's text."""
+  if name in spec.names():
+    campaign = spec.get(name)
+    return '\n'.join(f'## {name}: {table}\n\n{show.render(campaign, table)}\n'
+                     for table in show.available(campaign))
+  if name == 'figures':
+    return f'## figures\n\n{figures()}\n'
+  if name in BENCHMARKS:
+    done = subprocess.run([sys.executable, *BENCHMARKS[name]], cwd=ROOT, capture_output=True,
+                          text=True, check=False,
+                          env={**os.environ, 'PYTHONPATH': os.pathsep.join(
+                              [ROOT, os.environ.get('PYTHONPATH', '')]).rstrip(os.pathsep)})
+    if done.returncode:
+      raise RuntimeError(f'{" ".join(BENCHMARKS[name])} failed: {done.stderr.strip()[-500:]}')
+    return f'## {name}\n\n{done.stdout.strip()}\n'
+  campaign = _speed_campaigns()[name]
+  return '\n'.join(f'## {campaign.name}: {table}\n\n{show.render(campaign, table)}\n'
+                   for table in campaign.speed.tables)
+
+
 def main(argv):
-  names = argv[1:]
-  campaigns = [n for n in names if n != 'figures']
-  if campaigns or not names:
-    # The campaigns' own renderer (`-m` from the repository root, as the tests import it).
-    code = subprocess.call([sys.executable, '-m', 'experiments.campaign', 'report',
-                            *campaigns, '--figure=none'], cwd=ROOT)
-    if code:
-      sys.exit(code)
-  if 'figures' in names or not names:
-    print(f'## figures\n\n{figures()}\n')
+  known = names()
+  if _LIST.value:
+    print('\n'.join(known))
+    return
+  wanted = argv[1:]
+  unknown = [n for n in wanted if n not in known]
+  if unknown:
+    sys.exit(f'error: unknown result set {unknown[0]!r}; known: {", ".join(known)}.')
+  # Without names: every set once (the speed tables are in their campaigns' sets).
+  for name in wanted or [n for n in known if n not in _speed_campaigns()]:
+    print(render(name))
 
 
 if __name__ == '__main__':

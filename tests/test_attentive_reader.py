@@ -549,5 +549,6 @@ def test_config_file_builds_every_variant_and_the_cpu_preset():
       assert train.layer_options(config, 100)['min_step_count'] == (8 if fast else 1)
   with pytest.raises(ValueError, match='variant must be one of'):
     module.get_config('gru')
-  with pytest.raises(ValueError, match="only preset is 'cpu'"):
+  with pytest.raises(ValueError, match=r"'gpu' is no variant and no preset; .* presets are "
+                                       r"\('cpu', 'tiny'\)"):
     module.get_config('lstm,gpu')

@@ -143,11 +143,12 @@ def test_loss_sums_give_bits_per_character_and_perplexity():
   valid = mask * weights[:, None]
   assert float(count) == valid.sum() == 9
   mean = (nll * valid).sum() / valid.sum()
-  metrics = tasks.TASKS['language_model'].finalize({k: float(v) / float(count)
-                                                    for k, v in sums.items()})
-  np.testing.assert_allclose(metrics['loss'], mean, rtol=1e-5)
-  np.testing.assert_allclose(metrics['bpc'], mean / math.log(2), rtol=1e-5)
-  np.testing.assert_allclose(metrics['perplexity'], math.exp(mean), rtol=1e-5)
+  means = {k: float(v) / float(count) for k, v in sums.items()}
+  characters = tasks.get('language_model', 'character').finalize(means)
+  words = tasks.get('language_model', 'word').finalize(means)
+  np.testing.assert_allclose(characters['loss'], mean, rtol=1e-5)
+  np.testing.assert_allclose(characters['bpc'], mean / math.log(2), rtol=1e-5)
+  np.testing.assert_allclose(words['perplexity'], math.exp(mean), rtol=1e-5)
 
 
 # ------------------------------------------------------------------ through the trainer

@@ -56,9 +56,10 @@ def test_language_model_sums_and_bpc_match_numpy():
   w = mask * weights[:, None]
   np.testing.assert_allclose(float(sums['loss']), (ce * w).sum(), rtol=1e-6)
   assert float(count) == w.sum() == 8
-  metrics = task.finalize({'loss': 1.5, 'accuracy': 0.25})
-  np.testing.assert_allclose(metrics['bpc'], 1.5 / math.log(2))
-  np.testing.assert_allclose(metrics['perplexity'], math.exp(1.5))
+  characters = tasks.get('language_model', 'character').finalize({'loss': 1.5, 'accuracy': 0.25})
+  np.testing.assert_allclose(characters['bpc'], 1.5 / math.log(2))
+  words = tasks.get('language_model', 'word').finalize({'loss': 1.5, 'accuracy': 0.25})
+  np.testing.assert_allclose(words['perplexity'], math.exp(1.5))
 
 
 def test_step_decay_schedule_is_zaremba():

@@ -17,6 +17,9 @@ Dataset interface
       Time steps of a training sequence (the model's `max_length` must be >= it).
   steps_per_epoch: int
       Training steps that make one pass over the training set (for schedules).
+  unit: str (optional)
+      What one position of a sequence is, where it decides the metrics (`tasks.get`):
+      'character' (bits per character) or 'word' (perplexity) for language models.
   carries_state: bool
       True when the model's final recurrent state of step k is the initial state of
       step k+1 (truncated BPTT over a stream, Zaremba et al. 2014). The trainer then keeps

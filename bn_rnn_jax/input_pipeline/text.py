@@ -326,6 +326,8 @@ class LanguageModelDataset:
     self.train_length = seq_length
     self.model_kwargs = {'vocab_size': len(self.vocab)}
     self.carries_state = mode == 'contiguous'
+    # What one position is: the task scores words by perplexity, characters by bpc.
+    self.unit = 'word' if name == 'ptb_word' else 'character'
     train = splits['train']
     if mode == 'segments':
       self._examples, self._slack = segment_layout(train.size, seq_length)

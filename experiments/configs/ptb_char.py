@@ -1,4 +1,27 @@
-"""Character-level Penn Treebank (Cooijmans et al. 2016, sec. 5.2).
+r"""Character-level Penn Treebank (Cooijmans et al. 2016, sec. 5.2).
+
+  python experiments/main.py --config experiments/configs/ptb_char.py:bn_lstm \
+      --workdir runs/ptb_char_bn_lstm
+  python -m experiments.campaign run ptb_char_256 --parallel=2   # this project's runs
+
+Hardware and time: sized for a GPU. On 2 CPU cores (one XLA thread) a training step of the
+1000-unit BN-LSTM takes 1.4 s, the LSTM's 1.2 s (experiments/results/
+ptb_char_1000_speed.json), so the 20,000 steps are about 8 hours of steps, plus a
+validation every 1,000 steps.
+Expected: the paper's test bpc, 1.32 (BN-LSTM) and 1.38 (LSTM), Table 2; not run at this
+size here. At 256 units and 400 steps on 2 CPU cores (the `ptb_char_256` campaign, about
+20 minutes): valid bpc 2.020 (BN-LSTM) against 2.824 (LSTM), test 1.986
+(experiments/results/ptb_char_256.json; `python -m experiments.campaign report
+ptb_char_256`).
+Tiny (the whole run in well under a minute on 2 CPU cores: an 8-unit model on 20-character
+rows, four steps, a validation on two batches and the test on the whole test text; a
+smoke test, not a result):
+
+  python experiments/main.py --config experiments/configs/ptb_char.py:bn_lstm,tiny \
+      --workdir /tmp/ptb_char_tiny
+
+Data: Mikolov's PTB files under the data root (`<root>/ptb/ptb.{train,valid,test}.txt`;
+the root is `--config.data.root=/path/to/datasets` or `$BN_RNN_JAX_DATA`).
 
 The paper's setup: one LSTM layer of 1000 units on one-hot characters, a softmax over
 the 50 symbols, Adam (learning rate 2e-3), minibatches of 64, gradient clipping at 1.0
@@ -10,7 +33,8 @@ use population statistics (the papers' estimate by default; `--config.eval.popul
 for the running average); the best checkpoint is chosen on validation bpc (the paper
 early-stops on it).
 
-Variants (`--config.model.variant`, or the config argument `ptb_char.py:lstm`):
+The argument is `[variant][,tiny]`. Variants (`ptb_char.py:lstm`, or
+`--config.model.variant`):
   lstm           the baseline
   bn_lstm        Cooijmans et al.: BN on W_h h, W_x x and c_t, per-step statistics, gamma 0.1
   bn_input_only  Laurent et al.: BN on W_x x only, frame-wise (per-step) statistics
@@ -32,9 +56,9 @@ from bn_rnn_jax.input_pipeline import text
 VARIANTS = ('lstm', 'bn_lstm', 'bn_input_only')
 
 
-def get_config(variant: str = 'bn_lstm'):
-  if variant not in VARIANTS:
-    raise ValueError(f'ptb_char.py: variant must be one of {VARIANTS}; got {variant!r}.')
+def get_config(arg: str = ''):
+  variant, presets = config_lib.parse_arg(arg, 'ptb_char.py', VARIANTS)
+  variant = variant or 'bn_lstm'
   config = config_lib.default_config()
   config.data = text.default_data_config('ptb_char')   # <data root>/ptb, T = 100
 
@@ -67,4 +91,9 @@ def get_config(variant: str = 'bn_lstm'):
   config.checkpoint.best_metric = 'valid/bpc'
   config.checkpoint.best_mode = 'min'
   config.variants = VARIANTS
+  if 'tiny' in presets:
+    config_lib.apply_tiny(config)
+    config.data.seq_length = config.model.max_length = 20
+    config.train.batch_size = 16
+    config.eval.batch_size = 1024   # rows of 20: 22 batches cover the test text
   return config

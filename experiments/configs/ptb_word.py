@@ -1,15 +1,37 @@
-"""Word-level Penn Treebank (Laurent et al. 2016, sec. 5.2, after Zaremba et al. 2014).
+r"""Word-level Penn Treebank (Laurent et al. 2016, sec. 5.2, after Zaremba et al. 2014).
 
-`experiments/main.py --config=experiments/configs/ptb_word.py:small` (or `medium`, `large`;
-`experiments/ptb_word_reproduce.py` trains the same and compares with Table 2). Laurent et al.:
-"All models consist of two stacked LSTM layers and are trained with stochastic gradient
+  python experiments/main.py --config experiments/configs/ptb_word.py:small \
+      --workdir runs/ptb_word_small_lstm                     # or medium, large
+  python -m experiments.campaign run ptb_word_small --parallel=2   # Table 2, small row
+
+Hardware and time: the small model on 2 CPU cores takes 2.3-2.5 hours a run (15 epochs;
+the `ptb_word_small` campaign runs LSTM and BN side by side in about 2.5 hours); medium
+and large are sized for a GPU and were not run here.
+Expected (small): best validation perplexity 122.6 (LSTM, epoch 7) and 123.7 (BN, epoch 4)
+against Laurent et al.'s 119.2 and 120.9 (experiments/results/ptb_word_small.json;
+`python -m experiments.campaign report ptb_word_small`).
+Tiny (the whole run in well under a minute on 2 CPU cores: 8 units, four steps, a
+validation on two batches and the test on the whole test text; a smoke test, not a
+result):
+
+  python experiments/main.py --config experiments/configs/ptb_word.py:small,tiny \
+      --workdir /tmp/ptb_word_tiny
+
+Data: Mikolov's PTB files under the data root (`<root>/ptb/ptb.{train,valid,test}.txt`;
+the root is `--config.data.root=/path/to/datasets` or `$BN_RNN_JAX_DATA`). Metrics:
+nats per word (`loss`, `nats`) and `perplexity`, for training and validation alike.
+
+The argument is `[size][,tiny]`, the size `small` unless named. Laurent et al.: "All
+models consist of two stacked LSTM layers and are trained with stochastic gradient
 descent (SGD) with a learning rate of 1 and a mini-batch size of 32."
 
-| size   | units | init U(-s, s) | dropout | BPTT steps | clip (global norm) | epochs | learning-rate decay             |
-|--------|-------|---------------|---------|------------|--------------------|--------|---------------------------------|
-| small  | 200   | 0.1           | none    | 20         | 10                 | 15     | halved every epoch after the 6th  |
-| medium | 650   | 0.05          | 0.5     | 35         | 5                  | 40     | / 1.2 every epoch after the 6th   |
-| large  | 1500  | 0.04          | 0.65 *  | 35         | 5                  | 55     | / 1.15 every epoch after the 15th |
+| size   | units | init U(-s, s) | dropout | BPTT | clip (global) | epochs | lr decay              |
+|--------|-------|---------------|---------|------|---------------|--------|-----------------------|
+| small  | 200   | 0.1           | none    | 20   | 10            | 15     | / 2 after epoch 6     |
+| medium | 650   | 0.05          | 0.5     | 35   | 5             | 40     | / 1.2 after epoch 6   |
+| large  | 1500  | 0.04          | 0.65 *  | 35   | 5             | 55     | / 1.15 after epoch 15 |
+
+(the decay divides the rate once per epoch after the one named)
 
 * Laurent et al. write "we apply dropout between all layers" for the large model without a
 rate; 0.65 is Zaremba et al.'s large model, which Laurent et al. say they follow.
@@ -68,9 +90,9 @@ def steps_per_epoch(batch_size: int, seq_length: int) -> int:
   return (PTB_TRAIN_TOKENS // batch_size - 1) // seq_length
 
 
-def get_config(size: str = 'small'):
-  if size not in SIZES:
-    raise ValueError(f'ptb_word.py: size must be one of {sorted(SIZES)}; got {size!r}.')
+def get_config(arg: str = ''):
+  size, presets = config_lib.parse_arg(arg, 'ptb_word.py', tuple(SIZES), kind='size')
+  size = size or 'small'
   units, init, dropout, seq_length, clip, epochs, decay, after = SIZES[size]
   config = config_lib.default_config()
   config.data = text.default_data_config('ptb_word')   # <data root>/ptb
@@ -111,4 +133,8 @@ def get_config(size: str = 'small'):
   config.checkpoint.best_metric = 'valid/perplexity'
   config.checkpoint.best_mode = 'min'
   config.variants = VARIANTS
+  if 'tiny' in presets:
+    config_lib.apply_tiny(config)
+    config.model.embed_size = 8
+    config.eval.batch_size = 256    # rows of 20 words: 17 batches cover the test text
   return config

@@ -1,0 +1,122 @@
+"""The tools around a run: `experiments/plot.py` (curves, one-point axes, a metric that is
+not there) and `experiments/report.py` (every committed result set, by name)."""
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from experiments import plot
+from experiments import report
+from experiments.campaign import show
+from experiments.campaign import spec
+
+REPO = spec.ROOT
+
+
+def _python(*args):
+  env = {**os.environ, 'PYTHONPATH': REPO}
+  return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=300, check=False)
+
+
+def _write_records(workdir, records):
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+    f.writelines(json.dumps(r) + '\n' for r in records)
+  return str(workdir)
+
+
+CHAR_RUN = [{'step': 2, 'split': 'train', 'loss': 3.0, 'bpc': 4.3, 'grad_norm': 1.0,
+             'time_s': 1.0},
+            {'step': 4, 'split': 'train', 'loss': 2.5, 'bpc': 3.6, 'grad_norm': 1.0,
+             'time_s': 2.0},
+            {'step': 4, 'split': 'valid', 'loss': 2.6, 'bpc': 3.75, 'time_s': 3.0}]
+
+
+# ---------------------------------------------------------------------- plot
+def test_one_point_gets_an_axis_from_zero_in_whole_steps():
+  matplotlib = pytest.importorskip('matplotlib')
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots()
+  series = [('valid', [20], [0.5], {})]
+  ax.plot([20], [0.5])
+  fit = plot._fit_single_values  # pylint: disable=protected-access
+  fit(ax, series, logx=False, logy=False, ylim=None)
+  assert ax.get_xlim() == (0, 21.0)
+  assert ax.get_ylim() == (0.45, 0.55)
+  assert all(float(t).is_integer() for t in ax.get_xticks())
+  plt.close(fig)
+
+
+def test_plot_draws_training_and_validation_bpc(tmp_path):
+  pytest.importorskip('matplotlib')
+  workdir = _write_records(tmp_path / 'run', CHAR_RUN)
+  out = _python('experiments/plot.py', f'--workdirs={workdir}', '--metric=bpc',
+                '--splits=valid,train', f'--output={tmp_path / "curves.png"}')
+  assert out.returncode == 0, out.stderr
+  assert out.stderr == '' and os.path.getsize(tmp_path / 'curves.png') > 1000
+
+
+def test_unknown_metric_is_one_line_listing_the_metrics_there_are(tmp_path):
+  workdir = _write_records(tmp_path / 'run', CHAR_RUN)
+  out = _python('experiments/plot.py', f'--workdirs={workdir}', '--metric=acc',
+                '--splits=valid,train', f'--output={tmp_path / "curves.png"}')
+  assert out.returncode == 1
+  assert out.stderr.strip() == (f'error: --metric=acc: no valid, train record of {workdir} has '
+                                'it; they have bpc, grad_norm, loss.')
+
+
+def test_a_split_without_the_metric_is_left_out_with_a_warning(tmp_path):
+  pytest.importorskip('matplotlib')
+  workdir = _write_records(tmp_path / 'run', CHAR_RUN)
+  out = _python('experiments/plot.py', f'--workdirs={workdir}', '--metric=bpc',
+                '--splits=valid,test', f'--output={tmp_path / "curves.png"}')
+  assert out.returncode == 0
+  assert out.stderr.strip() == (f"warning: no 'bpc' in the test records of "
+                                f"{workdir}/metrics.jsonl; that curve is left out.")
+
+
+def test_plot_example_reads_the_runs_the_quickstart_writes():
+  """The docstring's workdirs are where `quickstart.py --workdir W` puts its runs
+  (`<W>/quickstart/<variant>_s<seed>`, the campaign runner's layout)."""
+  workdir = re.search(r'quickstart\.py --workdir (\S+)', plot.__doc__).group(1)
+  shown = re.search(r'--workdirs=(\S+)', plot.__doc__).group(1).split(',')
+  runs = spec.get('quickstart').runs()
+  assert shown and all(
+      path in [os.path.join(workdir, 'quickstart', r.name) for r in runs] for path in shown)
+  assert 'python experiments/quickstart.py --workdir /tmp/quickstart' in open(
+      os.path.join(REPO, 'experiments', 'quickstart.py')).read()
+
+
+# ---------------------------------------------------------------------- report
+def test_report_names_every_committed_result():
+  """Every results JSON (campaigns, their speed tables, the figures, the benchmarks) is
+  printed under some name of `report.py`."""
+  names = set(report.names())
+  for path in glob.glob(os.path.join(REPO, 'experiments', 'results', '*.json')):
+    assert os.path.basename(path)[:-len('.json')] in names, path
+  assert glob.glob(os.path.join(REPO, 'experiments', 'results', 'figures', '*.json'))
+  assert 'figures' in names
+  for path in glob.glob(os.path.join(REPO, 'benchmarks', 'results', '*.json')):
+    assert os.path.basename(path)[:-len('_cpu.json')] in names, path
+
+
+def test_report_prints_a_speed_table_by_its_json_name():
+  out = _python('experiments/report.py', 'brown_tagger_speed', 'trainer_overhead')
+  assert out.returncode == 0, out.stderr
+  campaign = spec.get('brown_tagger')
+  assert show.render(campaign, 'speed') in out.stdout
+  assert '## trainer_overhead' in out.stdout and 'B100 T784 I1 H100 bn_lstm' in out.stdout
+
+
+def test_unknown_report_is_one_line_listing_the_known():
+  out = _python('experiments/report.py', 'brown_tagger', 'no_such_table')
+  assert out.returncode == 1 and out.stdout == ''
+  assert out.stderr.strip() == ("error: unknown result set 'no_such_table'; known: " +
+                                ', '.join(report.names()) + '.')
