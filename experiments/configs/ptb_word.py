@@ -6,7 +6,7 @@ r"""Word-level Penn Treebank (Laurent et al. 2016, sec. 5.2, after Zaremba et al
 
 Hardware and time: the small model on 2 CPU cores takes 2.3-2.5 hours a run (15 epochs;
 the `ptb_word_small` campaign runs LSTM and BN side by side in about 2.5 hours); medium
-and large are sized for a GPU and were not run here.
+and large are sized for a GPU; no result of theirs is committed.
 Expected (small): best validation perplexity 122.6 (LSTM, epoch 7) and 123.7 (BN, epoch 4)
 against Laurent et al.'s 119.2 and 120.9 (experiments/results/ptb_word_small.json;
 `python -m experiments.campaign report ptb_word_small`).
