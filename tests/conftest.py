@@ -8,6 +8,11 @@ Real datasets are read under `$BN_RNN_JAX_DATA` (`bn_rnn_jax.input_pipeline`). W
 unset and the project machines' read-only copy exists beside the repository
 (`../shared/data`), it is pointed there; the tests that need a dataset skip, naming it,
 where it is missing.
+
+What the test modules share lives in four modules that are not tests: `helpers.py`
+(assertions, conversions, commands, the core tier's case selection), `training_fixtures.py`
+(tiny configs, datasets and fixture files of the tests that train), `reference.py` (the
+float64 NumPy reference) and `real_data.py` (the real datasets' paths).
 """
 
 import os

@@ -32,9 +32,8 @@ from experiments.campaign import show
 from experiments.campaign import spec
 from experiments.campaigns import ptb_word_small
 from experiments.campaigns import quickstart
-import test_attentive_reader
-import test_language_model
-import test_tagging
+import helpers
+import training_fixtures as fx
 
 REPO = spec.ROOT
 MARKER = re.compile(r'<!-- campaign-table (\S+) (\S+) -->\n(.*?)<!-- /campaign-table -->',
@@ -74,12 +73,32 @@ def test_quoted_table_regenerates_from_its_json(doc, name, table, text):
   assert show.render(spec.get(name), table) == text, f'{doc}: {name} {table}'
 
 
+def _moved_floats(value):
+  """`value` (a JSON tree) with every float moved to `0.5 x + 0.25` (accuracies stay in
+  [0, 1]); integers (steps, counts) and strings are kept."""
+  if isinstance(value, float):
+    return 0.5 * value + 0.25
+  if isinstance(value, dict):
+    return {k: _moved_floats(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return [_moved_floats(v) for v in value]
+  return value
+
+
 @pytest.mark.parametrize('name', spec.names())
-def test_every_committed_json_renders_and_names_no_local_path(name):
+def test_every_committed_json_renders_and_names_no_local_path(name, tmp_path):
+  """Every table renders from its committed JSON, and from its JSON alone: the same JSONs
+  with other numbers give another text."""
   campaign = spec.get(name)
+  for result_name in [name] + ([campaign.speed.name] if campaign.speed else []):
+    if os.path.exists(collect.path_of(result_name)):
+      with open(collect.path_of(result_name)) as f:
+        collect.write(_moved_floats(json.load(f)),
+                      collect.path_of(result_name, str(tmp_path)))
   for table in show.available(campaign):
     rendered = show.render(campaign, table)
     assert rendered.strip() and 'nan' not in rendered
+    assert show.render(campaign, table, str(tmp_path)) != rendered, (name, table)
   result = collect.load(name)
   assert result['campaign'] == name and result['runs']
   assert result['command'].startswith('python -m experiments.campaign run ' + name)
@@ -279,9 +298,9 @@ def data(tmp_path_factory):
   root = tmp_path_factory.mktemp('campaign_data')
   (root / 'ptb').mkdir()
   return {
-      'ptb': test_language_model.write_ptb_fixture(root / 'ptb', lines=(60, 12, 12)),
-      'brown': test_tagging._write_brown(root / 'brown'),  # pylint: disable=protected-access
-      'cloze': test_attentive_reader.write_questions(str(root / 'cloze')),
+      'ptb': fx.write_ptb_fixture(root / 'ptb', lines=(60, 12, 12)),
+      'brown': fx.write_brown(root / 'brown'),
+      'cloze': fx.write_questions(str(root / 'cloze')),
   }
 
 
@@ -393,6 +412,23 @@ def test_run_again_skips_finished_runs_and_resumes_the_others(data, tiny_runs, t
   assert [r['step'] for r in records if r['split'] == 'train'] == [2, 4]
   assert [r['step'] for r in records if r['split'] == 'valid'] == [2, 4]
   assert len(collect.read_launches(resumed)) == 2
+
+
+def test_quickstart_runs_end_to_end(tmp_path):
+  """`experiments/quickstart.py` (the README's first command) at a tiny budget: it runs
+  the quickstart campaign, prints its table and draws the curves."""
+  result = helpers.run_python(['experiments/quickstart.py', '--workdir', str(tmp_path),
+                               '--seeds=0', '--config.train.num_steps=4',
+                               '--config.eval.every=2', '--config.train.log_every=2',
+                               '--config.model.hidden_size=8',
+                               '--config.eval.population_batches=1',
+                               '--config.eval.max_batches=1',
+                               "--config.variants=('bn_lstm',)"],  # one variant: the budget
+                              one_device=True)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'bn_lstm' in result.stdout and 'acc@end' in result.stdout
+  assert os.path.getsize(tmp_path / 'learning_curves.png') > 1000
+  assert os.path.exists(tmp_path / 'quickstart' / 'bn_lstm_s0' / 'metrics.jsonl')
 
 
 def test_a_killed_campaign_resumes_exactly(tiny_runs):

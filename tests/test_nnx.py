@@ -116,6 +116,7 @@ def trained():
   return linen, variables, model, initial
 
 
+@pytest.mark.slow
 def test_training_gives_the_same_parameters_and_statistics(trained):
   _, variables, model, initial = trained
   params = variables['params']
@@ -130,6 +131,7 @@ def test_training_gives_the_same_parameters_and_statistics(trained):
   assert float(moved.max()) > 1e-2
 
 
+@pytest.mark.slow
 def test_evaluation_with_running_and_estimated_statistics_agrees(trained):
   linen, variables, model, _ = trained
   x, mask, _ = VALID
@@ -150,6 +152,7 @@ def test_evaluation_with_running_and_estimated_statistics_agrees(trained):
   assert model.rnn.use_running_average  # the estimate left the mode alone
 
 
+@pytest.mark.slow
 def test_train_and_eval_switch_batch_and_population_statistics(trained):
   _, _, model, _ = trained
   x, mask, _ = VALID
@@ -167,6 +170,7 @@ def test_train_and_eval_switch_batch_and_population_statistics(trained):
   model.eval()
 
 
+@pytest.mark.slow
 def test_step_through_the_wrapped_stack(trained):
   _, _, model, _ = trained
   x, mask, _ = VALID
