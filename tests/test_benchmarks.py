@@ -136,6 +136,7 @@ def test_cudnn_row_is_skipped_with_one_line_without_cudnn():
 TINY = dict(batch=4, time=3, features=2, hidden=8, bidirectional=False, padding=0.0)
 
 
+@pytest.mark.slow
 def test_rows_for_each_dtype_and_skipped_lines(monkeypatch):
   """Every implementation that runs here gets a row per dtype (ratios within a dtype);
   the rest one line each."""
@@ -173,6 +174,7 @@ def test_bfloat16_rows_run_bfloat16_products(impl):
   assert sum(bf16['dot_operands'].values()) == sum(f32['dot_operands'].values())
 
 
+@pytest.mark.slow
 def test_bfloat16_backward_products_follow_the_backward_pass():
   """Flax's cell and the whole-layer pass run every product of an LSTM in bfloat16; the
   autodiff of the scan runs the three backward ones (dh, dW_h, dW_x) in float32."""

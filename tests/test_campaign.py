@@ -377,6 +377,7 @@ QUICK_ARMS = {'init_options': ['lstm_ours', 'bn_lstm_authors'],
               'attentive_reader_200': ['lstm']}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', spec.names())
 def test_campaign_end_to_end_at_a_tiny_budget(name, data, tiny_runs, tmp_path):
   result = _tiny(name, data, tiny_runs, tmp_path, QUICK_ARMS.get(name))
@@ -391,6 +392,7 @@ def test_every_arm_end_to_end_at_a_tiny_budget(name, data, tiny_runs, tmp_path):
   _tiny(name, data, tiny_runs, tmp_path)
 
 
+@pytest.mark.slow
 def test_run_again_skips_finished_runs_and_resumes_the_others(data, tiny_runs, tmp_path):
   """After the tiny quickstart, the same `run` launches nothing; a longer budget resumes
   the run from its checkpoint (one more launch); no step is evaluated twice."""
@@ -414,6 +416,7 @@ def test_run_again_skips_finished_runs_and_resumes_the_others(data, tiny_runs, t
   assert len(collect.read_launches(resumed)) == 2
 
 
+@pytest.mark.slow
 def test_quickstart_runs_end_to_end(tmp_path):
   """`experiments/quickstart.py` (the README's first command) at a tiny budget: it runs
   the quickstart campaign, prints its table and draws the curves."""
@@ -431,6 +434,7 @@ def test_quickstart_runs_end_to_end(tmp_path):
   assert os.path.exists(tmp_path / 'quickstart' / 'bn_lstm_s0' / 'metrics.jsonl')
 
 
+@pytest.mark.slow
 def test_a_killed_campaign_resumes_exactly(tiny_runs):
   """Kill the runner and its run (SIGKILL to the process group) after the first
   checkpoint; `run` again resumes the run from it and ends with the records of an

@@ -46,7 +46,6 @@ def runs(tmp_path_factory):
   return config, dataset, straight, resumed, killed_records
 
 
-@pytest.mark.slow
 def test_resume_after_kill_is_exact(runs):
   config, dataset, straight, resumed, killed_records = runs
   # The kill came after the step-4 checkpoint and the step-3 log: the restart had work
@@ -86,7 +85,6 @@ def test_shard_map_backend_resumes_the_pmap_run(runs, tmp_path):
         np.testing.assert_allclose(b[key], a[key], rtol=1e-5, err_msg=f'{a["step"]} {key}')
 
 
-@pytest.mark.slow
 def test_run_leaves_artifacts(runs):
   config, _, straight, _, _ = runs
   assert sorted(os.listdir(os.path.join(straight, 'checkpoints'))) == ['6', '7']  # keep 2
@@ -103,7 +101,6 @@ def test_run_leaves_artifacts(runs):
   assert any(name.startswith('events.out.tfevents') for name in events)
 
 
-@pytest.mark.slow
 def test_best_checkpoint_holds_the_best_validation_accuracy(runs):
   config, dataset, straight, _, _ = runs
   valid = [r for r in metric_writer.read_metrics(straight) if r['split'] == 'valid']
@@ -114,7 +111,6 @@ def test_best_checkpoint_holds_the_best_validation_accuracy(runs):
   assert len(test) == 1 and test[0]['checkpoint_step'] == first_best['step']
 
 
-@pytest.mark.slow
 def test_rerunning_a_finished_run_changes_nothing(runs):
   config, dataset, straight, _, _ = runs
   before = fx.records_without_time(straight)

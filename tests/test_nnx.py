@@ -116,7 +116,6 @@ def trained():
   return linen, variables, model, initial
 
 
-@pytest.mark.slow
 def test_training_gives_the_same_parameters_and_statistics(trained):
   _, variables, model, initial = trained
   params = variables['params']
@@ -131,7 +130,6 @@ def test_training_gives_the_same_parameters_and_statistics(trained):
   assert float(moved.max()) > 1e-2
 
 
-@pytest.mark.slow
 def test_evaluation_with_running_and_estimated_statistics_agrees(trained):
   linen, variables, model, _ = trained
   x, mask, _ = VALID

@@ -277,14 +277,16 @@ def test_forced_accelerator_policy_is_what_accelerators_resolve(variant, backend
 # ----------------------------------------------------------------------------- numerics
 
 
-@pytest.mark.parametrize('variant,choice', _cases())
+@pytest.mark.parametrize('variant,choice', helpers.core_cases(
+    _cases(), core=[('bn_lstm', 'accelerator'), ('rnn_bn_recurrence', 'accelerator')]))
 def test_forced_choice_matches_cpu_policy(variant, choice):
   got = run(variant, tuple(FORCED[choice].items()))
   assert_same_training_pass(got, run(variant), RTOL_VALUES, RTOL_GRADS)
 
 
-@pytest.mark.parametrize('choice', ['cpu', *FORCED])
-@pytest.mark.parametrize('variant', BATCH_VARIANTS)
+@pytest.mark.parametrize('variant,choice', helpers.core_cases(
+    [(variant, choice) for variant in BATCH_VARIANTS for choice in ('cpu', *FORCED)],
+    core=[('bn_lstm', 'cpu'), ('bn_lstm', 'accelerator')]))
 def test_each_policy_matches_the_float64_reference(variant, choice):
   forced = () if choice == 'cpu' else tuple(FORCED[choice].items())
   got = run(variant, forced)
@@ -314,6 +316,7 @@ def _trainer_step(forced: dict):
   return resolved, fx.one_step(config, dataset, num_devices=1)
 
 
+@pytest.mark.slow
 def test_trainer_step_with_the_accelerator_policy_matches_the_cpu_policy():
   """The config fields reach the layers, and one training step (SGD, so that the update
   is the gradient times the learning rate) plus a validation pass with population

@@ -47,6 +47,7 @@ def _records(workdir):
           for r in metric_writer.read_metrics(workdir)]
 
 
+@pytest.mark.slow
 def test_budgeted_launches_resume_to_the_uninterrupted_run(tmp_path, caplog):
   config = _config()
   dataset = fx.synthetic_dataset(config)
@@ -93,6 +94,7 @@ def test_bad_budget_is_one_clear_error(budget):
     config_lib.validate_config(config)
 
 
+@pytest.mark.slow
 def test_main_stops_cleanly_and_says_how_to_continue(tmp_path):
   """The command line: exit status 0, the checkpoint of the stop, one line saying how to
   go on; the same command then finishes the run."""
@@ -119,6 +121,7 @@ def test_main_stops_cleanly_and_says_how_to_continue(tmp_path):
   assert '4' in os.listdir(tmp_path / 'checkpoints')
 
 
+@pytest.mark.slow
 def test_long_run_command_stops_packs_and_continues(tmp_path):
   """experiments/seq_mnist_long_run.sh on the 8x8 digits (the same command, the data
   swapped by its pass-through arguments): a stop at the first save, a tar without the
