@@ -16,7 +16,6 @@ import helpers
 import reference
 import training_fixtures as fx
 from training_fixtures import cloze_arrays, cloze_dir  # pylint: disable=unused-import
-from training_fixtures import compilation_cache  # pylint: disable=unused-import
 
 MAX_LENGTH = 48   # T_max of the tiny readers; the fixtures' batches are 32 wide
 

@@ -33,7 +33,6 @@ import helpers
 from helpers import assert_close
 import reference as ref
 import training_fixtures as fx
-from training_fixtures import compilation_cache  # pylint: disable=unused-import
 
 NUM_DEVICES = 8
 T, I, H = 5, 3, 4

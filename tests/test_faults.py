@@ -29,7 +29,6 @@ from bn_rnn_jax import variants
 from bn_rnn_jax.input_pipeline import mnist
 import helpers
 import training_fixtures as fx
-from training_fixtures import compilation_cache  # pylint: disable=unused-import
 
 REPO = helpers.REPO
 
@@ -64,8 +63,7 @@ def _copy(straight_run, tmp_path, name='copy'):
 
 # ====================================================================== kills
 def _worker(workdir, overrides, *extra, wait=True):
-  env = dict(os.environ, JAX_CACHE_DIR=jax.config.jax_compilation_cache_dir,
-             PYTHONPATH=REPO)
+  env = dict(os.environ, PYTHONPATH=REPO)
   args = [sys.executable, os.path.join(REPO, 'tests', 'fault_worker.py'), workdir,
           json.dumps(overrides), *map(str, extra)]
   proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE,

@@ -2,8 +2,6 @@
 the tagging task, on tiny fixture files written here, and on the real Brown corpus when
 it is under the data root."""
 
-import os
-
 import numpy as np
 import pytest
 

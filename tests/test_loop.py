@@ -19,7 +19,6 @@ from bn_rnn_jax import loop
 from bn_rnn_jax import metric_writer
 import helpers
 import training_fixtures as fx
-from training_fixtures import compilation_cache  # pylint: disable=unused-import
 
 
 def _config():

@@ -11,7 +11,6 @@ from bn_rnn_jax import loop
 from bn_rnn_jax import parallel
 import helpers
 import training_fixtures as fx
-from training_fixtures import compilation_cache  # pylint: disable=unused-import
 
 
 def test_eight_devices_see_eight():

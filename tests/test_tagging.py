@@ -14,7 +14,6 @@ from bn_rnn_jax.input_pipeline import tagging
 import helpers
 import reference as ref
 import training_fixtures as fx
-from training_fixtures import compilation_cache  # pylint: disable=unused-import
 
 VARIANTS = ('lstm', 'bn_input_only_seq', 'bn_input_only')
 B, T, I, H, C = 4, 7, 3, 4, 5

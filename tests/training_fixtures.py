@@ -1,11 +1,10 @@
 """Tiny configs, synthetic datasets and fixture files shared by the tests that train
 (not a test module): configs that compile and run in about a second, datasets that fail
-on cue, a run's checkpoint and records read back, and the compilation cache they share."""
+on cue, a run's checkpoint and records read back."""
 
 import os
 import tarfile
 
-import jax
 import numpy as np
 import pytest
 
@@ -254,25 +253,3 @@ def tiny_reading_dataset(arrays, batch_size=8, seed=0):
   """The reader's dataset of `reading.load`'s arrays, documents padded to 32 steps."""
   return reading.ReadingDataset(arrays, batch_size=batch_size, seed=seed, eval_batch_size=8,
                                 length_multiple=32)
-
-
-_CACHE_OPTIONS = {'jax_persistent_cache_min_compile_time_secs': 0.0,
-                  'jax_persistent_cache_min_entry_size_bytes': 0}
-
-
-@pytest.fixture(scope='module', autouse=True)
-def compilation_cache(tmp_path_factory):
-  """A persistent XLA cache for the trainer tests: every run builds a new Trainer (new
-  pmapped closures), and without it each would compile the same programs again.
-  Restored afterwards so other test modules are unaffected."""
-  from jax.experimental.compilation_cache import compilation_cache as cc  # pylint: disable=g-import-not-at-top
-  options = {'jax_compilation_cache_dir': str(tmp_path_factory.getbasetemp() / 'jax_cache'),
-             **_CACHE_OPTIONS}
-  old = {name: getattr(jax.config, name) for name in options}
-  cc.reset_cache()
-  for name, value in options.items():
-    jax.config.update(name, value)
-  yield
-  for name, value in old.items():
-    jax.config.update(name, value)
-  cc.reset_cache()
