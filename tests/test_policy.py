@@ -274,6 +274,35 @@ def test_forced_accelerator_policy_is_what_accelerators_resolve(variant, backend
   assert _resolve(variant, backend) == _policy_of(variant, tuple(ACCELERATOR.items()))
 
 
+# The layers' own 'auto' on this CPU, at the shapes of the measurements.
+def test_auto_remat_on_cpu_follows_the_measured_rule():
+  # policy.py: batch-normalised layers recompute the whole step up to H128 and store
+  # the matmul outputs above; layers without batch norm store everything.
+  assert jax.default_backend() == 'cpu'
+  mode = lambda variant, hidden: variants.make_layer(
+      variant, hidden, max_length=T).execution_policy(64).remat
+  assert [mode('bn_lstm', h) for h in (100, 128, 129, 240, 1000)] == [
+      'full', 'full', 'dots', 'dots', 'dots']
+  assert mode('bn_input_only', 100) == 'full'
+  assert mode('lstm', 100) == mode('lstm', 1000) == 'none'
+
+
+def test_auto_backward_on_cpu_follows_the_measured_rule():
+  # policy.py: on CPU, LSTM layers take the whole-layer backward pass from H = 8 B.
+  assert jax.default_backend() == 'cpu'
+  uses_layer = lambda variant, hidden, batch: variants.make_layer(
+      variant, hidden, max_length=T).execution_policy(batch).backward == 'layer'
+  assert [uses_layer('bn_lstm', h, 64) for h in (100, 511, 512, 1000)] == [
+      False, False, True, True]
+  assert uses_layer('lstm', 650, 32) and uses_layer('bn_input_only_seq', 250, 24)
+  assert not uses_layer('lstm', 240, 40)
+  assert not uses_layer('rnn', 1000, 8)
+  assert variants.make_layer('lstm', 1000,
+                             backward='scan').execution_policy(8).backward == 'scan'
+  assert variants.make_layer('lstm', 10,
+                             backward='layer').execution_policy(64).backward == 'layer'
+
+
 # ----------------------------------------------------------------------------- numerics
 
 
