@@ -12,6 +12,8 @@ from jax.experimental import rnn
 import numpy as np
 import pytest
 
+import helpers
+
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           'benchmarks')
 sys.path.insert(0, BENCHMARKS)
@@ -161,8 +163,9 @@ def test_rows_for_each_dtype_and_skipped_lines(monkeypatch):
   assert flax_bf16.split('|')[5].strip() == '1.00'   # its own reference in bfloat16
 
 
-@pytest.mark.parametrize('impl', ['flax_optimized_lstm', 'lstm:scan', 'lstm:layer',
-                                  'bn_lstm:scan', 'bn_lstm:layer'])
+@pytest.mark.parametrize('impl', helpers.core_cases(
+    ['flax_optimized_lstm', 'lstm:scan', 'lstm:layer', 'bn_lstm:scan', 'bn_lstm:layer'],
+    core=['bn_lstm:layer']))
 def test_bfloat16_rows_run_bfloat16_products(impl):
   """At least the forward input and recurrent products take bfloat16 operands; no
   product of a float32 row does."""
