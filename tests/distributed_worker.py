@@ -1,4 +1,5 @@
-"""One process of the 2-process CPU test in test_parallel.py (not a test module).
+"""One process of the 2-process CPU test in test_eight_devices_equal_one.py (not a test
+module).
 
   python tests/distributed_worker.py PROCESS_ID PORT OUT_FILE
 

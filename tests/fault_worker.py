@@ -6,15 +6,14 @@ Runs `loop.train_and_evaluate` on `training_fixtures`' tiny config (with the ove
 a JSON object of dotted config keys) and synthetic dataset. With KILL_IN_SAVE_STEP the
 process SIGKILLs itself in the middle of writing that step's checkpoint: after orbax
 started writing the state into its temporary folder, before the checkpoint is complete.
-The persistent compilation cache of `JAX_CACHE_DIR` (if set) is shared with the tests.
+It inherits the tests' persistent compilation cache (`JAX_COMPILATION_CACHE_DIR`,
+tests/conftest.py).
 """
 
 import json
 import os
 import signal
 import sys
-
-import jax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import training_fixtures as fx  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -36,10 +35,6 @@ def _kill_inside_save(step: int) -> None:
 
 
 def main(workdir: str, overrides: str, kill_in_save: int = 0) -> None:
-  if os.environ.get('JAX_CACHE_DIR'):
-    jax.config.update('jax_compilation_cache_dir', os.environ['JAX_CACHE_DIR'])
-    for name, value in fx._CACHE_OPTIONS.items():  # pylint: disable=protected-access
-      jax.config.update(name, value)
   if kill_in_save:
     _kill_inside_save(kill_in_save)
   checkpoint.quiet_orbax_logs()

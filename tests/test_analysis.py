@@ -87,6 +87,7 @@ def test_tanh_derivative_rejects_bad_sizes(tmp_path):
 
 # ---------------------------------------------------------------- gradient flow (1a)
 
+@pytest.mark.slow
 def test_gradient_flow_vanishes_for_large_gamma(tmp_path):
   # 8x8 digits (64 steps): the offline fallback; real MNIST is the script's default.
   result = gradient_flow.run(str(tmp_path), None, [0.1, 1.0], hidden_size=32,
@@ -117,6 +118,7 @@ def _tiny_digits_trainer(**model_fields):
   return loop.Trainer(config)
 
 
+@pytest.mark.slow
 def test_population_estimate_matches_numpy_moments():
   """The scripts' population estimate (the library's Trainer) of the input-term
   statistics equals the float64 average of the per-step batch moments of x_t W_x over the
@@ -136,6 +138,7 @@ def test_population_estimate_matches_numpy_moments():
   np.testing.assert_allclose(site['count'], np.full(64, 3.0))
 
 
+@pytest.mark.slow
 def test_initial_state_changes_gamma_and_shares_the_step():
   """`initial_state` sets the BN gammas; both states train with the one compiled step, and
   `evaluate_with` on the state's own running statistics equals the 'running' evaluation."""
@@ -199,6 +202,7 @@ def test_convergence_measure():
 
 
 @needs_ptb
+@pytest.mark.slow
 def test_population_stats(tmp_path):
   population_stats.run(str(tmp_path), PTB_DIR, hidden_size=8, num_steps=3, batch_size=8,
                        length=12, units_shown=5, population_batches=2)
@@ -220,6 +224,7 @@ def test_population_stats(tmp_path):
 
 # ---------------------------------------------------------------- gamma sensitivity (6)
 
+@pytest.mark.slow
 def test_gamma_sensitivity_mnist_digits(tmp_path):
   result = gamma_sensitivity.run(
       str(tmp_path), None, PTB_DIR, [0.1, 1.0], tasks=('mnist',),
@@ -238,6 +243,7 @@ def test_gamma_sensitivity_mnist_digits(tmp_path):
 
 
 @needs_ptb
+@pytest.mark.slow
 def test_gamma_sensitivity_ptb(tmp_path):
   gamma_sensitivity.run(
       str(tmp_path), None, PTB_DIR, [0.1, 1.0], tasks=('ptb',),
@@ -260,6 +266,7 @@ def test_laurent_variant_parsing():
 
 
 @needs_ptb
+@pytest.mark.slow
 def test_laurent_appendix(tmp_path):
   variants = [('rnn_bn_input', 1.0), ('rnn_bn_recurrence', 0.1)]
   laurent_appendix.run(str(tmp_path), PTB_DIR, variants, num_steps=3, hidden_size=8,
@@ -275,6 +282,7 @@ def test_laurent_appendix(tmp_path):
 
 # ---------------------------------------------------------------- estimate batch size
 
+@pytest.mark.slow
 @pytest.mark.parametrize('permute', [False, True])
 def test_estimate_batch_size_digits(tmp_path, permute):
   """Every estimate setting is drawn `draws` times and scored; every site is swapped."""

@@ -1,78 +1,26 @@
-"""Attentive Reader (Cooijmans sec. 5.4): the DeepMind Q&A reader, the model, its variants,
-and training through the task-generic loop (8 devices, kill and resume)."""
-
-import os
-import tarfile
+"""Attentive Reader (Cooijmans sec. 5.4): the model and its variants against the float64
+reference, padding and few-document steps, and training through the task-generic loop
+(8 devices, kill and resume). The question reader is in `test_input_pipeline_reading.py`,
+the config file in `test_experiment_configs.py`."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bn_rnn_jax import checkpoint
-from bn_rnn_jax import metric_writer
 from bn_rnn_jax import models
 from bn_rnn_jax import tasks
-from bn_rnn_jax import train
-from bn_rnn_jax import config as config_lib
 from bn_rnn_jax import loop
 from bn_rnn_jax.input_pipeline import reading
-import real_data
+import helpers
 import reference
 import training_fixtures as fx
-from training_fixtures import compilation_cache  # pylint: disable=unused-import
+from training_fixtures import cloze_arrays, cloze_dir  # pylint: disable=unused-import
 
-WORDS = ('the', 'a', 'house', 'runs', 'said', 'of', 'and', 'river', 'old', 'new')
-SPLITS = {'training': 24, 'validation': 8, 'test': 8}
 MAX_LENGTH = 48   # T_max of the tiny readers; the fixtures' batches are 32 wide
-REAL_DATA = real_data.path('brown_cloze')
 
 
 # ====================================================================== fixtures
-def question_text(rng, index):
-  """A `.question` file in DeepMind's layout with 2-4 entities; lengths vary."""
-  num_entities = int(rng.integers(2, 5))
-  context = []
-  for entity in range(num_entities):
-    context += list(rng.choice(WORDS, int(rng.integers(1, 4)))) + [f'@entity{entity}', '.']
-  context += list(rng.choice(WORDS, int(rng.integers(0, 5))))
-  answer = int(rng.integers(0, num_entities))
-  query = list(rng.choice(WORDS, 3)) + ['@placeholder', '@entity0' if answer else 'river']
-  lines = '\n'.join(f'@entity{e}:Name {e}' for e in range(num_entities))
-  return f'http://x/{index}\n\n{" ".join(context)}\n\n{" ".join(query)}\n\n@entity{answer}' \
-         f'\n\n{lines}'
-
-
-def write_questions(root, seed=0):
-  rng = np.random.default_rng(seed)
-  for folder, count in SPLITS.items():
-    os.makedirs(os.path.join(root, folder), exist_ok=True)
-    for i in range(count):
-      with open(os.path.join(root, folder, f'{folder}{i:03d}.question'), 'w') as f:
-        f.write(question_text(rng, i))
-  return root
-
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  """`<tmp>/cloze/questions/{training,validation,test}` and `<tmp>/cloze.tgz` of it."""
-  base = tmp_path_factory.mktemp('reading')
-  write_questions(str(base / 'cloze' / 'questions'))
-  with tarfile.open(str(base / 'cloze.tgz'), 'w:gz') as archive:
-    archive.add(str(base / 'cloze'), arcname='cloze')
-  return base
-
-
-@pytest.fixture(scope='module')
-def arrays(data_dir):
-  return reading.load(str(data_dir / 'cloze'))
-
-
-def tiny_dataset(arrays, batch_size=8, seed=0):
-  return reading.ReadingDataset(arrays, batch_size=batch_size, seed=seed, eval_batch_size=8,
-                                length_multiple=32)
-
-
 def tiny_reader(arrays, variant, max_length=None):
   max_length = max_length or MAX_LENGTH
   return models.AttentiveReader(
@@ -81,142 +29,15 @@ def tiny_reader(arrays, variant, max_length=None):
       layer_options=dict(max_length=max_length, remat='none'))
 
 
-# ====================================================================== reader
-def test_folder_layouts_and_archive_read_alike(data_dir, arrays, tmp_path):
-  as_split_folders = reading.load(str(data_dir / 'cloze' / 'questions'))
-  from_archive = reading.load(str(data_dir / 'cloze.tgz'))
-  for other in (as_split_folders, from_archive):
-    assert sorted(other) == sorted(arrays)
-    for key in arrays:
-      np.testing.assert_array_equal(other[key], arrays[key], err_msg=key)
-  assert len(arrays['train/answer']) == SPLITS['training']
-  vocab = list(arrays['vocab'])
-  assert vocab[:3] == ['<pad>', '<unk>', '@placeholder']
-  assert vocab[3:3 + int(arrays['num_entities'])] == [
-      f'@entity{i}' for i in range(int(arrays['num_entities']))]
-
-
-def test_cache_is_read_back_without_parsing(data_dir, arrays, tmp_path, monkeypatch):
-  cache = str(tmp_path / 'cache')
-  first = reading.load(str(data_dir / 'cloze.tgz'), cache_dir=cache)
-  assert len(os.listdir(cache)) == 1
-  def no_parse(*args, **kwargs):
-    raise AssertionError('parsed again instead of reading the cache')
-  monkeypatch.setattr(reading, 'parse_source', no_parse)
-  second = reading.load(str(data_dir / 'cloze.tgz'), cache_dir=cache)
-  for key in first:
-    np.testing.assert_array_equal(second[key], first[key], err_msg=key)
-  with pytest.raises(AssertionError, match='parsed again'):  # another option: a new key
-    reading.load(str(data_dir / 'cloze.tgz'), vocab_size=20, cache_dir=cache)
-
-
-@pytest.mark.parametrize('text, problem', [
-    ('http://x\n\nthe @entity0 .\n\nthe @placeholder', 'found 3 block'),
-    ('http://x\n\nthe @entity0 .\n\nthe query\n\n@entity0\n\n@entity0:A', 'no @placeholder'),
-    ('http://x\n\nthe @entity0 .\n\n@placeholder runs\n\nParis\n\n@entity0:A', 'not an @entity'),
-    ('http://x\n\nthe @entity0 .\n\n@placeholder runs\n\n@entity0\n\nA', 'does not read'),
-])
-def test_malformed_file_is_one_line_naming_it(tmp_path, text, problem):
-  root = write_questions(str(tmp_path / 'data'))
-  bad = os.path.join(root, 'validation', 'zz_bad.question')
-  with open(bad, 'w') as f:
-    f.write(text)
-  with pytest.raises(ValueError, match='zz_bad.question: malformed') as error:
-    reading.load(root)
-  assert problem in str(error.value) and '\n' not in str(error.value)
-
-
-def test_missing_source_names_the_path(tmp_path):
-  with pytest.raises(FileNotFoundError, match='nowhere'):
-    reading.load(str(tmp_path / 'nowhere'))
-  os.makedirs(tmp_path / 'empty')
-  with pytest.raises(FileNotFoundError, match='empty holds neither'):
-    reading.load(str(tmp_path / 'empty'))
-
-
-def test_training_batches_are_a_function_of_seed_and_step(arrays):
-  dataset = tiny_dataset(arrays)
-  a, b = dataset.train_batch(3), dataset.train_batch(3)
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_array_equal(x, y)
-  other = dataset.train_batch(4)
-  assert not np.array_equal(other['inputs']['document'][:, :4], a['inputs']['document'][:, :4])
-  # Shards of two processes put together are the one-process batch.
-  halves = [reading.ReadingDataset(arrays, batch_size=8, seed=0, process_index=p,
-                                   process_count=2).train_batch(3) for p in (0, 1)]
-  whole = jax.tree.map(lambda *x: np.concatenate(x), *halves)
-  for x, y in zip(jax.tree.leaves(whole), jax.tree.leaves(a)):
-    np.testing.assert_array_equal(x, y)
-
-
-def test_entity_shuffle_moves_the_answer_with_its_entity(arrays):
-  dataset = tiny_dataset(arrays, batch_size=16)
-  index, permutations = dataset.train_indices(5)
-  plain = dataset.batch('train', index)
-  shuffled = dataset.train_batch(5)
-  assert not np.array_equal(shuffled['labels'], plain['labels'])  # ids did change
-  offset = reading.ENTITY_OFFSET
-  for b in range(16):
-    doc, new_doc = plain['inputs']['document'][b], shuffled['inputs']['document'][b]
-    # Where the answer was mentioned, the new answer id is mentioned, and only there.
-    np.testing.assert_array_equal(doc == plain['labels'][b] + offset,
-                                  new_doc == shuffled['labels'][b] + offset)
-    # Every entity keeps its mentions; words are untouched.
-    for e in range(dataset.num_entities):
-      np.testing.assert_array_equal(doc == e + offset, new_doc == permutations[b, e] + offset)
-    words = (doc < offset) | (doc >= offset + dataset.num_entities)
-    np.testing.assert_array_equal(doc[words], new_doc[words])
-    # Candidates are the entities of the (new) document, and include the answer.
-    present = np.unique(new_doc[(new_doc >= offset) & (new_doc < offset + dataset.num_entities)])
-    np.testing.assert_array_equal(np.nonzero(shuffled['inputs']['candidates'][b])[0],
-                                  present - offset)
-    assert shuffled['inputs']['candidates'][b, shuffled['labels'][b]] == 1
-
-
-def test_eval_batches_cover_the_split_once_with_fixed_width(arrays):
-  dataset = tiny_dataset(arrays)
-  batches = list(dataset.eval_batches('valid'))
-  assert sum(float(b['weights'].sum()) for b in batches) == SPLITS['validation']
-  assert all(b['inputs']['document'].shape[1] % 32 == 0 for b in batches)
-  labels = np.concatenate([b['labels'][b['weights'] > 0] for b in batches])
-  assert sorted(labels) == sorted(arrays['valid/answer'])
-
-
-def test_top_k_sentences_keeps_the_best_matching_in_order():
-  context = 'a b . c d . e f . g h'.split()
-  assert reading.top_k_sentences(context, ['c', 'h', 'x', '@placeholder'], 2) == \
-      'c d . g h'.split()
-  assert reading.top_k_sentences(context, ['zz'], 5) == context
-
-
-def test_frequency_baselines_match_a_count_over_the_files(data_dir, arrays):
-  """The baselines recounted from the raw text of the validation files."""
-  hits = {'most_frequent': 0, 'exclusive_frequency': 0, 'random_candidate': 0.0}
-  folder = data_dir / 'cloze' / 'questions' / 'validation'
-  for name in sorted(os.listdir(folder)):
-    url, context, query, answer, _ = open(folder / name).read().split('\n\n')
-    counts = {}
-    for token in context.split():
-      if token.startswith('@entity'):
-        counts[token] = counts.get(token, 0) + 1
-    ranked = sorted(counts, key=lambda e: (-counts[e], int(e[7:])))
-    hits['most_frequent'] += ranked[0] == answer
-    rest = [e for e in ranked if e not in query.split()] or ranked
-    hits['exclusive_frequency'] += rest[0] == answer
-    hits['random_candidate'] += 1 / len(counts)
-  expected = {k: v / SPLITS['validation'] for k, v in hits.items()}
-  assert reading.frequency_baselines(arrays, 'valid') == pytest.approx(expected)
-
-
 # ====================================================================== model
 def _batch(arrays, size=6):
-  return tiny_dataset(arrays, batch_size=size).train_batch(0)
+  return fx.tiny_reading_dataset(arrays, batch_size=size).train_batch(0)
 
 
 @pytest.fixture(scope='module')
-def shapes(arrays):
-  batch = _batch(arrays)
-  return {v: jax.eval_shape(lambda: tiny_reader(arrays, v).init(
+def shapes(cloze_arrays):
+  batch = _batch(cloze_arrays)
+  return {v: jax.eval_shape(lambda: tiny_reader(cloze_arrays, v).init(
       jax.random.PRNGKey(0), batch['inputs'], train=False)) for v in models.READER_VARIANTS}
 
 
@@ -267,12 +88,12 @@ def _apply(model, variables, inputs, train=True):
 
 
 @pytest.fixture(scope='module')
-def compiled(arrays):
+def compiled(cloze_arrays):
   """Jitted train-mode apply and init per variant (shared by the tests below)."""
   out = {}
-  batch = _batch(arrays)
+  batch = _batch(cloze_arrays)
   for variant in ('lstm', 'bn_lstm', 'bn_everywhere', 'bn_e_star_star'):
-    model = tiny_reader(arrays, variant)
+    model = tiny_reader(cloze_arrays, variant)
     variables = model.init(jax.random.PRNGKey(1), batch['inputs'], train=False)
     out[variant] = (model, variables, jax.jit(lambda v, x, m=model: _apply(m, v, x)))
   return out
@@ -291,8 +112,9 @@ def _with_junk_padding(inputs, rng, extra=0):
   return junk
 
 
-def test_padding_gets_zero_attention_and_never_changes_the_loss(arrays, compiled):
-  batch = _batch(arrays)
+@pytest.mark.slow
+def test_padding_gets_zero_attention_and_never_changes_the_loss(cloze_arrays, compiled):
+  batch = _batch(cloze_arrays)
   rng = np.random.default_rng(0)
   for variant, (model, variables, apply) in compiled.items():
     logits, attention, _ = apply(variables, batch['inputs'])
@@ -312,11 +134,12 @@ def test_padding_gets_zero_attention_and_never_changes_the_loss(arrays, compiled
                                err_msg=variant)
 
 
-def test_bn_lstm_statistics_count_the_zero_padding_as_the_paper_did(arrays, compiled):
+@pytest.mark.slow
+def test_bn_lstm_statistics_count_the_zero_padding_as_the_paper_did(cloze_arrays, compiled):
   """bn_lstm's input-term moments at step t are those of all B rows, the padded ones
   being zeros (Cooijmans sec. 5.4), against the masked moments of BN-e*; steps that no
   document reached are not written."""
-  batch = _batch(arrays)
+  batch = _batch(cloze_arrays)
   model, variables, apply = compiled['bn_lstm']
   _, _, stats = apply(variables, batch['inputs'])
   x = batch['inputs']
@@ -338,8 +161,9 @@ def test_bn_lstm_statistics_count_the_zero_padding_as_the_paper_did(arrays, comp
   assert np.all(np.asarray(site['count'])[longest:] == 0)
 
 
-def test_non_candidates_are_never_predicted_and_gradients_stay_finite(arrays, compiled):
-  batch = _batch(arrays)
+@pytest.mark.slow
+def test_non_candidates_are_never_predicted_and_gradients_stay_finite(cloze_arrays, compiled):
+  batch = _batch(cloze_arrays)
   model, variables, apply = compiled['lstm']
   candidates = batch['inputs']['candidates']
   outsider = int(np.argmin(candidates.sum(0)))   # an entity missing from some document
@@ -363,17 +187,19 @@ def test_non_candidates_are_never_predicted_and_gradients_stay_finite(arrays, co
       candidates[:, outsider].max() == 1
 
 
-def test_late_steps_with_few_or_no_valid_documents(arrays, compiled):
+@pytest.mark.slow
+def test_late_steps_with_few_or_no_valid_documents(cloze_arrays, compiled):
   """One long document among short ones; the last columns are padding for every row:
   finite loss and gradients, and no population row past the longest document written."""
-  batch = _batch(arrays)
+  batch = _batch(cloze_arrays)
   inputs = dict(batch['inputs'])
   lengths = np.full(6, 3)
   lengths[0] = 20
   steps = np.arange(inputs['document'].shape[1])[None, :]
   inputs['document_mask'] = (steps < lengths[:, None]).astype(np.float32)
   inputs['document'] = np.where(inputs['document_mask'] > 0, inputs['document'], 0)
-  inputs['candidates'] = reading.candidate_mask(inputs['document'], int(arrays['num_entities']))
+  inputs['candidates'] = reading.candidate_mask(inputs['document'],
+                                                int(cloze_arrays['num_entities']))
   labels = inputs['candidates'].argmax(1).astype(np.int32)
   for variant in ('bn_everywhere', 'bn_e_star_star'):
     model, variables, apply = compiled[variant]
@@ -392,12 +218,13 @@ def test_late_steps_with_few_or_no_valid_documents(arrays, compiled):
     assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads)), variant
 
 
-def test_a_question_drawn_twice_keeps_bn_e_star_gradients_finite(arrays):
+@pytest.mark.slow
+def test_a_question_drawn_twice_keeps_bn_e_star_gradients_finite(cloze_arrays):
   """Two copies of one query outlast the other queries of the batch, beside different
   documents: zero per-step variance in the query encoder, and the gradient grows about
   32x per step (the BN-e* runs' non-finite stop). The configs' `min_step_count` (8 there,
   3 here for a batch of 6) normalises those steps with the population rows."""
-  inputs = dict(_batch(arrays)['inputs'])
+  inputs = dict(_batch(cloze_arrays)['inputs'])
   query, query_mask = np.array(inputs['query']), np.array(inputs['query_mask'])
   length = min(20, query.shape[1])
   query_mask[:] = 0
@@ -411,7 +238,7 @@ def test_a_question_drawn_twice_keeps_bn_e_star_gradients_finite(arrays):
 
   def largest_gradient(min_step_count):
     model = models.AttentiveReader(
-        vocab_size=len(arrays['vocab']), num_entities=int(arrays['num_entities']),
+        vocab_size=len(cloze_arrays['vocab']), num_entities=int(cloze_arrays['num_entities']),
         variant='bn_e_star', hidden_size=4, embed_size=3, layer_options=dict(
             max_length=MAX_LENGTH, remat='none', min_step_count=min_step_count))
     variables = model.init(jax.random.PRNGKey(1), inputs, train=False)
@@ -434,8 +261,9 @@ def test_a_question_drawn_twice_keeps_bn_e_star_gradients_finite(arrays):
                             attention_norm='sequence')),
     ('lstm', dict(layer_variant='lstm', bidirectional=False, attention_norm=None)),
 ])
-def test_matches_the_float64_reference(arrays, compiled, variant, spec):
-  batch = _batch(arrays)
+@pytest.mark.slow
+def test_matches_the_float64_reference(cloze_arrays, compiled, variant, spec):
+  batch = _batch(cloze_arrays)
   model, variables, apply = compiled[variant]
   rng = np.random.default_rng(2)
   # Parameters away from their initial values, so that every gamma and beta matters.
@@ -462,13 +290,13 @@ def _config(**overrides):
   return config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('min_step_count', [1, 3])
-def test_train_step_on_eight_devices_equals_one(arrays, min_step_count):
+def test_train_step_on_eight_devices_equals_one(cloze_arrays, min_step_count):
   # With min_step_count=3 (2 examples per device) the fallback holds only if the valid
   # counts are those of the global batch.
   config = _config(**{'model.min_step_count': min_step_count})
-  dataset = reading.ReadingDataset(arrays, batch_size=16, seed=0, eval_batch_size=8,
-                                   length_multiple=32)
+  dataset = fx.tiny_reading_dataset(cloze_arrays, batch_size=16)
   results = {n: fx.one_step(config, dataset, n) for n in (8, 1)}
   (_, s8, metrics8, valid8), (init, s1, metrics1, valid1) = results[8], results[1]
   loss8, loss1 = metrics8['loss'], metrics1['loss']
@@ -483,72 +311,20 @@ def test_train_step_on_eight_devices_equals_one(arrays, min_step_count):
     np.testing.assert_allclose(valid8[name], valid1[name], rtol=2e-5)
 
 
-def test_kill_and_resume_is_exact(arrays, tmp_path):
+@pytest.mark.slow
+def test_kill_and_resume_is_exact(cloze_arrays, tmp_path):
   config = _config(**{'train.num_steps': 5, 'train.log_every': 2, 'eval.every': 2,
                       'checkpoint.every': 2, 'train.num_devices': 1,
                       'eval.test_at_end': True})
-  dataset = reading.ReadingDataset(arrays, batch_size=16, seed=0, eval_batch_size=8,
-                                   length_multiple=32)
+  dataset = fx.tiny_reading_dataset(cloze_arrays, batch_size=16)
   straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
   loop.train_and_evaluate(config, straight, dataset)
   with pytest.raises(fx.Killed):
     loop.train_and_evaluate(config, resumed, fx.KillAt(dataset, 3))
   loop.train_and_evaluate(config, resumed, dataset)
-  states = []
-  for workdir in (straight, resumed):
-    trainer = loop.Trainer(config, workdir, dataset)
-    ckpt = checkpoint.Checkpointer(workdir, keep=config.checkpoint.keep)
-    try:
-      states.append(ckpt.restore(trainer.initial_state())[0])
-    finally:
-      ckpt.close()
+  states = [fx.restore(config, workdir, dataset)[0] for workdir in (straight, resumed)]
   assert int(states[0].step) == int(states[1].step) == 5
-  for (path, a), b in zip(jax.tree.leaves_with_path(states[0]), jax.tree.leaves(states[1])):
-    np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
-  strip = lambda w: [{k: v for k, v in r.items() if k != 'time_s'}
-                     for r in metric_writer.read_metrics(w)]
-  assert strip(straight) == strip(resumed)
-  assert {r['split'] for r in strip(straight)} == {'train', 'valid', 'test'}
-
-
-# ====================================================================== real data
-@real_data.needs('brown_cloze', 'training')
-def test_real_brown_cloze_folder():
-  """The real set reads, every answer is a candidate of its document (brown_cloze's
-  contexts always contain the answer), and the shuffle keeps that true."""
-  data = reading.load(REAL_DATA)
-  sizes = {s: len(data[f'{s}/answer']) for s in ('train', 'valid', 'test')}
-  assert all(n > 0 for n in sizes.values())
-  dataset = reading.ReadingDataset(data, batch_size=64, seed=0, eval_batch_size=64)
-  for batch in [dataset.train_batch(0)] + list(dataset.eval_batches('valid')):
-    rows = np.arange(len(batch['labels']))
-    assert np.all(batch['inputs']['candidates'][rows, batch['labels']] == 1)
-    doc = batch['inputs']['document']
-    assert np.all(doc[batch['inputs']['document_mask'] == 0] == 0)
-  baselines = reading.frequency_baselines(data, 'valid')
-  assert 0.0 < baselines['most_frequent'] <= baselines['exclusive_frequency'] + 0.05
-
-
-# ====================================================================== config
-def test_config_file_builds_every_variant_and_the_cpu_preset():
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'experiments',
-                      'configs', 'attentive_reader.py')
-  spec = importlib.util.spec_from_file_location('attentive_reader_config', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  for variant in models.READER_VARIANTS:
-    for arg in (variant, f'{variant},cpu'):
-      config = module.get_config(arg)
-      config_lib.validate_config(config)
-      fast = variant in ('bn_e_star', 'bn_e_star_star')
-      assert (config.train.batch_size, config.optimizer.learning_rate) == (
-          (40, 8e-4) if fast else (64, 8e-5))
-      assert config.model.hidden_size == (64 if arg.endswith(',cpu') else 240)
-      # The guard on few-row per-step statistics reaches the layers of the masked variants.
-      assert train.layer_options(config, 100)['min_step_count'] == (8 if fast else 1)
-  with pytest.raises(ValueError, match='variant must be one of'):
-    module.get_config('gru')
-  with pytest.raises(ValueError, match=r"'gpu' is no variant and no preset; .* presets are "
-                                       r"\('cpu', 'tiny'\)"):
-    module.get_config('lstm,gpu')
+  helpers.assert_trees_equal(states[0], states[1])
+  records = fx.records_without_time(straight)
+  assert records == fx.records_without_time(resumed)
+  assert {r['split'] for r in records} == {'train', 'valid', 'test'}

@@ -12,6 +12,8 @@ from jax.experimental import rnn
 import numpy as np
 import pytest
 
+import helpers
+
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           'benchmarks')
 sys.path.insert(0, BENCHMARKS)
@@ -136,6 +138,7 @@ def test_cudnn_row_is_skipped_with_one_line_without_cudnn():
 TINY = dict(batch=4, time=3, features=2, hidden=8, bidirectional=False, padding=0.0)
 
 
+@pytest.mark.slow
 def test_rows_for_each_dtype_and_skipped_lines(monkeypatch):
   """Every implementation that runs here gets a row per dtype (ratios within a dtype);
   the rest one line each."""
@@ -160,8 +163,9 @@ def test_rows_for_each_dtype_and_skipped_lines(monkeypatch):
   assert flax_bf16.split('|')[5].strip() == '1.00'   # its own reference in bfloat16
 
 
-@pytest.mark.parametrize('impl', ['flax_optimized_lstm', 'lstm:scan', 'lstm:layer',
-                                  'bn_lstm:scan', 'bn_lstm:layer'])
+@pytest.mark.parametrize('impl', helpers.core_cases(
+    ['flax_optimized_lstm', 'lstm:scan', 'lstm:layer', 'bn_lstm:scan', 'bn_lstm:layer'],
+    core=['bn_lstm:layer']))
 def test_bfloat16_rows_run_bfloat16_products(impl):
   """At least the forward input and recurrent products take bfloat16 operands; no
   product of a float32 row does."""
@@ -173,6 +177,7 @@ def test_bfloat16_rows_run_bfloat16_products(impl):
   assert sum(bf16['dot_operands'].values()) == sum(f32['dot_operands'].values())
 
 
+@pytest.mark.slow
 def test_bfloat16_backward_products_follow_the_backward_pass():
   """Flax's cell and the whole-layer pass run every product of an LSTM in bfloat16; the
   autodiff of the scan runs the three backward ones (dh, dW_h, dW_x) in float32."""

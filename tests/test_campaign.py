@@ -32,9 +32,8 @@ from experiments.campaign import show
 from experiments.campaign import spec
 from experiments.campaigns import ptb_word_small
 from experiments.campaigns import quickstart
-import test_attentive_reader
-import test_language_model
-import test_tagging
+import helpers
+import training_fixtures as fx
 
 REPO = spec.ROOT
 MARKER = re.compile(r'<!-- campaign-table (\S+) (\S+) -->\n(.*?)<!-- /campaign-table -->',
@@ -74,12 +73,32 @@ def test_quoted_table_regenerates_from_its_json(doc, name, table, text):
   assert show.render(spec.get(name), table) == text, f'{doc}: {name} {table}'
 
 
+def _moved_floats(value):
+  """`value` (a JSON tree) with every float moved to `0.5 x + 0.25` (accuracies stay in
+  [0, 1]); integers (steps, counts) and strings are kept."""
+  if isinstance(value, float):
+    return 0.5 * value + 0.25
+  if isinstance(value, dict):
+    return {k: _moved_floats(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return [_moved_floats(v) for v in value]
+  return value
+
+
 @pytest.mark.parametrize('name', spec.names())
-def test_every_committed_json_renders_and_names_no_local_path(name):
+def test_every_committed_json_renders_and_names_no_local_path(name, tmp_path):
+  """Every table renders from its committed JSON, and from its JSON alone: the same JSONs
+  with other numbers give another text."""
   campaign = spec.get(name)
+  for result_name in [name] + ([campaign.speed.name] if campaign.speed else []):
+    if os.path.exists(collect.path_of(result_name)):
+      with open(collect.path_of(result_name)) as f:
+        collect.write(_moved_floats(json.load(f)),
+                      collect.path_of(result_name, str(tmp_path)))
   for table in show.available(campaign):
     rendered = show.render(campaign, table)
     assert rendered.strip() and 'nan' not in rendered
+    assert show.render(campaign, table, str(tmp_path)) != rendered, (name, table)
   result = collect.load(name)
   assert result['campaign'] == name and result['runs']
   assert result['command'].startswith('python -m experiments.campaign run ' + name)
@@ -279,9 +298,9 @@ def data(tmp_path_factory):
   root = tmp_path_factory.mktemp('campaign_data')
   (root / 'ptb').mkdir()
   return {
-      'ptb': test_language_model.write_ptb_fixture(root / 'ptb', lines=(60, 12, 12)),
-      'brown': test_tagging._write_brown(root / 'brown'),  # pylint: disable=protected-access
-      'cloze': test_attentive_reader.write_questions(str(root / 'cloze')),
+      'ptb': fx.write_ptb_fixture(root / 'ptb', lines=(60, 12, 12)),
+      'brown': fx.write_brown(root / 'brown'),
+      'cloze': fx.write_questions(str(root / 'cloze')),
   }
 
 
@@ -358,6 +377,7 @@ QUICK_ARMS = {'init_options': ['lstm_ours', 'bn_lstm_authors'],
               'attentive_reader_200': ['lstm']}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', spec.names())
 def test_campaign_end_to_end_at_a_tiny_budget(name, data, tiny_runs, tmp_path):
   result = _tiny(name, data, tiny_runs, tmp_path, QUICK_ARMS.get(name))
@@ -372,6 +392,7 @@ def test_every_arm_end_to_end_at_a_tiny_budget(name, data, tiny_runs, tmp_path):
   _tiny(name, data, tiny_runs, tmp_path)
 
 
+@pytest.mark.slow
 def test_run_again_skips_finished_runs_and_resumes_the_others(data, tiny_runs, tmp_path):
   """After the tiny quickstart, the same `run` launches nothing; a longer budget resumes
   the run from its checkpoint (one more launch); no step is evaluated twice."""
@@ -395,6 +416,25 @@ def test_run_again_skips_finished_runs_and_resumes_the_others(data, tiny_runs, t
   assert len(collect.read_launches(resumed)) == 2
 
 
+@pytest.mark.slow
+def test_quickstart_runs_end_to_end(tmp_path):
+  """`experiments/quickstart.py` (the README's first command) at a tiny budget: it runs
+  the quickstart campaign, prints its table and draws the curves."""
+  result = helpers.run_python(['experiments/quickstart.py', '--workdir', str(tmp_path),
+                               '--seeds=0', '--config.train.num_steps=4',
+                               '--config.eval.every=2', '--config.train.log_every=2',
+                               '--config.model.hidden_size=8',
+                               '--config.eval.population_batches=1',
+                               '--config.eval.max_batches=1',
+                               "--config.variants=('bn_lstm',)"],  # one variant: the budget
+                              one_device=True)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'bn_lstm' in result.stdout and 'acc@end' in result.stdout
+  assert os.path.getsize(tmp_path / 'learning_curves.png') > 1000
+  assert os.path.exists(tmp_path / 'quickstart' / 'bn_lstm_s0' / 'metrics.jsonl')
+
+
+@pytest.mark.slow
 def test_a_killed_campaign_resumes_exactly(tiny_runs):
   """Kill the runner and its run (SIGKILL to the process group) after the first
   checkpoint; `run` again resumes the run from it and ends with the records of an

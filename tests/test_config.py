@@ -1,34 +1,14 @@
-"""`bn_rnn_jax.config`: the default config, its checks, the old spellings it upgrades, and
-configs that load without JAX; `variants.LayerOptions`' upgrades of old layer fields."""
+"""`bn_rnn_jax.config`: the default config, its checks (one-line errors naming the field),
+and the old spellings it upgrades. The files of `experiments/configs/` are tested in
+`test_experiment_configs.py`."""
 
-import glob
-import os
-import subprocess
-import sys
 import warnings
 
 import pytest
 
 from bn_rnn_jax import config as config_lib
 from bn_rnn_jax import variants
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG_FILES = sorted(glob.glob(os.path.join(ROOT, 'experiments', 'configs', '[!_]*.py')))
-
-
-@pytest.mark.parametrize('path', CONFIG_FILES, ids=os.path.basename)
-def test_experiment_config_loads_without_importing_jax(path):
-  """A config file is data: loading it must not pay for (or need) JAX."""
-  code = ('import importlib.util, sys\n'
-          f'spec = importlib.util.spec_from_file_location("c", {path!r})\n'
-          'module = importlib.util.module_from_spec(spec)\n'
-          'spec.loader.exec_module(module)\n'
-          'module.get_config()\n'
-          'heavy = sorted(m for m in ("jax", "flax", "optax", "orbax") if m in sys.modules)\n'
-          'print(heavy)\n')
-  out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True,
-                       text=True, env={**os.environ, 'PYTHONPATH': ROOT}, check=True)
-  assert out.stdout.strip() == '[]', out.stdout
+import training_fixtures as fx
 
 
 def test_default_config_passes_upgrade_unchanged_and_validates():
@@ -96,47 +76,20 @@ def test_layer_fields_are_recurrent_layer_fields():
   assert set(config_lib.LAYER_FIELDS) - {'max_length'} >= set(fields) - {'dtype'}
 
 
-@pytest.mark.parametrize('old,new', [
-    (dict(stats_per_step=True, input_statistics='frame'), 'per_step'),
-    (dict(input_statistics='sequence'), 'sequence'),
-    (dict(stats_per_step=False, input_statistics='sequence'), 'shared'),
-])
-def test_old_statistics_fields_are_translated_with_a_warning(old, new):
-  with pytest.warns(DeprecationWarning, match=f"statistics='{new}'"):
-    options = variants.LayerOptions(**old)
-  assert dict(options) == {'statistics': new}
-  with pytest.warns(DeprecationWarning):
-    assert variants.make_layer('bn_lstm', 4, **old).statistics == new
+def test_nan_learning_rate_is_a_config_error():
+  config = fx.tiny_config(**{'optimizer.learning_rate': float('nan')})
+  with pytest.raises(ValueError, match='learning_rate must be a positive finite number; got nan'):
+    config_lib.validate_config(config)
 
 
-def test_old_statistics_without_an_equivalent_is_a_one_line_error():
-  with pytest.raises(ValueError, match="statistics='per_step', 'sequence' or 'shared'"):
-    variants.LayerOptions(stats_per_step=False, input_statistics='frame')
+def test_unknown_backend_is_one_clear_error():
+  config = fx.tiny_config('lstm', **{'parallel.backend': 'pjit'})
+  with pytest.raises(ValueError, match=r"config.parallel.backend must be one of .*'pjit'"):
+    config_lib.validate_config(config)
 
 
-def test_unknown_layer_field_names_a_close_match():
-  with pytest.raises(ValueError, match="did you mean 'max_length'"):
-    variants.LayerOptions(max_lenght=3)
-
-
-def test_layer_options_are_hashable_mappings():
-  a = variants.LayerOptions({'max_length': 7}, remat='full')
-  b = variants.LayerOptions(remat='full', max_length=7)
-  assert a == b and hash(a) == hash(b) and dict(a) == {'max_length': 7, 'remat': 'full'}
-  assert a.replace(remat='none')['remat'] == 'none' and a['remat'] == 'full'
-
-
-def test_boolean_remat_is_upgraded_with_a_warning():
-  layer = variants.make_layer('bn_lstm', 8, remat=True)
-  with pytest.warns(DeprecationWarning, match="remat='full'"):
-    assert layer.execution_policy(4).remat == 'full'
-
-
-def test_attentive_reader_config_names_every_reader_variant():
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  from bn_rnn_jax import models  # pylint: disable=g-import-not-at-top
-  path = os.path.join(ROOT, 'experiments', 'configs', 'attentive_reader.py')
-  spec = importlib.util.spec_from_file_location('attentive_reader_config', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  assert module.VARIANTS == tuple(models.READER_VARIANTS)
+@pytest.mark.parametrize('size', [-16, 24])
+def test_population_batch_size_must_be_a_multiple_of_the_batch(size):
+  config = fx.tiny_config(**{'eval.population_batch_size': size})
+  with pytest.raises(ValueError, match='population_batch_size must be None'):
+    config_lib.validate_config(config)

@@ -12,8 +12,6 @@ import logging
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 import tarfile
 import threading
 
@@ -21,8 +19,6 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import input_pipeline
-from bn_rnn_jax import metric_writer
-from bn_rnn_jax import tasks
 from bn_rnn_jax import config as config_lib
 from bn_rnn_jax import loop
 from bn_rnn_jax.input_pipeline import files
@@ -31,16 +27,12 @@ from bn_rnn_jax.input_pipeline import mnist
 from bn_rnn_jax.input_pipeline import reading
 from bn_rnn_jax.input_pipeline import tagging
 from bn_rnn_jax.input_pipeline import text
+import helpers
+from helpers import one_line
 import training_fixtures as fx
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = helpers.REPO
 SPLITS = {'training': 4, 'validation': 3, 'test': 3}
-
-
-def one_line(error) -> str:
-  message = str(error.value if hasattr(error, 'value') else error)
-  assert '\n' not in message and 'Traceback' not in message, message
-  return message
 
 
 # ====================================================================== cloze fixtures
@@ -361,13 +353,6 @@ def test_empty_brown_file_is_named(tmp_path):
 
 
 # ====================================================================== Kaldi
-def _write_ark(spec, arrays):
-  import kaldiio  # pylint: disable=g-import-not-at-top
-  with kaldiio.WriteHelper(spec) as writer:
-    for utt, value in arrays.items():
-      writer(utt, value)
-
-
 def _kaldi(tmp_path, valid=True, train_features=None, valid_features=None, labels=None):
   """A Kaldi config over tiny tables (train: 3 utterances, valid: 2), dims 4."""
   rng = np.random.default_rng(0)
@@ -378,13 +363,13 @@ def _kaldi(tmp_path, valid=True, train_features=None, valid_features=None, label
   lines = labels or [f'{u} ' + ' '.join(['1'] * len(x)) for u, x in
                      {**train_features, **valid_features}.items()]
   (tmp_path / 'ali.txt').write_text('\n'.join(lines) + '\n')
-  _write_ark(f'ark,scp:{tmp_path}/train.ark,{tmp_path}/train.scp', train_features)
+  helpers.write_kaldi_table(f'ark,scp:{tmp_path}/train.ark,{tmp_path}/train.scp', train_features)
   config = config_lib.default_config()
   config.data = tagging.default_data_config('kaldi')
   config.data.update(dict(root=str(tmp_path), train_feats='train.scp', train_labels='ali.txt',
                           num_classes=3, max_frames=6, buckets=(6,), train_eval_size=2))
   if valid:
-    _write_ark(f'ark:{tmp_path}/valid.ark', valid_features)
+    helpers.write_kaldi_table(f'ark:{tmp_path}/valid.ark', valid_features)
     config.data.update(dict(valid_feats='valid.ark', valid_labels='ali.txt'))
   config.model.bidirectional = True
   config.model.hidden_size, config.model.num_layers = 4, 1
@@ -496,55 +481,21 @@ def test_best_metric_the_task_does_not_log_fails_at_start(tmp_path):
   assert not os.path.exists(tmp_path / 'metrics.jsonl')
 
 
-def test_declared_metrics_are_those_each_task_logs():
-  rng = np.random.default_rng(0)
-  b, t, c = 2, 3, 4
-  logits = {'classification': rng.normal(size=(b, c)), 'reading_comprehension':
-            rng.normal(size=(b, c)), 'language_model': rng.normal(size=(b, t, c)),
-            'tagging': rng.normal(size=(b, t, c))}
-  batches = {
-      'classification': {'labels': np.array([0, 1]), 'weights': np.ones(b)},
-      'reading_comprehension': {'labels': np.array([0, 1]), 'weights': np.ones(b),
-                                'inputs': {'candidates': np.ones((b, c))}},
-      'language_model': {'targets': np.zeros((b, t), int), 'mask': np.ones((b, t)),
-                         'weights': np.ones(b)},
-      'tagging': {'labels': np.zeros((b, t), int), 'mask': np.ones((b, t)),
-                  'weights': np.ones(b)}}
-  for name, batch in batches.items():
-    task = tasks.get(name)
-    sums, _ = task.loss_sums(logits[name], batch)
-    assert set(task.finalize({k: float(v) for k, v in sums.items()})) == set(task.metrics)
-
-
-def test_deleted_metrics_file_on_resume_is_a_warning(tmp_path, caplog):
-  writer = metric_writer.MetricWriter(str(tmp_path))
-  try:
-    with caplog.at_level(logging.WARNING):
-      writer.truncate(0)        # a fresh run: nothing to say
-      assert not caplog.text
-      writer.truncate(40)       # resuming at step 40 without the file
-  finally:
-    writer.close()
-  assert (f'{tmp_path}/metrics.jsonl is missing, but the run resumes from step 40: the '
-          'metrics up to that step are gone') in caplog.text
-
-
 def _main(args, cwd, env):
-  result = subprocess.run([sys.executable, os.path.join(REPO, 'experiments', 'main.py'),
-                           *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+  result = helpers.run_python([os.path.join(REPO, 'experiments', 'main.py'), *args],
+                              env=env, cwd=cwd)
   assert result.returncode == 1, result.stderr[-2000:]
-  assert 'Traceback' not in result.stderr, result.stderr[-3000:]
-  return result.stderr.strip().splitlines()[-1]
+  return helpers.last_line_without_traceback(result.stderr)
 
 
+@pytest.mark.slow
 def test_config_argument_typo_and_missing_data_root_are_one_line(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != input_pipeline.ENV_VAR}
   env['PYTHONPATH'] = REPO
   config = os.path.join(REPO, 'experiments', 'configs', 'ptb_char.py')
   line = _main(['--config', f'{config}:lstmm', '--workdir', str(tmp_path / 'a')], '/tmp', env)
-  assert line == ("error: ptb_char.py: variant must be one of ('lstm', 'bn_lstm', "
-                  "'bn_input_only'); got 'lstmm'.")
+  assert line == ("error: ptb_char.py:lstmm: 'lstmm' is no variant and no preset; variant "
+                  "must be one of ('lstm', 'bn_lstm', 'bn_input_only'), presets are ('tiny',).")
   line = _main(['--config', f'{config}:lstm', '--workdir', str(tmp_path / 'b'),
                 '--config.train.num_steps=1'], '/tmp', env)
   assert line == ("error: config.data.path='ptb' is relative to the data root, and no data "

@@ -70,6 +70,7 @@ def test_sphinx_is_installed():
       'Sphinx and myst-parser are not installed: pip install -r requirements.txt')
 
 
+@pytest.mark.slow
 def test_site_builds_without_a_warning(html):
   out, done = html
   assert done.returncode == 0, f'sphinx-build -W failed:\n{done.stderr[-4000:]}'
@@ -115,6 +116,7 @@ def public_names() -> list[str]:
   return sorted(set(out))
 
 
+@pytest.mark.slow
 def test_api_reference_holds_every_public_name(html):
   out, done = html
   assert done.returncode == 0, done.stderr[-2000:]
@@ -127,6 +129,7 @@ def test_api_reference_holds_every_public_name(html):
     assert module in documented, module
 
 
+@pytest.mark.slow
 def test_examples_and_docstrings_run_as_doctests(tmp_path):
   done, seconds = _sphinx('doctest', str(tmp_path))
   print(f'sphinx doctest: {seconds:.0f} s')

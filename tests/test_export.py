@@ -7,9 +7,6 @@ equal the model's own on held-out batches, including a batch of another size and
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -18,17 +15,16 @@ import pytest
 from bn_rnn_jax import export
 from bn_rnn_jax import loop
 from bn_rnn_jax import variants
+from bn_rnn_jax.input_pipeline import mnist
 from experiments import export as export_command
-import test_language_model
-import training_fixtures
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import helpers
+import training_fixtures as fx
 
 
 def _tiny_classifier_run(workdir):
   """A BN-LSTM on the offline 8x8 digits (64 steps), two evaluations."""
-  config = training_fixtures.tiny_config('bn_lstm')
-  config.data = training_fixtures.mnist.default_data_config('digits')
+  config = fx.tiny_config('bn_lstm')
+  config.data = mnist.default_data_config('digits')
   config.train.num_devices = 1
   config.checkpoint.best_metric = 'valid/accuracy'
   config.eval.max_batches = 2
@@ -39,9 +35,9 @@ def _tiny_classifier_run(workdir):
 def language_model_run(tmp_path_factory):
   """A tiny character BN-LSTM on fixture text (`experiments/configs/ptb_char.py`)."""
   tmp_path = tmp_path_factory.mktemp('char')
-  config = test_language_model.tiny(
-      test_language_model.load_config('ptb_char', 'bn_lstm'),
-      test_language_model.write_ptb_fixture(tmp_path, lines=(60, 10, 10)), 8, 12, hidden=8)
+  config = fx.tiny_text_config(fx.load_config('ptb_char', 'bn_lstm'),
+                               fx.write_ptb_fixture(tmp_path, lines=(60, 10, 10)), 8, 12,
+                               hidden=8)
   config.train.num_steps = 4
   config.train.log_every = 2
   config.eval.every = 2
@@ -54,9 +50,7 @@ def language_model_run(tmp_path_factory):
 
 
 def _command(module, *args):
-  env = {**os.environ, 'PYTHONPATH': REPO}
-  return subprocess.run([sys.executable, '-m', module, *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=900)
+  return helpers.run_python(['-m', module, *args], timeout=900)
 
 
 def _check(description, symbolic):
@@ -68,6 +62,7 @@ def _check(description, symbolic):
     assert all(axis in spec for axis in symbolic[name]), (name, spec)
 
 
+@pytest.mark.slow
 def test_classifier_run_exports_and_reloads_without_the_model_code(tmp_path):
   workdir = str(tmp_path / 'run')
   _tiny_classifier_run(workdir)
@@ -80,6 +75,7 @@ def test_classifier_run_exports_and_reloads_without_the_model_code(tmp_path):
   assert saved['check'] == description['check'] and tmp_path.name not in json.dumps(saved)
 
 
+@pytest.mark.slow
 def test_language_model_run_exports_from_the_command_line(tmp_path, language_model_run):
   output = str(tmp_path / 'model.jax')
   done = _command('experiments.export', f'--workdir={language_model_run}', f'--output={output}')
@@ -90,6 +86,7 @@ def test_language_model_run_exports_from_the_command_line(tmp_path, language_mod
   assert description['outputs'][0].startswith('float32[batch,time,')
 
 
+@pytest.mark.slow
 def test_sampler_prints_reproducible_text_past_the_training_length(language_model_run):
   """40 symbols after the prompt (the model trained on 12): the same seed, the same text;
   another seed, another text."""
@@ -100,11 +97,12 @@ def test_sampler_prints_reproducible_text_past_the_training_length(language_mode
     assert done.returncode == 0, done.stderr[-2000:]
   texts = [done.stdout.splitlines() for done in runs]
   assert texts[0] == texts[1] and texts[0] != texts[2]
-  letters = set(''.join(test_language_model.WORDS)) | {' '}
+  letters = set(''.join(fx.WORDS)) | {' '}
   drawn = ''.join(texts[0])
   assert drawn.startswith('the ') and set(drawn) <= letters, drawn
 
 
+@pytest.mark.slow
 def test_sampler_refuses_a_bad_prompt_in_one_line(language_model_run):
   done = _command('experiments.sample', f'--workdir={language_model_run}', '--prompt=QZ')
   assert done.returncode != 0

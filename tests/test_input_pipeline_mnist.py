@@ -31,6 +31,7 @@ def raw_idx():
 
 
 @needs_mnist
+@pytest.mark.slow
 def test_idx_files_are_the_real_mnist(raw_idx):
   assert raw_idx['train_images'].shape == (60000, 28, 28)
   assert raw_idx['test_images'].shape == (10000, 28, 28)

@@ -13,6 +13,7 @@ import pytest
 
 from bn_rnn_jax import config as config_lib
 from experiments.campaign import spec
+import helpers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join('experiments', 'configs')
@@ -85,6 +86,32 @@ def test_a_bad_value_the_config_checks_is_one_line(tmp_path):
   assert result.returncode == 1
   assert result.stderr.strip().splitlines()[-1] == (
       'error: config.train.batch_size must be a positive integer; got -4.')
+
+
+def test_main_reports_bad_config_in_one_line(tmp_path):
+  result = _main(_config('seq_mnist.py'), f'--workdir={tmp_path}',
+                 '--config.model.hidden_size=-5')
+  assert result.returncode == 1
+  last = result.stderr.strip().splitlines()[-1]
+  assert last == 'error: config.model.hidden_size must be a positive integer; got -5.'
+
+
+def test_main_reports_missing_mnist_path(tmp_path):
+  missing = str(tmp_path / 'no_mnist_here')
+  result = _main(_config('seq_mnist.py'), f'--workdir={tmp_path / "run"}',
+                 f'--config.data.mnist_dir={missing}')
+  assert result.returncode == 1
+  last = result.stderr.strip().splitlines()[-1]
+  assert missing in last and 'yann.lecun.com' in last
+
+
+def test_unknown_config_field_is_one_line_with_did_you_mean(tmp_path):
+  result = _main(_config('seq_mnist.py'), f'--workdir={tmp_path}',
+                 '--config.model.hiden_size=5')
+  assert result.returncode == 1
+  line = helpers.last_line_without_traceback(result.stderr)
+  assert line == ("error: --config.model.hiden_size: config.model has no field 'hiden_size'; "
+                  "did you mean 'hidden_size'?")
 
 
 def test_show_config_prints_the_upgraded_config_without_loading_jax():

@@ -63,6 +63,7 @@ def test_language_model_datasets_declare_their_unit(tmp_path):
   assert text.get_dataset(_config('ptb_char', path)).unit == 'character'
 
 
+@pytest.mark.slow
 def test_word_model_logs_perplexity_in_training_and_validation_records(tmp_path):
   config = _config('ptb_word', _write_ptb(tmp_path))
   config.checkpoint.best_metric = 'valid/perplexity'

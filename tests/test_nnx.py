@@ -150,6 +150,7 @@ def test_evaluation_with_running_and_estimated_statistics_agrees(trained):
   assert model.rnn.use_running_average  # the estimate left the mode alone
 
 
+@pytest.mark.slow
 def test_train_and_eval_switch_batch_and_population_statistics(trained):
   _, _, model, _ = trained
   x, mask, _ = VALID
@@ -167,6 +168,7 @@ def test_train_and_eval_switch_batch_and_population_statistics(trained):
   model.eval()
 
 
+@pytest.mark.slow
 def test_step_through_the_wrapped_stack(trained):
   _, _, model, _ = trained
   x, mask, _ = VALID

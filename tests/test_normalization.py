@@ -1,5 +1,6 @@
 """`normalization.py` against the float64 reference: masked moments, batch norm and its
-closed-form backward pass, layer norm, and the population-statistics helpers."""
+closed-form backward pass, layer norm, and the running averages and population rows of
+the statistics (their average over batches is `test_population.py`'s)."""
 
 import jax
 import jax.numpy as jnp
@@ -7,18 +8,13 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import normalization
-from bn_rnn_jax import population
+import helpers
+from helpers import assert_close
 import reference as ref
 
 B, T, F = 6, 4, 5
 LENGTHS = np.array([4, 1, 3, 4, 2, 1])         # the last two steps have 3 and 2 valid rows
-MASK = (np.arange(T)[None, :] < LENGTHS[:, None]).astype(np.float64)
-
-
-def _close(a, b, rtol=1e-5, what=''):
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  scale = max(float(np.max(np.abs(b))) if b.size else 0.0, 1e-3)
-  np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * scale, err_msg=what)
+MASK = helpers.prefix_mask(LENGTHS, T, np.float64)
 
 
 def _data(seed=0, loc=0.0, std=1.0):
@@ -37,7 +33,7 @@ def test_batch_sum_is_the_sum_over_the_reduced_axes(shape, reduce_axes):
   # that path matters); it must still be the plain float32 sum.
   x = np.random.default_rng(1).normal(size=shape)
   got = normalization.batch_sum(jnp.float32(x), reduce_axes)
-  _close(got, np.sum(x, axis=reduce_axes))
+  assert_close(got, np.sum(x, axis=reduce_axes))
   assert got.dtype == jnp.float32
 
 
@@ -45,8 +41,8 @@ def test_batch_moments_unmasked():
   x = _data()[:, 0]
   mean, var, count = normalization.batch_moments(jnp.float32(x))
   want_mean, want_var, want_count = ref.masked_moments(x, np.ones(B, bool))
-  _close(mean, want_mean)
-  _close(var, want_var)
+  assert_close(mean, want_mean)
+  assert_close(var, want_var)
   assert float(count) == want_count == B
 
 
@@ -57,14 +53,14 @@ def test_batch_moments_masked_per_step_and_sequence():
   assert mean.shape == var.shape == (T, F) and count.shape == (T,)
   for t in range(T):
     want = ref.masked_moments(x[:, t], MASK[:, t] > 0)
-    _close(mean[t], want[0], what=f'mean {t}')
-    _close(var[t], want[1], what=f'var {t}')
+    assert_close(mean[t], want[0], what=f'mean {t}')
+    assert_close(var[t], want[1], what=f'var {t}')
     assert float(count[t]) == want[2]
   mean, var, count = normalization.batch_moments(jnp.float32(x), jnp.float32(MASK[..., None]),
                                                  reduce_axes=(0, 1))
   want = ref.masked_moments(x.reshape(B * T, F), MASK.reshape(-1) > 0)
-  _close(mean, want[0])
-  _close(var, want[1])
+  assert_close(mean, want[0])
+  assert_close(var, want[1])
   assert float(count) == want[2] == MASK.sum()
 
 
@@ -82,7 +78,7 @@ def test_batch_moments_large_mean_keeps_variance():
   x = _data(3, loc=1e4, std=1.0)[:, 0]
   _, var, _ = normalization.batch_moments(jnp.float32(x))
   _, want_var, _ = ref.masked_moments(np.float32(x).astype(np.float64), np.ones(B, bool))
-  _close(var, want_var, rtol=1e-3)
+  assert_close(var, want_var, rtol=1e-3)
 
 
 # ----------------------------------------------------------------------------- batch norm
@@ -124,12 +120,12 @@ def test_batch_norm_forward_and_gradient(reduce_axes):
       loss, argnums=(0, 1, 2), has_aux=True))(jnp.float32(x), jnp.float32(scale),
                                               jnp.float32(bias))
   want_y, want_mean, want_var = ref_forward(x, scale, bias)
-  _close(np.asarray(y) * MASK[..., None], want_y * MASK[..., None], rtol=1e-4)
-  _close(mean, want_mean)
-  _close(var, want_var, rtol=1e-4)
+  assert_close(np.asarray(y) * MASK[..., None], want_y * MASK[..., None], rtol=1e-4)
+  assert_close(mean, want_mean)
+  assert_close(var, want_var, rtol=1e-4)
   want = ref.numerical_grad(ref_loss, {'x': x, 'scale': scale, 'bias': bias}, step=1e-5)
   for got, name in zip(grads, ('x', 'scale', 'bias')):
-    _close(np.asarray(got) * (MASK[..., None] if name == 'x' else 1.0),
+    assert_close(np.asarray(got) * (MASK[..., None] if name == 'x' else 1.0),
            want[name] * (MASK[..., None] if name == 'x' else 1.0), rtol=1e-4, what=name)
   assert np.all(np.asarray(grads[0])[MASK == 0] == 0.0), 'padding must get no gradient'
 
@@ -147,10 +143,10 @@ def test_layer_norm_and_normalize():
   x = _data(6)[:, 0]
   rng = np.random.default_rng(7)
   scale, bias = rng.uniform(0.5, 1.5, F), rng.normal(size=F)
-  _close(normalization.layer_norm(jnp.float32(x), jnp.float32(scale), jnp.float32(bias)),
+  assert_close(normalization.layer_norm(jnp.float32(x), jnp.float32(scale), jnp.float32(bias)),
          ref.layer_norm(x, scale, bias), rtol=1e-4)
   mean, var = rng.normal(size=F), rng.uniform(0.5, 2.0, F)
-  _close(normalization.normalize(jnp.float32(x), mean, var, scale, bias, epsilon=1e-3),
+  assert_close(normalization.normalize(jnp.float32(x), mean, var, scale, bias, epsilon=1e-3),
          ref.normalize(x, mean, var, scale, bias, eps=1e-3), rtol=1e-5)
 
 
@@ -173,7 +169,7 @@ def test_update_running_stats():
         jax.tree.map(jnp.float32, stats), jax.tree.map(jnp.float32, record), momentum))
     want = ref.ema_update(stats, record, momentum)
     for key in ('mean', 'var', 'count'):
-      _close(got[key], want[key], what=key)
+      assert_close(got[key], want[key], what=key)
     stats = want
   np.testing.assert_array_equal(stats['count'], [3, 2, 1, 0])
   np.testing.assert_array_equal(stats['mean'][3], np.zeros(F))   # never reached
@@ -188,34 +184,13 @@ def test_minibatch_moments_record():
       jnp.float32(mean), jnp.float32(var), jnp.float32(count), 5))
   want = ref.minibatch_record([(mean[t], var[t], count[t]) for t in range(3)], False, 5)
   for key in ('mean', 'var', 'count'):
-    _close(got[key], want[key], what=key)
+    assert_close(got[key], want[key], what=key)
   np.testing.assert_array_equal(got['count'], [1, 1, 0, 0, 0])
   shared = normalization.minibatch_moments_record(jnp.float32(mean[0]), jnp.float32(var[0]),
                                                   jnp.float32(7.0), 1)
   np.testing.assert_array_equal(shared['count'], [1.0])
   with pytest.raises(ValueError, match='3 time steps.*max_length=2'):
     normalization.minibatch_moments_record(mean, var, count, 2)
-
-
-def test_average_minibatch_moments():
-  """The papers' estimate over a nested tree of sites, rows reached by some batches only."""
-  rng = np.random.default_rng(10)
-  seen = ([1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0])
-  records = [{'layer_0': {'cell': _record(rng, 5, s)}, 'layer_1': {'input': _record(rng, 5, s)}}
-             for s in seen]
-  estimate = jax.jit(population.average_minibatch_moments)(jax.tree.map(jnp.float32, records))
-  got = jax.tree.map(np.asarray, estimate)
-  for layer, site in (('layer_0', 'cell'), ('layer_1', 'input')):
-    want = ref.average_records([r[layer][site] for r in records])
-    for key in ('mean', 'var', 'count'):
-      _close(got[layer][site][key], want[key], what=f'{layer} {site} {key}')
-  np.testing.assert_array_equal(got['layer_0']['cell']['count'], [3, 3, 2, 1, 0])
-  np.testing.assert_array_equal(got['layer_0']['cell']['var'][4], np.ones(F))
-
-
-def test_population_estimate_of_no_records_names_the_problem():
-  with pytest.raises(ValueError, match='at least one minibatch record'):
-    population.average_minibatch_moments([])
 
 
 @pytest.mark.parametrize('seen_rows,length', [(3, 8), (5, 5), (5, 9), (0, 4), (2, 1)])
@@ -226,8 +201,8 @@ def test_population_rows(seen_rows, length):
            'count': np.array([3.0] * seen_rows + [0.0] * (5 - seen_rows))}
   mean, var = normalization.population_rows(jax.tree.map(jnp.float32, stats), length)
   want_mean, want_var = ref.population_lookup(stats, length)
-  _close(mean, want_mean)
-  _close(var, want_var)
+  assert_close(mean, want_mean)
+  assert_close(var, want_var)
 
 
 def test_check_length():

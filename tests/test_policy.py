@@ -47,6 +47,7 @@ import pytest
 from bn_rnn_jax import policy
 from bn_rnn_jax import train
 from bn_rnn_jax import variants
+import helpers
 import reference as ref
 import training_fixtures as fx
 
@@ -71,13 +72,9 @@ FORCED = {**{name: {name: value} for name, value in ACCELERATOR.items()},
 BATCH_VARIANTS = tuple(v for v in variants.VARIANTS if ref.batch_sites(v))
 
 
-def _mask():
-  return (np.arange(T)[None, :] < np.asarray(LENGTHS)[:, None]).astype(np.float64)
-
-
 def _inputs():
   rng = np.random.default_rng(0)
-  mask = _mask()
+  mask = helpers.prefix_mask(LENGTHS, T, np.float64)
   x = rng.normal(size=(B, T, I))
   return np.where(mask[..., None] > 0, x, GARBAGE * rng.normal(size=x.shape)), mask
 
@@ -106,14 +103,6 @@ def _cpu_fields(variant) -> dict:
   return dataclasses.asdict(_resolve(variant, 'cpu'))
 
 
-def _f32(tree):
-  return jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), tree)
-
-
-def _np(tree):
-  return jax.tree.map(lambda a: np.asarray(a, np.float64), tree)
-
-
 @functools.cache
 def _params(variant):
   """Random float64 parameters in the layer's layout, and fresh statistics."""
@@ -139,19 +128,21 @@ def run(variant, forced=()):
   params, fresh = _params(variant)
 
   def loss(p, x, stats):
-    (carry, out), new = layer.apply({'params': p, 'batch_stats': stats}, x, _f32(MASK),
-                                    train=True, mutable=['batch_stats', 'minibatch_moments'])
-    value = jnp.sum(out * _f32(W_OUT))
-    for leaf, w in zip(jax.tree.leaves(carry), _f32(W_CARRY)):
+    (carry, out), new = layer.apply({'params': p, 'batch_stats': stats}, x,
+                                    helpers.float32(MASK), train=True,
+                                    mutable=['batch_stats', 'minibatch_moments'])
+    value = jnp.sum(out * helpers.float32(W_OUT))
+    for leaf, w in zip(jax.tree.leaves(carry), helpers.float32(W_CARRY)):
       value = value + jnp.sum(leaf * w)
     return value, (carry, out, new)
 
   (_, (carry, out, new)), (g_params, g_x) = jax.jit(
-      jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(_f32(params), _f32(X),
-                                                             _f32(fresh))
-  return dict(carry=_np(jax.tree.leaves(carry)), out=np.asarray(out, np.float64),
-              stats=_np(new['batch_stats']), moments=_np(new['minibatch_moments']),
-              g_params=_np(g_params), g_x=np.asarray(g_x, np.float64))
+      jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
+          *helpers.float32((params, X, fresh)))
+  return dict(carry=helpers.float64(jax.tree.leaves(carry)), out=np.asarray(out, np.float64),
+              stats=helpers.float64(new['batch_stats']),
+              moments=helpers.float64(new['minibatch_moments']),
+              g_params=helpers.float64(g_params), g_x=np.asarray(g_x, np.float64))
 
 
 @functools.cache
@@ -175,31 +166,23 @@ def reference(variant):
               g_x=grads.pop('__x'), g_params=grads)
 
 
-def assert_close(actual, expected, rtol, what):
-  """Elementwise, with an absolute floor of `rtol` times the array's largest magnitude."""
-  actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-  assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
-  scale = max(float(np.max(np.abs(expected))) if expected.size else 0.0, 1e-3)
-  np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * scale, err_msg=what)
-
-
 def assert_same_training_pass(got, want, rtol_values, rtol_grads):
   """Outputs, carry, statistics (counts exactly) and gradients of two training passes."""
-  assert_close(got['out'], want['out'], rtol_values, 'outputs')
+  helpers.assert_close(got['out'], want['out'], rtol_values, 'outputs')
   for g, w in zip(got['carry'], want['carry']):
-    assert_close(g, w, rtol_values, 'final carry')
+    helpers.assert_close(g, w, rtol_values, 'final carry')
   for collection in ('stats', 'moments'):
     assert set(got[collection]) == set(want[collection]), collection
     for site in want[collection]:
       np.testing.assert_array_equal(got[collection][site]['count'],
                                     want[collection][site]['count'])
       for key in ('mean', 'var'):
-        assert_close(got[collection][site][key], want[collection][site][key], rtol_values,
-                     f'{collection} {site} {key}')
+        helpers.assert_close(got[collection][site][key], want[collection][site][key],
+                             rtol_values, f'{collection} {site} {key}')
   assert set(got['g_params']) == set(want['g_params'])
   for name, g in got['g_params'].items():
-    assert_close(g, want['g_params'][name], rtol_grads, f'd loss / d {name}')
-  assert_close(got['g_x'], want['g_x'], rtol_grads, 'd loss / d x')
+    helpers.assert_close(g, want['g_params'][name], rtol_grads, f'd loss / d {name}')
+  helpers.assert_close(got['g_x'], want['g_x'], rtol_grads, 'd loss / d x')
 
 
 def _cases():
@@ -291,17 +274,48 @@ def test_forced_accelerator_policy_is_what_accelerators_resolve(variant, backend
   assert _resolve(variant, backend) == _policy_of(variant, tuple(ACCELERATOR.items()))
 
 
+# The layers' own 'auto' on this CPU, at the shapes of the measurements.
+def test_auto_remat_on_cpu_follows_the_measured_rule():
+  # policy.py: batch-normalised layers recompute the whole step up to H128 and store
+  # the matmul outputs above; layers without batch norm store everything.
+  assert jax.default_backend() == 'cpu'
+  mode = lambda variant, hidden: variants.make_layer(
+      variant, hidden, max_length=T).execution_policy(64).remat
+  assert [mode('bn_lstm', h) for h in (100, 128, 129, 240, 1000)] == [
+      'full', 'full', 'dots', 'dots', 'dots']
+  assert mode('bn_input_only', 100) == 'full'
+  assert mode('lstm', 100) == mode('lstm', 1000) == 'none'
+
+
+def test_auto_backward_on_cpu_follows_the_measured_rule():
+  # policy.py: on CPU, LSTM layers take the whole-layer backward pass from H = 8 B.
+  assert jax.default_backend() == 'cpu'
+  uses_layer = lambda variant, hidden, batch: variants.make_layer(
+      variant, hidden, max_length=T).execution_policy(batch).backward == 'layer'
+  assert [uses_layer('bn_lstm', h, 64) for h in (100, 511, 512, 1000)] == [
+      False, False, True, True]
+  assert uses_layer('lstm', 650, 32) and uses_layer('bn_input_only_seq', 250, 24)
+  assert not uses_layer('lstm', 240, 40)
+  assert not uses_layer('rnn', 1000, 8)
+  assert variants.make_layer('lstm', 1000,
+                             backward='scan').execution_policy(8).backward == 'scan'
+  assert variants.make_layer('lstm', 10,
+                             backward='layer').execution_policy(64).backward == 'layer'
+
+
 # ----------------------------------------------------------------------------- numerics
 
 
-@pytest.mark.parametrize('variant,choice', _cases())
+@pytest.mark.parametrize('variant,choice', helpers.core_cases(
+    _cases(), core=[('bn_lstm', 'accelerator'), ('rnn_bn_recurrence', 'accelerator')]))
 def test_forced_choice_matches_cpu_policy(variant, choice):
   got = run(variant, tuple(FORCED[choice].items()))
   assert_same_training_pass(got, run(variant), RTOL_VALUES, RTOL_GRADS)
 
 
-@pytest.mark.parametrize('choice', ['cpu', *FORCED])
-@pytest.mark.parametrize('variant', BATCH_VARIANTS)
+@pytest.mark.parametrize('variant,choice', helpers.core_cases(
+    [(variant, choice) for variant in BATCH_VARIANTS for choice in ('cpu', *FORCED)],
+    core=[('bn_lstm', 'cpu'), ('bn_lstm', 'accelerator')]))
 def test_each_policy_matches_the_float64_reference(variant, choice):
   forced = () if choice == 'cpu' else tuple(FORCED[choice].items())
   got = run(variant, forced)
@@ -331,6 +345,7 @@ def _trainer_step(forced: dict):
   return resolved, fx.one_step(config, dataset, num_devices=1)
 
 
+@pytest.mark.slow
 def test_trainer_step_with_the_accelerator_policy_matches_the_cpu_policy():
   """The config fields reach the layers, and one training step (SGD, so that the update
   is the gradient times the learning rate) plus a validation pass with population
@@ -348,10 +363,10 @@ def test_trainer_step_with_the_accelerator_policy_matches_the_cpu_policy():
     step_acc = np.asarray(after_acc, np.float64) - np.asarray(before, np.float64)
     step_cpu = np.asarray(after_cpu, np.float64) - np.asarray(before, np.float64)
     assert np.any(step_cpu != 0.0), name
-    assert_close(step_acc, step_cpu, RTOL_GRADS, f'update of {name}')
+    helpers.assert_close(step_acc, step_cpu, RTOL_GRADS, f'update of {name}')
   for a, b in zip(jax.tree.leaves(acc.batch_stats), jax.tree.leaves(cpu.batch_stats)):
-    assert_close(a, b, RTOL_VALUES, 'batch_stats')
+    helpers.assert_close(a, b, RTOL_VALUES, 'batch_stats')
   for name in metrics_cpu:
-    assert_close(metrics_acc[name], metrics_cpu[name], RTOL_VALUES, name)
+    helpers.assert_close(metrics_acc[name], metrics_cpu[name], RTOL_VALUES, name)
   for name in valid_cpu:
-    assert_close(valid_acc[name], valid_cpu[name], RTOL_VALUES, f'valid {name}')
+    helpers.assert_close(valid_acc[name], valid_cpu[name], RTOL_VALUES, f'valid {name}')

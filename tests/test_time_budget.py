@@ -8,16 +8,14 @@ import subprocess
 import sys
 import tarfile
 
-import jax
-import numpy as np
 import pytest
 
 from bn_rnn_jax import checkpoint
 from bn_rnn_jax import config as config_lib
 from bn_rnn_jax import loop
 from bn_rnn_jax import metric_writer
+import helpers
 import training_fixtures as fx
-from training_fixtures import compilation_cache  # pylint: disable=unused-import
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Checkpoints at 2, 4, 6, 7; logs at 3, 6, 7; evaluations (and best checkpoints) at 3, 6,
@@ -42,11 +40,7 @@ def _final_state(config, workdir, dataset):
     ckpt.close()
 
 
-def _records(workdir):
-  return [{k: v for k, v in r.items() if k != 'time_s'}
-          for r in metric_writer.read_metrics(workdir)]
-
-
+@pytest.mark.slow
 def test_budgeted_launches_resume_to_the_uninterrupted_run(tmp_path, caplog):
   config = _config()
   dataset = fx.synthetic_dataset(config)
@@ -73,9 +67,8 @@ def test_budgeted_launches_resume_to_the_uninterrupted_run(tmp_path, caplog):
   assert 'test' in last
   got, step = _final_state(config, run, dataset)
   assert step == 7
-  for (path, a), b in zip(jax.tree.leaves_with_path(got), jax.tree.leaves(want)):
-    np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
-  assert _records(run) == _records(straight)
+  helpers.assert_trees_equal(got, want)
+  assert fx.records_without_time(run) == fx.records_without_time(straight)
 
 
 def test_a_budget_spent_at_the_last_step_finishes_the_run(tmp_path):
@@ -93,6 +86,7 @@ def test_bad_budget_is_one_clear_error(budget):
     config_lib.validate_config(config)
 
 
+@pytest.mark.slow
 def test_main_stops_cleanly_and_says_how_to_continue(tmp_path):
   """The command line: exit status 0, the checkpoint of the stop, one line saying how to
   go on; the same command then finishes the run."""
@@ -103,8 +97,7 @@ def test_main_stops_cleanly_and_says_how_to_continue(tmp_path):
           '--config.model.hidden_size=8', '--config.eval.population_batches=1',
           '--config.eval.max_batches=1', '--config.train.time_budget_s=1e-9']
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
-  env.update(JAX_PLATFORMS='cpu', PYTHONPATH=REPO,
-             JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir or '')
+  env.update(JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
   first = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=300, check=False)
   assert first.returncode == 0, first.stderr[-3000:]
@@ -119,6 +112,7 @@ def test_main_stops_cleanly_and_says_how_to_continue(tmp_path):
   assert '4' in os.listdir(tmp_path / 'checkpoints')
 
 
+@pytest.mark.slow
 def test_long_run_command_stops_packs_and_continues(tmp_path):
   """experiments/seq_mnist_long_run.sh on the 8x8 digits (the same command, the data
   swapped by its pass-through arguments): a stop at the first save, a tar without the
@@ -131,7 +125,7 @@ def test_long_run_command_stops_packs_and_continues(tmp_path):
           '--config.eval.population_batch_size=100', '--config.eval.test_at_end=False']
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
   env.update(JAX_PLATFORMS='cpu', PYTHON=sys.executable, MODELS='bn_lstm', EVERY='2',
-             PACK=str(pack), JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir or '')
+             PACK=str(pack))
   first = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300,
                          check=False)
   assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]

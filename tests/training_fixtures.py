@@ -1,12 +1,20 @@
-"""Tiny configs and synthetic datasets shared by the trainer tests (not a test module)."""
+"""Tiny configs, synthetic datasets and fixture files shared by the tests that train
+(not a test module): configs that compile and run in about a second, datasets that fail
+on cue, a run's checkpoint and records read back."""
 
-import jax
+import os
+import tarfile
+
 import numpy as np
 import pytest
 
+from bn_rnn_jax import checkpoint
 from bn_rnn_jax import config as config_lib
 from bn_rnn_jax import loop
+from bn_rnn_jax import metric_writer
 from bn_rnn_jax.input_pipeline import mnist
+from bn_rnn_jax.input_pipeline import reading
+import helpers
 
 
 def tiny_config(variant='bn_lstm', **overrides):
@@ -51,6 +59,32 @@ class KillAt:
     if step == self._kill_step:
       raise Killed(step)
     return self._dataset.train_batch(step)
+
+
+class NaNAt(KillAt):
+  """Wraps a dataset; the batch of step `kill_step` has NaN inputs."""
+
+  def train_batch(self, step):
+    batch = self._dataset.train_batch(step)
+    if step == self._kill_step:
+      batch = dict(batch, inputs=np.full_like(batch['inputs'], np.nan))
+    return batch
+
+
+def restore(config, workdir, dataset):
+  """`(state, meta)` of the newest intact checkpoint of the run in `workdir`."""
+  trainer = loop.Trainer(config, workdir, dataset)
+  ckpt = checkpoint.Checkpointer(workdir, keep=config.checkpoint.keep)
+  try:
+    return ckpt.restore(trainer.initial_state())
+  finally:
+    ckpt.close()
+
+
+def records_without_time(workdir):
+  """The run's metrics records without their wall times (equal across equal runs)."""
+  return [{k: v for k, v in r.items() if k != 'time_s'}
+          for r in metric_writer.read_metrics(workdir)]
 
 
 def one_step(config, dataset, num_devices):
@@ -108,23 +142,114 @@ class LanguageModelDataset:
       yield self.train_batch(step)
 
 
-_CACHE_OPTIONS = {'jax_persistent_cache_min_compile_time_secs': 0.0,
-                  'jax_persistent_cache_min_entry_size_bytes': 0}
+# ----------------------------------------------------------------------------- text
+WORDS = ('the', 'cat', 'dog', 'sat', 'on', 'a', 'mat', 'ran', 'to', 'big', 'red', 'house')
 
 
-@pytest.fixture(scope='module', autouse=True)
-def compilation_cache(tmp_path_factory):
-  """A persistent XLA cache for the trainer tests: every run builds a new Trainer (new
-  pmapped closures), and without it each would compile the same programs again.
-  Restored afterwards so other test modules are unaffected."""
-  from jax.experimental.compilation_cache import compilation_cache as cc  # pylint: disable=g-import-not-at-top
-  options = {'jax_compilation_cache_dir': str(tmp_path_factory.getbasetemp() / 'jax_cache'),
-             **_CACHE_OPTIONS}
-  old = {name: getattr(jax.config, name) for name in options}
-  cc.reset_cache()
-  for name, value in options.items():
-    jax.config.update(name, value)
-  yield
-  for name, value in old.items():
-    jax.config.update(name, value)
-  cc.reset_cache()
+def write_ptb_fixture(folder, seed=0, lines=(300, 40, 40)):
+  """Mikolov-format files of random short sentences over the 12 `WORDS`."""
+  rng = np.random.default_rng(seed)
+  for split, count in zip(('train', 'valid', 'test'), lines):
+    text = ''.join(' ' + ' '.join(rng.choice(WORDS, size=rng.integers(3, 8))) + ' \n'
+                   for _ in range(count))
+    (folder / f'ptb.{split}.txt').write_text(text)
+  return str(folder)
+
+
+def load_config(name, arg):
+  """`experiments/configs/<name>.py`'s `get_config(arg)`."""
+  return helpers.load_experiment_config(name).get_config(arg)
+
+
+def tiny_text_config(config, data_path, batch_size, seq_length, hidden=16):
+  """A language-model config cut down to fixture text and one device."""
+  config.data.path = data_path
+  config.data.seq_length = seq_length
+  config.model.hidden_size = hidden
+  config.model.max_length = seq_length
+  if config.model.get('embed_size'):
+    config.model.embed_size = hidden
+  config.train.batch_size = batch_size
+  config.train.num_devices = 1
+  config.eval.batch_size = batch_size
+  config.eval.population_batches = 2
+  config.eval.test_at_end = False
+  return config
+
+
+# ----------------------------------------------------------------------------- Brown
+BROWN_FIXTURE = {
+    'ca01': ['\tThe/at Fulton/np-tl jury/nn said/vbd ./.', '',
+             '\tThe/at jury/nn did/dod n\'t/*  go/vb ./.', '\tHe/pps said/vbd it/pps ./.'],
+    'cb02': ['\tThe/at city/nn-hl was/bedz n\'t/* big/jj and/cc the/at jury/nn said/vbd '
+             'so/rb ./.', '\tIt/pps said/vbd ./.'],
+    'ca09': ['\tThe/AT jury/NN-TL said/VBD il/fw-at ./.'],
+    'cr10': ['\tHe\'s/pps+bez big/jj ./.', '\tThe/at unseen/jj word/nn ./.'],
+}
+
+
+def write_brown(folder, files=BROWN_FIXTURE):
+  """Brown-corpus files (`files`: name -> lines) and a README that is not one, in `folder`."""
+  os.makedirs(folder, exist_ok=True)
+  for name, lines in files.items():
+    with open(os.path.join(folder, name), 'w') as f:
+      f.write('\n'.join(lines) + '\n')
+  with open(os.path.join(folder, 'README'), 'w') as f:
+    f.write('not a corpus file\n')
+  return str(folder)
+
+
+# ----------------------------------------------------------------------------- questions
+QUESTION_WORDS = ('the', 'a', 'house', 'runs', 'said', 'of', 'and', 'river', 'old', 'new')
+QUESTION_SPLITS = {'training': 24, 'validation': 8, 'test': 8}
+
+
+def question_text(rng, index):
+  """A `.question` file in DeepMind's layout with 2-4 entities; lengths vary."""
+  num_entities = int(rng.integers(2, 5))
+  context = []
+  for entity in range(num_entities):
+    context += list(rng.choice(QUESTION_WORDS, int(rng.integers(1, 4)))) + [f'@entity{entity}', '.']
+  context += list(rng.choice(QUESTION_WORDS, int(rng.integers(0, 5))))
+  answer = int(rng.integers(0, num_entities))
+  query = list(rng.choice(QUESTION_WORDS, 3)) + ['@placeholder', '@entity0' if answer else 'river']
+  lines = '\n'.join(f'@entity{e}:Name {e}' for e in range(num_entities))
+  return f'http://x/{index}\n\n{" ".join(context)}\n\n{" ".join(query)}\n\n@entity{answer}' \
+         f'\n\n{lines}'
+
+
+def write_questions(root, seed=0):
+  """`root/{training,validation,test}/*.question` files of `question_text`."""
+  rng = np.random.default_rng(seed)
+  for folder, count in QUESTION_SPLITS.items():
+    os.makedirs(os.path.join(root, folder), exist_ok=True)
+    for i in range(count):
+      with open(os.path.join(root, folder, f'{folder}{i:03d}.question'), 'w') as f:
+        f.write(question_text(rng, i))
+  return root
+
+
+def write_question_set(base):
+  """`<base>/cloze/questions/{training,validation,test}` and `<base>/cloze.tgz` of it."""
+  write_questions(str(base / 'cloze' / 'questions'))
+  with tarfile.open(str(base / 'cloze.tgz'), 'w:gz') as archive:
+    archive.add(str(base / 'cloze'), arcname='cloze')
+  return base
+
+
+@pytest.fixture(scope='module')
+def cloze_dir(tmp_path_factory):
+  """`write_question_set` in a temporary folder."""
+  return write_question_set(tmp_path_factory.mktemp('reading'))
+
+
+@pytest.fixture(scope='module')
+def cloze_arrays(cloze_dir):  # pylint: disable=redefined-outer-name
+  """`reading.load` of `cloze_dir`'s questions."""
+  return reading.load(str(cloze_dir / 'cloze'))
+
+
+def tiny_reading_dataset(arrays, batch_size=8, seed=0):
+  """The reader's dataset of `reading.load`'s arrays, documents padded to 32 steps."""
+  return reading.ReadingDataset(arrays, batch_size=batch_size, seed=seed, eval_batch_size=8,
+                                length_multiple=32)

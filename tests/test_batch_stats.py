@@ -1,4 +1,7 @@
-"""Misuse of the statistics is an error, as in `flax.linen.BatchNorm` (`batch_stats.py`).
+"""`batch_stats.py`: the one statistics-site implementation, as `MaskedBatchNorm` uses it
+against the float64 reference, and its misuse checks.
+
+Misuse of the statistics is an error, as in `flax.linen.BatchNorm`:
 
 1. `train=True` with neither `batch_stats` nor `minibatch_moments` mutable would update
    nothing: raised, eagerly and under `jax.jit` (the check reads the apply's arguments,
@@ -19,10 +22,12 @@ from bn_rnn_jax import batch_stats
 from bn_rnn_jax import population
 from bn_rnn_jax import stack
 from bn_rnn_jax import variants
+import helpers
+import reference as ref
 
 B, T, I, H = 4, 5, 3, 6
 X = np.random.default_rng(0).normal(size=(B, T, I)).astype(np.float32)
-MASK = (np.arange(T)[None, :] < np.array([5, 3, 4, 2])[:, None]).astype(np.float32)
+MASK = helpers.prefix_mask([5, 3, 4, 2], T)
 
 
 def _modules():
@@ -38,7 +43,7 @@ def _modules():
 MODULES = {name: (module, args) for name, module, args in _modules()}
 
 
-@pytest.fixture(params=sorted(MODULES))
+@pytest.fixture(params=helpers.core_cases(sorted(MODULES), core=['masked_batch_norm']))
 def case(request):
   module, args = MODULES[request.param]
   return module, args, module.init(jax.random.key(0), *args, train=False)
@@ -120,7 +125,74 @@ def test_trained_statistics_evaluate_without_error(case):
 
 
 def test_layers_without_batch_statistics_need_neither():
+  """A layer-normalised LSTM has no statistics: training and inference apply without a
+  mutable collection and compute the same function."""
   layer = variants.make_layer('ln_lstm', H)
   variables = layer.init(jax.random.key(0), X, train=False)
-  layer.apply(variables, jnp.asarray(X), train=True)
-  layer.apply(variables, jnp.asarray(X), train=False)
+  assert set(variables) == {'params'}
+  trained = layer.apply(variables, jnp.asarray(X), train=True)
+  inferred = layer.apply(variables, jnp.asarray(X), train=False)
+  helpers.assert_trees_equal(trained, inferred)
+
+
+# ----------------------------------------------------------------------------- MaskedBatchNorm
+def _trained_norm(statistics, x, mask):
+  """A MaskedBatchNorm's output in training, and its variables after that batch."""
+  norm = batch_stats.MaskedBatchNorm(statistics=statistics, max_length=T, momentum=0.5)
+  variables = norm.init(jax.random.key(0), x, mask, train=False)
+  rng = np.random.default_rng(1)
+  params = {'scale': rng.uniform(0.5, 1.5, x.shape[-1]), 'bias': rng.normal(size=x.shape[-1])}
+  variables = {**variables, 'params': helpers.float32(params)}
+  y, updated = norm.apply(variables, x, mask, train=True, mutable=['batch_stats'])
+  return norm, params, y, {**variables, **updated}
+
+
+def test_masked_batch_norm_per_step_matches_the_reference():
+  """Per-step moments of the valid rows; the running average's first update takes them;
+  inference past the last trained row reuses it."""
+  x = np.where(MASK[..., None] > 0, X, 1e3)                          # junk in the padding
+  norm, params, y, variables = _trained_norm('per_step', x, MASK)
+  moments = [ref.masked_moments(x[:, t], MASK[:, t] > 0) for t in range(T)]
+  for t, (mean, var, _) in enumerate(moments):
+    helpers.assert_close(np.asarray(y)[MASK[:, t] > 0, t],
+                         ref.normalize(x[MASK[:, t] > 0, t], mean, var, params['scale'],
+                                       params['bias']), rtol=1e-4, what=f'step {t}')
+  record = ref.minibatch_record(moments, False, T)
+  stats = helpers.float64(variables['batch_stats']['stats'])
+  for key in ('mean', 'var', 'count'):
+    helpers.assert_close(stats[key], record[key], rtol=1e-5, what=key)
+  longer = np.concatenate([x, x[:, :3]], axis=1)                      # 8 steps, T_max 5
+  out = norm.apply(variables, longer, None, train=False)
+  mean, var = ref.population_lookup(stats, 8)
+  helpers.assert_close(out, ref.normalize(longer, mean, var, params['scale'], params['bias']),
+                       rtol=1e-4)
+
+
+def test_masked_batch_norm_sequence_wise_and_flat_use_one_row():
+  x = np.where(MASK[..., None] > 0, X, 1e3)
+  _, params, y, variables = _trained_norm('sequence', x, MASK)
+  mean, var, _ = ref.masked_moments(x.reshape(B * T, I), MASK.reshape(-1) > 0)
+  valid = MASK > 0
+  helpers.assert_close(np.asarray(y)[valid],
+                       ref.normalize(x[valid], mean, var, params['scale'], params['bias']),
+                       rtol=1e-4)
+  helpers.assert_close(variables['batch_stats']['stats']['mean'], mean[None], rtol=1e-5)
+  flat = X[:, 0]                                                       # [B, F]: one row
+  _, params, y, variables = _trained_norm('per_step', flat, None)
+  mean, var, _ = ref.masked_moments(flat, np.ones(B, bool))
+  helpers.assert_close(y, ref.normalize(flat, mean, var, params['scale'], params['bias']),
+                       rtol=1e-4)
+  assert variables['batch_stats']['stats']['count'].shape == (1,)
+
+
+def test_statistics_vocabulary_is_checked_and_sets_the_rows():
+  batch_stats.check_statistics('shared')
+  with pytest.raises(ValueError, match="statistics must be one of .*; got 'frame'"):
+    batch_stats.check_statistics('frame')
+  assert [batch_stats.num_rows(site, statistics, 7)
+          for statistics in batch_stats.STATISTICS
+          for site in ('input', 'recurrent', 'cell')] == [7, 7, 7, 1, 7, 7, 1, 1, 1]
+  with pytest.raises(ValueError, match="MaskedBatchNorm.statistics must be 'per_step' or "
+                     "'sequence'; got 'shared'"):
+    batch_stats.MaskedBatchNorm(statistics='shared').init(jax.random.key(0), X, MASK,
+                                                          train=False)

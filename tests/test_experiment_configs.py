@@ -1,4 +1,5 @@
-"""Every config file loads, and each paper config holds the paper's values.
+"""The files of `experiments/configs/`: every one loads (without JAX) and validates, each
+paper config holds the paper's values, and the paper configs build the paper's models.
 
 `PAPER` is the table: one row per (config, hyperparameter), with the value the paper
 states and where it says so. A changed hyperparameter fails here loudly; change the table
@@ -11,20 +12,23 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import importlib.util
 import inspect
 import math
 import os
+import subprocess
+import sys
 from typing import Any, Callable, Optional, Union
 
 import pytest
 
-from bn_rnn_jax import models
 from bn_rnn_jax import config as config_lib
+from bn_rnn_jax import models
+from bn_rnn_jax import tasks
+from bn_rnn_jax import train
 from bn_rnn_jax import variants
+import helpers
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          'experiments', 'configs')
+CONFIG_DIR = helpers.EXPERIMENT_CONFIGS
 COOIJMANS = 'Cooijmans et al. 2016'
 LAURENT = 'Laurent et al. 2016'
 OURS = 'not in the paper: our choice, stated in the config docstring'
@@ -203,14 +207,6 @@ PAPER: list[Row] = [
 ]
 
 
-def load_config_module(name: str):
-  path = os.path.join(CONFIG_DIR, name)
-  spec = importlib.util.spec_from_file_location(f'_config_{name[:-3]}', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def _get(config, field):
   if isinstance(field, Derived):
     return field.fn(config)
@@ -225,7 +221,7 @@ _CACHE: dict = {}
 
 def _config(name: str, arg: Optional[str]):
   if (name, arg) not in _CACHE:
-    module = load_config_module(name)
+    module = helpers.load_experiment_config(name)
     _CACHE[name, arg] = module.get_config(arg) if arg else module.get_config()
   return _CACHE[name, arg]
 
@@ -261,7 +257,7 @@ def test_every_config_file_loads_and_validates(name):
   """Each file's get_config (for each variant or size it offers) builds a config that
   `train.validate_config` accepts, starts from `config_lib.default_config()`, and names a
   known variant and recurrent initialiser."""
-  module = load_config_module(name)
+  module = helpers.load_experiment_config(name)
   fields = set(config_lib.default_config().model.keys())
   for arg in _arguments(module):
     config = module.get_config(arg) if arg is not None else module.get_config()
@@ -276,3 +272,62 @@ def test_every_config_file_loads_and_validates(name):
 def test_table_names_existing_configs():
   """Every row names a config file that exists (a renamed file fails here, not silently)."""
   assert {row.config for row in PAPER} <= set(_config_files())
+
+
+@pytest.mark.parametrize('name', _config_files())
+def test_experiment_config_loads_without_importing_jax(name):
+  """A config file is data: loading it must not pay for (or need) JAX."""
+  path = os.path.join(CONFIG_DIR, name)
+  code = ('import importlib.util, sys\n'
+          f'spec = importlib.util.spec_from_file_location("c", {path!r})\n'
+          'module = importlib.util.module_from_spec(spec)\n'
+          'spec.loader.exec_module(module)\n'
+          'module.get_config()\n'
+          'heavy = sorted(m for m in ("jax", "flax", "optax", "orbax") if m in sys.modules)\n'
+          'print(heavy)\n')
+  out = subprocess.run([sys.executable, '-c', code], cwd=helpers.REPO, capture_output=True,
+                       text=True, env={**os.environ, 'PYTHONPATH': helpers.REPO}, check=True)
+  assert out.stdout.strip() == '[]', out.stdout
+
+
+def test_attentive_reader_config_names_every_reader_variant():
+  module = helpers.load_experiment_config('attentive_reader')
+  assert module.VARIANTS == tuple(models.READER_VARIANTS)
+
+
+def test_config_file_builds_every_variant_and_the_cpu_preset():
+  module = helpers.load_experiment_config('attentive_reader')
+  for variant in models.READER_VARIANTS:
+    for arg in (variant, f'{variant},cpu'):
+      config = module.get_config(arg)
+      config_lib.validate_config(config)
+      fast = variant in ('bn_e_star', 'bn_e_star_star')
+      assert (config.train.batch_size, config.optimizer.learning_rate) == (
+          (40, 8e-4) if fast else (64, 8e-5))
+      assert config.model.hidden_size == (64 if arg.endswith(',cpu') else 240)
+      # The guard on few-row per-step statistics reaches the layers of the masked variants.
+      assert train.layer_options(config, 100)['min_step_count'] == (8 if fast else 1)
+  with pytest.raises(ValueError, match='variant must be one of'):
+    module.get_config('gru')
+  with pytest.raises(ValueError, match=r"'gpu' is no variant and no preset; .* presets are "
+                                       r"\('cpu', 'tiny'\)"):
+    module.get_config('lstm,gpu')
+
+
+def test_laurent_and_brown_configs_build_the_papers_model():
+  loaded = {}
+  for name in ('laurent_speech', 'brown_tagger'):
+    loaded[name] = helpers.load_experiment_config(name).get_config()
+    config_lib.validate_config(loaded[name])
+  config = loaded['laurent_speech']
+  options = train.layer_options(config, config.data.max_frames)
+  assert options['input_init'] == options['recurrent_init'] == 'glorot_uniform'
+  model = tasks.get('tagging').build_model(config, {'num_classes': 3546}, options)
+  assert (model.num_layers, model.hidden_size, model.bidirectional, model.variant) == (
+      5, 250, True, 'bn_input_only_seq')
+  assert model.kernel_init == 'glorot_uniform' and model.vocab_size is None
+  assert (config.optimizer.name, config.optimizer.learning_rate, config.optimizer.momentum,
+          config.train.batch_size) == ('sgd', 1e-4, 0.9, 24)
+  brown = tasks.get('tagging').build_model(loaded['brown_tagger'],
+                                           {'num_classes': 104, 'vocab_size': 50}, options)
+  assert brown.bidirectional and brown.vocab_size == 50

@@ -14,6 +14,7 @@ import pytest
 from bn_rnn_jax import models
 from bn_rnn_jax import stack
 from bn_rnn_jax import variants
+import helpers
 import reference as ref
 
 B, I, H = 4, 3, 5
@@ -24,17 +25,9 @@ TRAIN_LENGTHS, EVAL_LENGTHS = (4, 2, 3, 4), (7, 3, 5, 6)
 STEP_RTOL, STEP_ATOL = 1e-5, 1e-6
 
 
-def _mask(lengths, length):
-  return (np.arange(length)[None, :] < np.asarray(lengths)[:, None]).astype(np.float32)
-
-
 def _data(seed, length, lengths, masked):
   x = np.random.default_rng(seed).normal(size=(B, length, I)).astype(np.float32)
-  return x, (_mask(lengths, length) if masked else None)
-
-
-def _carry_leaves(carry):
-  return [np.asarray(leaf) for leaf in jax.tree.leaves(carry)]
+  return x, (helpers.prefix_mask(lengths, length) if masked else None)
 
 
 def _trained(module, train_args, seed=0):
@@ -61,12 +54,14 @@ def _step_through(module, variables, inputs, mask):
 def _assert_step_equals_whole(stepped, whole):
   (step_carry, step_out), (whole_carry, whole_out) = stepped, whole
   np.testing.assert_allclose(step_out, np.asarray(whole_out), rtol=STEP_RTOL, atol=STEP_ATOL)
-  for got, want in zip(_carry_leaves(step_carry), _carry_leaves(whole_carry), strict=True):
+  for got, want in zip(jax.tree.leaves(step_carry), jax.tree.leaves(whole_carry), strict=True):
     np.testing.assert_allclose(got, want, rtol=STEP_RTOL, atol=STEP_ATOL)
 
 
-@pytest.mark.parametrize('masked', [False, True], ids=['unmasked', 'masked'])
-@pytest.mark.parametrize('variant', sorted(variants.VARIANTS))
+@pytest.mark.parametrize('variant,masked', helpers.core_cases(
+    [(v, masked) for masked in (False, True) for v in sorted(variants.VARIANTS)],
+    core=[('bn_lstm', True), ('bn_input_only_seq', False)],
+    ids=lambda case: f"{case[0]}-{'masked' if case[1] else 'unmasked'}"))
 def test_layer_step_equals_the_whole_sequence(variant, masked):
   layer = variants.make_layer(variant, H, max_length=MAX_LEN)
   x_train, mask_train = _data(0, T_TRAIN, TRAIN_LENGTHS, masked)
@@ -85,11 +80,12 @@ def test_layer_step_equals_the_whole_sequence(variant, masked):
                                           population=population)
   scale = max(float(np.abs(want_out).max()), 1e-3)
   np.testing.assert_allclose(stepped[1], want_out, rtol=1e-4, atol=1e-4 * scale)
-  for got, want in zip(_carry_leaves(stepped[0]), _carry_leaves(want_carry), strict=True):
+  for got, want in zip(jax.tree.leaves(stepped[0]), jax.tree.leaves(want_carry), strict=True):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
 
 
-@pytest.mark.parametrize('variant', ['bn_lstm', 'rnn_bn_recurrence'])
+@pytest.mark.parametrize('variant', helpers.core_cases(['bn_lstm', 'rnn_bn_recurrence'],
+                                                       core=['rnn_bn_recurrence']))
 def test_stack_step_equals_the_whole_sequence(variant):
   rnn = stack.StackedRNN(variant=variant, hidden_size=H, num_layers=2,
                          layer_options=dict(max_length=MAX_LEN))
@@ -100,6 +96,7 @@ def test_stack_step_equals_the_whole_sequence(variant):
   _assert_step_equals_whole(_step_through(rnn, variables, x, mask), whole)
 
 
+@pytest.mark.slow
 def test_language_model_steps_in_a_scan_equal_the_whole_sequence():
   """The sampler's form: `step` inside `lax.scan`, the step index a traced counter."""
   model = models.LanguageModel(vocab_size=7, hidden_size=H, num_layers=2,

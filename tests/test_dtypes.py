@@ -1,0 +1,90 @@
+"""Compute dtypes of a recurrent layer against the float64 reference: with
+`jax_enable_x64`, float64 parameters and inputs keep the whole layer (outputs and
+gradients, both backward passes) in float64; bfloat16 matmuls keep float32 outputs and
+statistics."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bn_rnn_jax as br
+import helpers
+import reference
+
+B, T, I, H = 4, 6, 3, 5   # `helpers.uneven_batch`
+_DATA = helpers.uneven_batch(features=I)
+W64 = np.random.default_rng(4).normal(size=(B, T, H))   # loss weights of the float64 test
+
+
+@pytest.fixture(scope='module')
+def data():
+  return _DATA
+
+
+def _float64_layer(variant, backward):
+  return br.make_layer(variant, H, max_length=T, backward=backward)
+
+
+@functools.cache
+def _float64_reference(variant):
+  """Float64 parameters (the layer's init, cast), and the reference's outputs and
+  finite-difference gradients of `sum(outputs * W64)` for them."""
+  x, mask = (np.asarray(a, np.float64) for a in _DATA)
+  with jax.enable_x64(True):
+    variables = _float64_layer(variant, 'scan').init(jax.random.key(0), jnp.asarray(x),
+                                                     jnp.asarray(mask), train=True)
+  params = helpers.float64(variables['params'])
+  _, want_out, _ = reference.run_layer(params, x, mask, variant)
+  ref_loss = lambda a: np.sum(reference.run_layer(
+      {k: v for k, v in a.items() if k != '__x'}, a['__x'], mask, variant)[1] * W64)
+  return variables, want_out, reference.numerical_grad(ref_loss, {**params, '__x': x})
+
+
+@pytest.mark.parametrize('backward,variant', helpers.core_cases(
+    [(backward, variant) for variant in ('bn_lstm', 'rnn_bn_recurrence')
+     for backward in ('scan', 'layer')],
+    core=[('layer', 'rnn_bn_recurrence')]))
+def test_float64_end_to_end(variant, backward):
+  """With `jax_enable_x64`, float64 parameters and inputs keep every matmul, output and
+  gradient in float64: the layer then matches the float64 reference far below float32's
+  precision (outputs to 1e-12, gradients to central finite differences' own ~1e-7)."""
+  x, mask = (np.asarray(a, np.float64) for a in _DATA)
+  variables, want_out, want = _float64_reference(variant)
+  with jax.enable_x64(True):
+    layer = _float64_layer(variant, backward)
+    # Flax creates float32 parameters; a float64 model casts them.
+    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), variables['params'])
+
+    def loss(p, x):
+      (_, y), _ = layer.apply({**variables, 'params': p}, x, mask, train=True,
+                              mutable=['batch_stats'])
+      return jnp.sum(y * W64), y
+    (_, out), (g_params, g_x) = jax.jit(jax.value_and_grad(
+        loss, argnums=(0, 1), has_aux=True))(params, jnp.asarray(x))
+  assert out.dtype == jnp.float64 and g_x.dtype == jnp.float64
+  assert all(a.dtype == jnp.float64 for a in jax.tree.leaves(g_params))
+  np.testing.assert_allclose(np.asarray(out), want_out, rtol=1e-12, atol=1e-12)
+  for name, g in {**helpers.float64(g_params), '__x': np.asarray(g_x)}.items():
+    scale = np.max(np.abs(want[name]))
+    np.testing.assert_allclose(g, want[name], rtol=1e-6, atol=1e-6 * scale, err_msg=name)
+
+
+@pytest.mark.slow
+def test_bfloat16_compute_keeps_float32_statistics(data):
+  x, mask = data
+  layer32 = br.make_layer('bn_lstm', H, max_length=T)
+  layer16 = br.make_layer('bn_lstm', H, max_length=T, dtype=jnp.bfloat16)
+  variables = layer32.init(jax.random.key(0), x, mask, train=True)
+  (_, y32), stats32 = layer32.apply(variables, x, mask, train=True, mutable=['batch_stats'])
+  (_, y16), stats16 = layer16.apply(variables, x, mask, train=True, mutable=['batch_stats'])
+  assert y16.dtype == jnp.float32
+  for leaf in jax.tree.leaves(stats16):
+    assert leaf.dtype == jnp.float32
+  # bf16 matmuls carry ~3 significant digits.
+  np.testing.assert_allclose(np.asarray(y16), np.asarray(y32), atol=3e-2)
+  assert not np.array_equal(np.asarray(y16), np.asarray(y32))
+  np.testing.assert_allclose(np.asarray(stats16['batch_stats']['cell']['mean']),
+                             np.asarray(stats32['batch_stats']['cell']['mean']), atol=3e-2)

@@ -1,0 +1,120 @@
+"""`population.py`: the papers' population estimate (the average over training batches of
+each step's minibatch moments) against float64 moments of the parameters' projections and
+the reference's average of records; its compiled pass is reused across calls."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bn_rnn_jax as br
+from bn_rnn_jax import population
+import helpers
+import reference as ref
+
+B, T, I, H, F = 4, 6, 3, 5, 5   # `helpers.uneven_batch`
+
+
+@pytest.fixture(scope='module')
+def data():
+  return helpers.uneven_batch(features=I)
+
+
+def _record(rng, rows, seen):
+  return {'mean': rng.normal(size=(rows, F)), 'var': rng.uniform(0.1, 2.0, (rows, F)),
+          'count': np.asarray(seen, np.float64)}
+
+
+def test_average_minibatch_moments():
+  """The papers' estimate over a nested tree of sites, rows reached by some batches only."""
+  rng = np.random.default_rng(10)
+  seen = ([1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0])
+  records = [{'layer_0': {'cell': _record(rng, 5, s)}, 'layer_1': {'input': _record(rng, 5, s)}}
+             for s in seen]
+  estimate = jax.jit(population.average_minibatch_moments)(jax.tree.map(jnp.float32, records))
+  got = jax.tree.map(np.asarray, estimate)
+  for layer, site in (('layer_0', 'cell'), ('layer_1', 'input')):
+    want = ref.average_records([r[layer][site] for r in records])
+    for key in ('mean', 'var', 'count'):
+      helpers.assert_close(got[layer][site][key], want[key], what=f'{layer} {site} {key}')
+  np.testing.assert_array_equal(got['layer_0']['cell']['count'], [3, 3, 2, 1, 0])
+  np.testing.assert_array_equal(got['layer_0']['cell']['var'][4], np.ones(F))
+
+
+def test_population_estimate_of_no_records_names_the_problem():
+  with pytest.raises(ValueError, match='at least one minibatch record'):
+    population.average_minibatch_moments([])
+
+
+def test_estimate_population_stats_averages_minibatch_moments(data):
+  """Input-term rows = the mean over batches of the float64 per-step moments of W_x x."""
+  x, mask = data
+  x2 = np.asarray(x)[::-1] * 1.5 + 0.3
+  layer = br.make_layer('bn_lstm', H, max_length=T + 2)
+  variables = layer.init(jax.random.key(0), x, mask, train=True)
+  stats = br.estimate_population_stats(layer, variables, [(x, mask), (x2, mask)])
+  kernel = np.asarray(variables['params']['input_kernel'], np.float64)
+  expected_mean, expected_var = [], []
+  for batch in (x, x2):
+    z = np.asarray(batch, np.float64) @ kernel                       # [B, T, 4H]
+    mean, var = [], []
+    for t in range(T):
+      rows = z[mask[:, t] > 0, t]
+      mean.append(rows.mean(0))
+      var.append(rows.var(0))
+    expected_mean.append(mean)
+    expected_var.append(var)
+  site = stats['input']
+  np.testing.assert_allclose(np.asarray(site['mean'])[:T], np.mean(expected_mean, 0),
+                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(site['var'])[:T], np.mean(expected_var, 0),
+                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(site['count']), [2.0] * T + [0.0, 0.0])
+  # The running averages of `variables` were not touched.
+  for leaf in jax.tree.leaves(variables['batch_stats']):
+    assert not np.any(np.isnan(np.asarray(leaf)))
+  # The estimate drives inference: rows past the last seen one reuse row T-1.
+  _, out = layer.apply({**variables, 'batch_stats': stats}, x, mask, train=False)
+  assert np.all(np.isfinite(np.asarray(out)))
+
+
+@pytest.mark.slow
+def test_estimate_population_stats_compiles_once_per_model(data):
+  """Repeated estimates (one per evaluation in a training loop) reuse the compiled pass,
+  also for a model with an unhashable dict field; a noisy-h0 model draws fresh noise per
+  batch from `rng`, so two equal batches give two different records."""
+  x, mask = data
+  model = br.SequenceClassifier(num_classes=2, variant='bn_lstm', hidden_size=H,
+                                layer_options={'max_length': T, 'initial_state': 'noise'})
+  variables = model.init({'params': jax.random.key(0), 'noise': jax.random.key(1)},
+                         x, mask, train=False)
+  before = population._minibatch_moments_jit._cache_size()
+  first = br.estimate_population_stats(model, variables, [(x, mask)], rng=jax.random.key(2))
+  for seed in range(3):
+    br.estimate_population_stats(model, variables, [(x, mask)] * 2,
+                                 rng=jax.random.key(seed))
+  assert population._minibatch_moments_jit._cache_size() == before + 1
+  # The recurrent term sees h0 noise from step 0: its row-0 mean depends on the draw,
+  # and the two-batch average differs from either single draw.
+  again = br.estimate_population_stats(model, variables, [(x, mask)] * 2,
+                                       rng=jax.random.key(2))
+  site_first = np.asarray(first['rnn']['layer_0']['recurrent']['mean'])[0]
+  site_again = np.asarray(again['rnn']['layer_0']['recurrent']['mean'])[0]
+  assert not np.allclose(site_first, site_again)
+  with pytest.raises(Exception, match='noise'):
+    br.estimate_population_stats(model, variables, [(x, mask)])
+
+
+def test_unhashable_model_is_a_clear_error(data):
+  """The pass compiles once per model, so the model is a static argument."""
+  x, mask = data
+
+  class Unhashable(br.StackedRNN):
+    __hash__ = None
+
+  model = Unhashable('lstm', H)
+  variables = model.init(jax.random.key(0), x, mask, train=False)
+  with pytest.raises(ValueError, match='the model must be hashable; Unhashable is not'):
+    br.estimate_population_stats(model, variables, [(x, mask)])
+  with pytest.raises(ValueError, match='needs at least one batch'):
+    br.estimate_population_stats(br.StackedRNN('lstm', H), variables, [])

@@ -1,0 +1,124 @@
+"""`stack.py`: `StackedRNN` (depth, dropout, bidirectional) and `Bidirectional` against
+the float64 reference (`tests/reference.py`). Stepping a stack one step at a time is in
+`test_one_step_at_a_time.py`."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bn_rnn_jax as br
+from bn_rnn_jax import stack
+from bn_rnn_jax import variants
+import helpers
+import reference
+
+B, T, I, H = 4, 6, 3, 5   # `helpers.uneven_batch`
+_DATA = helpers.uneven_batch(features=I)
+
+
+@pytest.fixture(scope='module')
+def data():
+  return _DATA
+
+
+def test_stack_equals_reference_layers_in_sequence(data):
+  """Two stacked bn_lstm layers (no dropout) = the reference run twice, output to input."""
+  x, mask = data
+  rnn = br.StackedRNN('bn_lstm', H, num_layers=2, layer_options={'max_length': T})
+  variables = rnn.init(jax.random.key(0), x, mask, train=True)
+  (carries, out), _ = rnn.apply(variables, x, mask, train=True, mutable=['batch_stats'])
+  params = helpers.float64(variables['params'])
+  hidden = np.asarray(x, np.float64)
+  for index in range(2):
+    carry, hidden, _ = reference.run_layer(params[f'layer_{index}'], hidden, mask, 'bn_lstm')
+    np.testing.assert_allclose(np.asarray(carries[index][1]), carry[1], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(out), hidden, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_stack_dropout_is_active_only_in_training(data):
+  x, mask = data
+  rnn = br.StackedRNN('lstm', H, num_layers=2, dropout_rate=0.5)
+  variables = rnn.init(jax.random.key(0), x, mask, train=False)
+  _, eval_a = rnn.apply(variables, x, mask, train=False)
+  _, eval_b = rnn.apply(variables, x, mask, train=False)
+  np.testing.assert_array_equal(np.asarray(eval_a), np.asarray(eval_b))
+  _, train_a = rnn.apply(variables, x, mask, train=True, rngs={'dropout': jax.random.key(1)})
+  _, train_b = rnn.apply(variables, x, mask, train=True, rngs={'dropout': jax.random.key(2)})
+  assert not np.allclose(np.asarray(train_a), np.asarray(train_b))
+  # The output dropout zeroes about half of the valid entries.
+  valid = np.broadcast_to(mask[..., None] > 0, train_a.shape)
+  zero_fraction = np.mean(np.asarray(train_a)[valid] == 0.0)
+  assert 0.3 < zero_fraction < 0.7
+
+
+@pytest.mark.slow
+def test_bidirectional_stack_shapes_and_halves(data):
+  x, mask = data
+  rnn = br.StackedRNN('bn_input_only_seq', H, num_layers=2, bidirectional=True)
+  variables = rnn.init(jax.random.key(0), x, mask, train=True)
+  (carries, out), _ = rnn.apply(variables, x, mask, train=True, mutable=['batch_stats'])
+  assert out.shape == (B, T, 2 * H)
+  assert len(carries) == 2 and len(carries[0]) == 2  # (forward, backward) per layer
+  # Padded steps output zeros in both halves.
+  np.testing.assert_array_equal(np.asarray(out)[mask == 0], 0.0)
+
+
+def test_stack_rejects_carries_when_bidirectional(data):
+  x, mask = data
+  rnn = br.StackedRNN('lstm', H, bidirectional=True)
+  with pytest.raises(ValueError, match='initial_carries'):
+    rnn.init(jax.random.key(0), x, mask, train=False, initial_carries=[None])
+
+
+# ----------------------------------------------------------------------------- Bidirectional
+# Uneven lengths with large junk in the padded positions.
+BI_B, BI_T, BI_I, BI_H, BI_MAX_LEN = 4, 5, 3, 4, 7
+BI_MASK = helpers.prefix_mask((5, 2, 4, 5), BI_T, np.float64)
+_rng = np.random.default_rng(0)
+BI_X = np.where(BI_MASK[..., None] > 0, _rng.normal(size=(BI_B, BI_T, BI_I)),
+                30.0 * _rng.normal(size=(BI_B, BI_T, BI_I)))
+
+
+def test_bidirectional_backward_half_reverses_each_sequence():
+  """BN-e** (Cooijmans sec. 5.4): the backward layer sees each sequence's valid part
+  reversed with the padding left at the end, so its per-step statistics are those of the
+  reference run on the individually reversed batch."""
+  variant = 'bn_lstm'
+  make = lambda: variants.make_layer(variant, BI_H, max_length=BI_MAX_LEN, momentum=0.9)
+  layer = stack.Bidirectional(make(), make())
+  assert_close = functools.partial(helpers.assert_close, rtol=1e-4)
+  shapes = jax.eval_shape(lambda: layer.init(jax.random.key(0), jnp.zeros(BI_X.shape),
+                                             train=False))
+  rng = np.random.default_rng(11)
+  params = {half: reference.random_params(
+      {k: v.shape for k, v in shapes['params'][half].items()}, rng)
+            for half in ('forward_layer', 'backward_layer')}
+  stats = jax.tree.map(lambda s: np.zeros(s.shape), shapes['batch_stats'])
+  ((fwd_carry, bwd_carry), out), new = jax.jit(functools.partial(
+      layer.apply, train=True, mutable=['batch_stats']))(
+          {'params': helpers.float32(params), 'batch_stats': helpers.float32(stats)},
+          helpers.float32(BI_X), helpers.float32(BI_MASK))
+
+  want_fwd_carry, want_fwd, _ = reference.run_layer(params['forward_layer'], BI_X, BI_MASK, variant)
+  want_bwd_carry, bwd_rev, bwd_moments = reference.run_layer(
+      params['backward_layer'], reference.reverse_each(BI_X, BI_MASK), BI_MASK, variant)
+  want_bwd = reference.reverse_each(bwd_rev, BI_MASK)
+  assert_close(out[..., :BI_H], want_fwd, what='forward half')
+  assert_close(out[..., BI_H:], want_bwd, what='backward half')
+  for got, want in ((fwd_carry, want_fwd_carry), (bwd_carry, want_bwd_carry)):
+    for g, w in zip(jax.tree.leaves(helpers.float64(got)), jax.tree.leaves(want)):
+      assert_close(g, w, what='final carry')
+  # The backward layer's statistics are those of the individually reversed sequences.
+  for site, steps in bwd_moments.items():
+    record = reference.minibatch_record(steps, False, BI_MAX_LEN)
+    assert_close(new['batch_stats']['backward_layer'][site]['mean'], record['mean'])
+
+  # Reversing the padded tensor as a whole (padding moved to the front) is a different
+  # function: guard against the test passing for the wrong reason.
+  _, naive, _ = reference.run_layer(params['backward_layer'], BI_X[:, ::-1], BI_MASK[:, ::-1],
+                                    variant)
+  assert np.max(np.abs(naive[:, ::-1] - np.asarray(out[..., BI_H:]))) > 1e-2

@@ -1,0 +1,68 @@
+"""`variants.py`: the papers' layers by name (each preset against the reference's own
+spelling of the paper), `make_layer`, and `LayerOptions` (hashable field overrides, old
+spellings upgraded with a warning or refused in one line)."""
+
+import pytest
+
+from bn_rnn_jax import recurrent
+from bn_rnn_jax import variants
+import reference as ref
+
+
+def test_every_variant_normalises_the_sites_the_paper_names():
+  assert set(variants.VARIANTS) == set(ref.VARIANT_SPECS) - {'bn_lstm_sequence_input'}
+  for name in variants.VARIANTS:
+    layer, spec = variants.make_layer(name, 4), ref.spec(name)
+    assert (layer.cell, layer.recurrent_norm, layer.input_norm, layer.cell_norm) == (
+        spec['cell'], spec['recurrent'], spec['input'], spec['cell_site']), name
+    statistics = {(False, 'frame'): 'per_step', (False, 'sequence'): 'sequence',
+                  (True, 'sequence'): 'shared'}[spec['shared'], spec['input_stats']]
+    assert layer.statistics == statistics, name
+
+
+def test_make_layer_overrides_fields_and_names_the_layer():
+  layer = variants.make_layer('bn_lstm', 7, max_length=9, momentum=0.5, name='encoder')
+  assert isinstance(layer, recurrent.RecurrentLayer)
+  assert (layer.hidden_size, layer.max_length, layer.momentum, layer.name) == (
+      7, 9, 0.5, 'encoder')
+  assert variants.make_layer('ln_lstm', 3).gamma_init == 1.0   # Ba et al.: gamma 1
+  with pytest.raises(ValueError, match=r"Unknown RNN variant 'bn_gru'"):
+    variants.make_layer('bn_gru', 4)
+  with pytest.raises(ValueError, match='Unknown RecurrentLayer fields'):
+    variants.make_layer('bn_lstm', 4, hidden=3)
+
+
+@pytest.mark.parametrize('old,new', [
+    (dict(stats_per_step=True, input_statistics='frame'), 'per_step'),
+    (dict(input_statistics='sequence'), 'sequence'),
+    (dict(stats_per_step=False, input_statistics='sequence'), 'shared'),
+])
+def test_old_statistics_fields_are_translated_with_a_warning(old, new):
+  with pytest.warns(DeprecationWarning, match=f"statistics='{new}'"):
+    options = variants.LayerOptions(**old)
+  assert dict(options) == {'statistics': new}
+  with pytest.warns(DeprecationWarning):
+    assert variants.make_layer('bn_lstm', 4, **old).statistics == new
+
+
+def test_old_statistics_without_an_equivalent_is_a_one_line_error():
+  with pytest.raises(ValueError, match="statistics='per_step', 'sequence' or 'shared'"):
+    variants.LayerOptions(stats_per_step=False, input_statistics='frame')
+
+
+def test_unknown_layer_field_names_a_close_match():
+  with pytest.raises(ValueError, match="did you mean 'max_length'"):
+    variants.LayerOptions(max_lenght=3)
+
+
+def test_layer_options_are_hashable_mappings():
+  a = variants.LayerOptions({'max_length': 7}, remat='full')
+  b = variants.LayerOptions(remat='full', max_length=7)
+  assert a == b and hash(a) == hash(b) and dict(a) == {'max_length': 7, 'remat': 'full'}
+  assert a.replace(remat='none')['remat'] == 'none' and a['remat'] == 'full'
+
+
+def test_boolean_remat_is_upgraded_with_a_warning():
+  layer = variants.make_layer('bn_lstm', 8, remat=True)
+  with pytest.warns(DeprecationWarning, match="remat='full'"):
+    assert layer.execution_policy(4).remat == 'full'
