@@ -12,8 +12,8 @@ module. A cache named by `$JAX_COMPILATION_CACHE_DIR` is used as it is; otherwis
 session makes a temporary one and removes it at the end.
 
 Real datasets are read under `$BN_RNN_JAX_DATA` (`bn_rnn_jax.input_pipeline`). When it is
-unset and the project machines' read-only copy exists beside the repository
-(`../shared/data`), it is pointed there; the tests that need a dataset skip, naming it,
+unset, it is pointed at the read-only copy the CI machines keep next to the checkout
+(`_SHARED_DATA` below) where that exists; the tests that need a dataset skip, naming it,
 where it is missing.
 
 What the test modules share lives in four modules that are not tests: `helpers.py`

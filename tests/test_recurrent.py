@@ -534,7 +534,7 @@ def test_constant_input_gradients_with_and_without_noise(initial_state):
   hidden state zero batch variance; normalising it divides 0 by sqrt(epsilon), which leaves
   the forward pass alone but blows up the backward pass. Noise on h_0 prevents it.
 
-  Measured here (bn_lstm at its initial parameters, B=4, H=4, input 1.0 everywhere,
+  Measured at (bn_lstm at its initial parameters, B=4, H=4, input 1.0 everywhere,
   epsilon 1e-5, loss = weighted sum of the outputs), with zero h_0: largest parameter
   gradient ~5e2 after 4 steps, ~3e12 after 8, inf/NaN from 16 steps on (input gradient
   ~4e9 after 4 steps, ~2e19 after 8); so after 128 steps the gradients are not finite.
