@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import reference
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPERIMENT_CONFIGS = os.path.join(REPO, 'experiments', 'configs')
 
@@ -58,6 +60,19 @@ def float32(tree):
 
 
 # ----------------------------------------------------------------------------- assertions
+def reference_params(layer, x_shape, seed):
+  """Random float64 parameters in `layer`'s layout (`reference.random_params`, drawn with
+  `np.random.default_rng(seed)`), and the shapes of its `batch_stats` ({} without any).
+
+  `x_shape` is `[batch, time, features]` of the input the layer is initialised with.
+  """
+  shapes = jax.eval_shape(
+      lambda: layer.init(jax.random.key(0), jnp.zeros(x_shape), train=False))
+  params = reference.random_params({k: s.shape for k, s in shapes['params'].items()},
+                                   np.random.default_rng(seed))
+  return params, shapes.get('batch_stats', {})
+
+
 def assert_close(actual, expected, rtol=1e-5, what=''):
   """Float32 against float64, elementwise, with an absolute floor `rtol * max|expected|`
   (at least `rtol * 1e-3`): entries near zero are compared at the array's scale."""

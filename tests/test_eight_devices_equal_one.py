@@ -78,11 +78,8 @@ def _layer(variant, hoist, axis_name=None, backward='scan'):
 
 
 def _params(variant):
-  shapes = jax.eval_shape(lambda: _layer(variant, None).init(
-      jax.random.key(0), jnp.zeros((2, T, I)), train=False))
-  params = ref.random_params({k: s.shape for k, s in shapes['params'].items()},
-                             np.random.default_rng(3))
-  stats = jax.tree.map(lambda s: np.zeros(s.shape, np.float32), shapes['batch_stats'])
+  params, shapes = helpers.reference_params(_layer(variant, None), (2, T, I), 3)
+  stats = jax.tree.map(lambda s: np.zeros(s.shape, np.float32), shapes)
   return jax.tree.map(jnp.float32, params), stats
 
 

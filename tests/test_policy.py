@@ -106,12 +106,9 @@ def _cpu_fields(variant) -> dict:
 @functools.cache
 def _params(variant):
   """Random float64 parameters in the layer's layout, and fresh statistics."""
-  shapes = jax.eval_shape(
-      lambda: _layer(variant).init(jax.random.key(0), jnp.zeros((B, T, I)), train=False))
-  params = ref.random_params({k: s.shape for k, s in shapes['params'].items()},
-                             np.random.default_rng(BATCH_VARIANTS.index(variant) + 20))
-  fresh = {site: ref.init_population(*s['mean'].shape)
-           for site, s in shapes['batch_stats'].items()}
+  params, stats = helpers.reference_params(_layer(variant), (B, T, I),
+                                           BATCH_VARIANTS.index(variant) + 20)
+  fresh = {site: ref.init_population(*s['mean'].shape) for site, s in stats.items()}
   return params, fresh
 
 

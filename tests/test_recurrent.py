@@ -63,12 +63,10 @@ def _layer(variant, hoist=None, **overrides):
 @functools.cache
 def variant_params(variant):
   """Random float64 parameters in the layer's layout, and fresh batch_stats shapes."""
-  shapes = jax.eval_shape(
-      lambda: _layer(variant).init(jax.random.key(0), jnp.zeros((B, T, I)), train=False))
-  params = ref.random_params({k: s.shape for k, s in shapes['params'].items()},
-                             np.random.default_rng(VARIANTS.index(variant) + 10))
+  params, stats = helpers.reference_params(_layer(variant), (B, T, I),
+                                           VARIANTS.index(variant) + 10)
   sites = {site: ref.init_population(s['mean'].shape[0], s['mean'].shape[1])
-           for site, s in shapes.get('batch_stats', {}).items()}
+           for site, s in stats.items()}
   return params, sites
 
 
