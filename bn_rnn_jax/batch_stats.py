@@ -25,11 +25,13 @@ statistics of the longest (Cooijmans et al. sec. 3).
 Misuse is an error, as in `flax.linen.BatchNorm` (`site_variable` checks both, for every
 site of every module):
 
-  train=True   outside `init`, one of `batch_stats` (training) or `MOMENTS` (the
-               papers' estimate pass, `population.minibatch_moments`) must be mutable;
+  batch statistics (`train=True` or `use_running_average=False`): outside `init`, one
+               of `batch_stats` (training) or `MOMENTS` (the papers' estimate pass,
+               `population.minibatch_moments`) must be mutable;
                else the pass would update nothing. To use batch statistics and keep
                none, pass `mutable=['batch_stats']` and drop the update.
-  train=False  a site whose statistics no training batch reached (`count` 0 in every
+  population statistics (`train=False` or `use_running_average=True`): a site whose
+               statistics no training batch reached (`count` 0 in every
                row) would normalise with mean 0, variance 1. Checked when the
                statistics are concrete values (an eager `apply`, or variables closed
                over by a jitted function); under `jax.jit` / `pmap` they are tracers and
@@ -47,6 +49,7 @@ import jax
 import numpy as np
 from flax import linen as nn
 
+from bn_rnn_jax import modes
 from bn_rnn_jax import normalization
 
 Array = jax.Array
@@ -144,13 +147,15 @@ def _check_trained(module: nn.Module, site: str, site_stats: Any) -> None:
         'or call inside batch_stats.allow_untrained_statistics().')
 
 
-def site_variable(module: nn.Module, site: str, rows: int, features: int, *, train: bool):
+def site_variable(module: nn.Module, site: str, rows: int, features: int, *,
+                  batch_statistics: bool):
   """The `batch_stats` variable of `site` (fresh: mean 0, var 1, count 0), after the
-  misuse checks of the module docstring (none at `init`)."""
+  misuse checks of the module docstring (none at `init`). `batch_statistics`: the call
+  normalises with batch statistics (`use_running_average=False`)."""
   variable = module.variable('batch_stats', site, normalization.init_population_stats, rows,
                              features)
   if not module.is_initializing():
-    if train:
+    if batch_statistics:
       _check_recorded(module, site)
     else:
       _check_trained(module, site, variable.value)
@@ -193,7 +198,8 @@ class MaskedBatchNorm(nn.Module):
     max_length, momentum, epsilon, gamma_init, axis_name: as `RecurrentLayer`.
     batch_sums: how the batch sums run (`policy.batch_sums_for`).
 
-  Call: `(x, mask | None, train=...)` -> x normalised (float32).
+  Call: `(x, mask | None, train=... | use_running_average=...)` -> x normalised
+  (float32).
   """
   statistics: str = 'per_step'
   max_length: int = 1000
@@ -204,7 +210,10 @@ class MaskedBatchNorm(nn.Module):
   batch_sums: str = 'auto'
 
   @nn.compact
-  def __call__(self, x: Array, mask: Optional[Array] = None, *, train: bool) -> Array:
+  def __call__(self, x: Array, mask: Optional[Array] = None, *,
+               train: Optional[bool] = None, use_running_average: Optional[bool] = None,
+               deterministic: Optional[bool] = None) -> Array:
+    batch = modes.resolve(train, use_running_average, deterministic).batch_statistics
     if self.statistics not in ('per_step', 'sequence'):
       raise ValueError("MaskedBatchNorm.statistics must be 'per_step' or 'sequence'; got "
                        f'{self.statistics!r}.')
@@ -214,10 +223,10 @@ class MaskedBatchNorm(nn.Module):
     features = x.shape[-1]
     per_step = x.ndim == 3 and self.statistics == 'per_step'
     stats = site_variable(self, 'stats', self.max_length if per_step else 1, features,
-                          train=train)
+                          batch_statistics=batch)
     scale = self.param('scale', nn.initializers.constant(self.gamma_init), (features,))
     bias = self.param('bias', nn.initializers.zeros, (features,))
-    if not train:
+    if not batch:
       if x.ndim == 3:
         mean, var = population_rows(stats.value, x.shape[1])             # [T, F]
       else:

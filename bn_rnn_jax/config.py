@@ -23,7 +23,9 @@ import warnings
 import ml_collections
 
 PARALLEL_BACKENDS = ('pmap', 'shard_map')
-POPULATION_STATS = ('estimate', 'running')
+#: What an evaluation normalises with: the papers' population estimate, the running
+#: average, or each evaluation batch's own moments (the curves Cooijmans et al. plot).
+EVAL_STATISTICS = ('estimate', 'running', 'batch')
 
 #: `config.model` fields that are `RecurrentLayer` fields, passed to every layer of the
 #: model (None = the variant's or the layer's default). `max_length` is resolved against
@@ -110,13 +112,15 @@ def default_config() -> ml_collections.ConfigDict:
   e.max_batches = _placeholder(int)  # periodic evaluations read at most this many
                                  # batches; None = all (the test at the end reads all)
   e.test_at_end = True           # test the best-validation checkpoint at the end
-  e.population_stats = 'estimate'    # 'estimate' (the papers') | 'running' (the EMA)
+  e.population_stats = 'estimate'    # 'estimate' (the papers') | 'running' (the EMA) |
+                                 # 'batch' (each eval batch's own moments, no noise)
   e.population_batches = 10      # estimate batches
   # Examples per estimate batch; None = the training batch (the papers'). A multiple k of
   # train.batch_size joins k consecutive training batches into one: the moments of later
   # sites (the cell, upper layers) then match the population-mode network better.
   e.population_batch_size = _placeholder(int)
-  e.compare_running = False      # also log `<metric>_running` (EMA statistics) in evals
+  e.compare = ()                 # other statistics to evaluate with too, each logged as
+                                 # `<metric>_<kind>`, e.g. ('batch',) -> accuracy_batch
 
   config.checkpoint = c = ml_collections.ConfigDict()
   c.every = 500                  # steps between saves (and at the last step)
@@ -200,6 +204,16 @@ def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       distributed.num_processes = None
     if distributed.get('process_id', None) is not None and distributed.process_id < 0:
       distributed.process_id = None
+  if 'compare' not in config.eval:
+    config.eval.compare = ()
+  if 'compare_running' in config.eval:
+    running = config.eval.compare_running
+    with config.eval.unlocked():
+      del config.eval['compare_running']
+      if running:
+        _deprecated("config.eval.compare_running=True is deprecated; use "
+                    "config.eval.compare=('running',).")
+        config.eval.compare = tuple(config.eval.get('compare', ())) + ('running',)
   options = config.model.get('layer_options')
   if options is not None:
     with config.model.unlocked():
@@ -242,15 +256,22 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if config.parallel.backend not in PARALLEL_BACKENDS:
     raise ValueError(f'config.parallel.backend must be one of {PARALLEL_BACKENDS}; got '
                      f'{config.parallel.backend!r}.')
-  if config.eval.population_stats not in POPULATION_STATS:
-    raise ValueError(f'config.eval.population_stats must be one of {POPULATION_STATS}; got '
+  if config.eval.population_stats not in EVAL_STATISTICS:
+    raise ValueError(f'config.eval.population_stats must be one of {EVAL_STATISTICS}; got '
                      f'{config.eval.population_stats!r}.')
+  compare = config.eval.compare
+  if (not isinstance(compare, (tuple, list)) or any(k not in EVAL_STATISTICS for k in compare)
+      or config.eval.population_stats in compare):
+    raise ValueError(f'config.eval.compare must be a tuple of statistics from '
+                     f'{EVAL_STATISTICS} other than config.eval.population_stats='
+                     f'{config.eval.population_stats!r}; got {compare!r}.')
   size = config.eval.population_batch_size
   if size is not None and (size <= 0 or size % config.train.batch_size):
     raise ValueError('config.eval.population_batch_size must be None (the training batch) '
                      f'or a multiple of config.train.batch_size={config.train.batch_size}; '
                      f'got {size}.')
-  if config.eval.population_stats == 'estimate' and config.eval.population_batches <= 0:
+  if ('estimate' in (config.eval.population_stats, *config.eval.compare)
+      and config.eval.population_batches <= 0):
     raise ValueError('config.eval.population_batches must be positive with the '
                      f"'estimate' statistics; got {config.eval.population_batches}.")
   if config.checkpoint.best_mode not in ('max', 'min'):

@@ -10,11 +10,13 @@ budget is spent (counted from the call of `train_and_evaluate`), logs how to go 
 returns; the next launch on the same workdir resumes from that checkpoint exactly, as
 after a kill.
 
-Evaluation always uses population statistics (train=False): the running average kept in
-`batch_stats` ('running'), or the papers' estimate ('estimate', the default): minibatch
+Evaluation is deterministic (no dropout, no h0 noise) and normalises with
+`config.eval.population_stats`: the papers' estimate ('estimate', the default: minibatch
 moments averaged over `config.eval.population_batches` training batches with the current
-parameters, optionally of batches larger than the training batch
-(`config.eval.population_batch_size`).
+parameters, optionally of batches larger than the training batch,
+`config.eval.population_batch_size`), the running average kept in `batch_stats`
+('running'), or each evaluation batch's own moments ('batch'). `config.eval.compare`
+evaluates with other kinds too, logged beside as `<metric>_<kind>`.
 """
 
 from __future__ import annotations
@@ -77,8 +79,10 @@ class Trainer:
     self.p_train_step = device_map(functools.partial(
         train.train_step, tx=self.tx, carries_state=self.dataset.carries_state, **common))
     self.p_eval_step = device_map(functools.partial(train.eval_step, **common))
+    self.p_batch_eval_step = device_map(functools.partial(
+        train.eval_step, batch_statistics=True, **common))
     self.p_minibatch_moments_step = device_map(
-        functools.partial(train.minibatch_moments_step, **common), in_axes=(0, 0, 0, 0, None))
+        functools.partial(train.minibatch_moments_step, **common))
     self.p_average_minibatch_moments = device_map(population.average_minibatch_moments)
 
   # ---------------------------------------------------------------- placement
@@ -125,7 +129,7 @@ class Trainer:
     read from the current step on (a deterministic function of (seed, step)).
     """
     kind = kind or self.config.eval.population_stats
-    if kind == 'running' or not jax.tree.leaves(state.batch_stats):
+    if kind in ('running', 'batch') or not jax.tree.leaves(state.batch_stats):
       return state.batch_stats
     step = int(state.step[0])
     joined = (self.config.eval.population_batch_size or self.config.train.batch_size) \
@@ -136,25 +140,28 @@ class Trainer:
       parts = [self.dataset.train_batch(first + j) for j in range(joined)]
       batch = jax.tree.map(lambda *leaves: np.concatenate(leaves), *parts)
       records.append(self.p_minibatch_moments_step(state.params, state.batch_stats,
-                                                   self.shard(batch), state.rng, first))
+                                                   self.shard(batch)))
     return self.p_average_minibatch_moments(tuple(records))
 
   def evaluate(self, state: TrainState, split: str, kind: Optional[str] = None,
                max_batches: Optional[int] = None) -> dict:
-    """Metrics of `split` with population statistics (never batch statistics).
+    """Metrics of `split`, normalised as `kind` says (default
+    `config.eval.population_stats`; the module docstring).
 
     `max_batches` (default `config.eval.max_batches`; None or 0 = all) caps the batches
     read. It logs what it reads: every few seconds while it runs, and at the end.
     """
     start = last_log = time.time()
     stats = self.population_stats(state, kind)
+    step = self.p_batch_eval_step if (
+        kind or self.config.eval.population_stats) == 'batch' else self.p_eval_step
     totals, count, carry, batches = None, 0.0, None, 0
     if max_batches is None:
       max_batches = self.config.eval.max_batches
     for batch in self.dataset.eval_batches(split):
       if max_batches and batches >= max_batches:
         break
-      sums, n, new_carry = self.p_eval_step(state.params, stats, self.shard(batch), carry)
+      sums, n, new_carry = step(state.params, stats, self.shard(batch), carry)
       carry = new_carry if self.dataset.carries_state else None
       sums = {k: float(v[0]) for k, v in sums.items()}
       totals = sums if totals is None else {k: totals[k] + v for k, v in sums.items()}
@@ -177,8 +184,11 @@ class Trainer:
     """What the evaluation normalised with, for its log line."""
     if not jax.tree.leaves(state.batch_stats):
       return 'no batch statistics'
-    if (kind or self.config.eval.population_stats) == 'running':
+    kind = kind or self.config.eval.population_stats
+    if kind == 'running':
       return 'population statistics: the running average'
+    if kind == 'batch':
+      return "each evaluation batch's own statistics"
     size = self.config.eval.population_batch_size or self.config.train.batch_size
     return (f'population statistics: the estimate from {self.config.eval.population_batches}'
             f' training batches of {size}')
@@ -350,9 +360,9 @@ class _Run:
     for split in self.config.eval.splits:
       self.last[split] = self.trainer.evaluate(self.state, split)
       extra = {}
-      if self.config.eval.compare_running:
-        running = self.trainer.evaluate(self.state, split, 'running')
-        extra = {f'{k}_running': v for k, v in running.items()}
+      for kind in self.config.eval.compare:
+        other = self.trainer.evaluate(self.state, split, kind)
+        extra.update({f'{k}_{kind}': v for k, v in other.items()})
       self.writer.write(done, split, {**self.last[split], **extra},
                         time_s=round(self.progress.elapsed(), 3))
     metric = self.config.checkpoint.best_metric  # e.g. 'valid/accuracy'

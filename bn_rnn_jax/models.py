@@ -3,7 +3,8 @@ tagger (Laurent et al. sec. 5.1) and Attentive Reader (Cooijmans et al. sec. 5.4
 
 Modules only; losses and metrics live in `tasks.py`, training in `train.py`. Each model
 takes `layer_options` (`variants.LayerOptions`, or a dict), the `RecurrentLayer` fields
-of its recurrent stack.
+of its recurrent stack. Each model's call takes `train=` or Flax's pair
+`use_running_average=` / `deterministic=` (`modes.py`), as its layers do.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bn_rnn_jax import batch_stats
+from bn_rnn_jax import modes
 from bn_rnn_jax import stack
 from bn_rnn_jax import variants
 
@@ -62,11 +64,14 @@ class SequenceClassifier(nn.Module):
   bidirectional: bool = False
 
   @nn.compact
-  def __call__(self, inputs: Array, mask: Optional[Array] = None, *, train: bool):
+  def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
+               train: Optional[bool] = None, use_running_average: Optional[bool] = None,
+               deterministic: Optional[bool] = None):
+    mode = modes.resolve(train, use_running_average, deterministic).kwargs()
     carries, _ = stack.StackedRNN(
         variant=self.variant, hidden_size=self.hidden_size, num_layers=self.num_layers,
         dropout_rate=self.dropout_rate, bidirectional=self.bidirectional,
-        layer_options=self.layer_options, name='rnn')(inputs, mask, train=train)
+        layer_options=self.layer_options, name='rnn')(inputs, mask, **mode)
     features = final_hidden(carries[-1], self.bidirectional)
     return nn.Dense(self.num_classes, name='classifier')(features)
 
@@ -101,8 +106,11 @@ class LanguageModel(nn.Module):
     super().__post_init__()
 
   @nn.compact
-  def __call__(self, tokens: Array, mask: Optional[Array] = None, *, train: bool,
+  def __call__(self, tokens: Array, mask: Optional[Array] = None, *,
+               train: Optional[bool] = None, use_running_average: Optional[bool] = None,
+               deterministic: Optional[bool] = None,
                initial_carries: Optional[Sequence[Any]] = None, first_step=0):
+    mode = modes.resolve(train, use_running_average, deterministic).kwargs()
     if tokens.ndim != 2:
       raise ValueError(f'LanguageModel expects tokens [batch, time]; got {tokens.shape}.')
     if self.embed_size is None:
@@ -112,7 +120,7 @@ class LanguageModel(nn.Module):
     carries, h = stack.StackedRNN(
         variant=self.variant, hidden_size=self.hidden_size, num_layers=self.num_layers,
         dropout_rate=self.dropout_rate, layer_options=self.layer_options,
-        name='rnn')(x, mask, train=train, initial_carries=initial_carries,
+        name='rnn')(x, mask, **mode, initial_carries=initial_carries,
                     first_step=first_step)
     return carries, nn.Dense(self.vocab_size, name='softmax')(h)
 
@@ -173,7 +181,10 @@ class SequenceTagger(nn.Module):
     super().__post_init__()
 
   @nn.compact
-  def __call__(self, inputs: Array, mask: Optional[Array] = None, *, train: bool):
+  def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
+               train: Optional[bool] = None, use_running_average: Optional[bool] = None,
+               deterministic: Optional[bool] = None):
+    mode = modes.resolve(train, use_running_average, deterministic).kwargs()
     if self.kernel_init not in _KERNEL_INITS:
       raise ValueError(f'kernel_init must be one of {sorted(_KERNEL_INITS)}; got '
                        f'{self.kernel_init!r}.')
@@ -193,7 +204,7 @@ class SequenceTagger(nn.Module):
     _, h = stack.StackedRNN(
         variant=self.variant, hidden_size=self.hidden_size, num_layers=self.num_layers,
         dropout_rate=self.dropout_rate, bidirectional=self.bidirectional,
-        layer_options=self.layer_options, name='rnn')(x, mask, train=train)
+        layer_options=self.layer_options, name='rnn')(x, mask, **mode)
     return nn.Dense(self.num_classes, kernel_init=kernel_init, name='softmax')(h)
 
 
@@ -272,7 +283,7 @@ class AttentiveReader(nn.Module):
   def _norm(self, statistics: Optional[str], name: str):
     """`N(x, mask, train=...)` of one attention term: identity or `MaskedBatchNorm`."""
     if statistics is None:
-      return lambda x, mask, *, train: x
+      return lambda x, mask, **mode: x
     o = self.layer_options
     keep = {k: o[k] for k in ('max_length', 'momentum', 'epsilon', 'axis_name', 'gamma_init',
                               'batch_sums') if o.get(k) is not None}
@@ -280,8 +291,11 @@ class AttentiveReader(nn.Module):
 
   @nn.compact
   def __call__(self, inputs: Mapping[str, Array], mask: Optional[Array] = None, *,
-               train: bool) -> Array:
+               train: Optional[bool] = None, use_running_average: Optional[bool] = None,
+               deterministic: Optional[bool] = None
+               ) -> Array:
     del mask
+    mode = modes.resolve(train, use_running_average, deterministic).kwargs()
     spec = self._spec()
     document, query = inputs['document'], inputs['query']
     document_mask = inputs['document_mask'].astype(jnp.float32)
@@ -299,8 +313,8 @@ class AttentiveReader(nn.Module):
         stack.StackedRNN, variant=spec['layer'], hidden_size=self.hidden_size,
         num_layers=self.num_layers, dropout_rate=self.dropout_rate,
         bidirectional=spec.get('bidirectional', False), layer_options=options)
-    _, y_d = encoder(name='document_encoder')(x_d, document_mask, train=train)  # [B, T, D]
-    query_carries, _ = encoder(name='query_encoder')(x_q, query_mask, train=train)
+    _, y_d = encoder(name='document_encoder')(x_d, document_mask, **mode)  # [B, T, D]
+    query_carries, _ = encoder(name='query_encoder')(x_q, query_mask, **mode)
     u = final_hidden(query_carries[-1], spec.get('bidirectional', False))     # [B, D]
     width = y_d.shape[-1]
 
@@ -308,9 +322,9 @@ class AttentiveReader(nn.Module):
     flat_norm = term_norm  # on [B, F] terms: one row of batch statistics either way
     dense = lambda name: nn.Dense(width, use_bias=False, name=name)
     y_m = self._norm(term_norm, 'document_attention_norm')(
-        dense('document_attention')(y_d), document_mask, train=train)             # W_ym y_d(t)
+        dense('document_attention')(y_d), document_mask, **mode)             # W_ym y_d(t)
     u_m = self._norm(flat_norm, 'query_attention_norm')(
-        dense('query_attention')(u), None, train=train)                           # W_um u
+        dense('query_attention')(u), None, **mode)                           # W_um u
     m = jnp.tanh(y_m + u_m[:, None, :])
     scores = nn.Dense(1, use_bias=False, name='attention_score')(m)[..., 0]  # w^T m(t)
     valid = document_mask > 0
@@ -319,9 +333,9 @@ class AttentiveReader(nn.Module):
     self.sow('intermediates', 'attention', attention)
     r = jnp.einsum('bt,btd->bd', attention, y_d)
     r_g = self._norm(flat_norm, 'read_combination_norm')(
-        dense('read_combination')(r), None, train=train)                         # W_rg r
+        dense('read_combination')(r), None, **mode)                         # W_rg r
     u_g = self._norm(flat_norm, 'query_combination_norm')(
-        dense('query_combination')(u), None, train=train)                        # W_ug u
+        dense('query_combination')(u), None, **mode)                        # W_ug u
     g = jnp.tanh(r_g + u_g)
     logits = nn.Dense(self.num_entities, name='output')(g)
     return jnp.where(inputs['candidates'] > 0, logits, NON_CANDIDATE_LOGIT)

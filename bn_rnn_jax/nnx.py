@@ -68,6 +68,7 @@ from flax import linen as nn
 from flax import nnx
 
 from bn_rnn_jax import batch_stats
+from bn_rnn_jax import modes
 from bn_rnn_jax import population
 
 #: The rng streams the library's modules read in training (h0 noise, dropout).
@@ -142,10 +143,12 @@ class FromLinen(nnx.Module):
     variables = self.linen_variables()
     if self.use_running_average and not self._estimating:
       return self.module.apply(variables, *args, train=False, **kwargs)
-    collection = batch_stats.MOMENTS if self._estimating else 'batch_stats'
-    outputs, mutated = self.module.apply(variables, *args, train=True,
-                                         rngs=self._training_rngs(), mutable=[collection],
-                                         **kwargs)
+    if self._estimating:  # the papers' estimate: batch statistics, no dropout or noise
+      collection, mode, rngs = batch_stats.MOMENTS, modes.BATCH_STATISTICS, None
+    else:
+      collection, mode, rngs = 'batch_stats', modes.TRAIN, self._training_rngs()
+    outputs, mutated = self.module.apply(variables, *args, **mode.kwargs(), rngs=rngs,
+                                         mutable=[collection], **kwargs)
     if self._estimating:
       self.minibatch_moments = MinibatchMoments(mutated.get(collection, {}))
     elif collection in mutated:

@@ -7,7 +7,7 @@ entry point:
 
   minibatch_moments(model, variables, args, rngs)   one batch's moments, per site and step
   average_minibatch_moments(records)                their average over N batches
-  estimate_population_stats(model, variables, batches, rng)   both, on one device
+  estimate_population_stats(model, variables, batches)   both, on one device
 
 The trainer maps the two pieces over devices (`train.minibatch_moments_step`); notebooks,
 your own loops and the figure scripts call `estimate_population_stats`. Either way the
@@ -17,6 +17,7 @@ result is a `batch_stats` tree to evaluate with (`train=False`).
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Optional, Sequence
 
 import jax
@@ -24,6 +25,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bn_rnn_jax import batch_stats
+from bn_rnn_jax import modes
 
 MOMENTS = batch_stats.MOMENTS
 
@@ -31,12 +33,15 @@ MOMENTS = batch_stats.MOMENTS
 def minibatch_moments(model: nn.Module, variables, args: tuple, rngs=None) -> Any:
   """The per-step moments one training batch gives every batch-normalised site.
 
-  Runs `model.apply(variables, *args, train=True)` with the `MOMENTS` collection
-  mutable (the running averages are left alone) and returns that collection:
-  per site `{'mean': [R, F], 'var': [R, F], 'count': [R]}`, count 1 on the rows this
-  batch reached.
+  Runs the network as inference runs it but with batch statistics
+  (`model.apply(variables, *args, use_running_average=False, deterministic=True)`: no
+  dropout, h0 zeros), with the `MOMENTS` collection mutable (the running averages are
+  left alone), and returns that collection: per site `{'mean': [R, F], 'var': [R, F],
+  'count': [R]}`, count 1 on the rows this batch reached. `rngs`: for a model of your
+  own that draws randomness even when deterministic; the library's models draw none.
   """
-  _, mutated = model.apply(variables, *args, train=True, mutable=[MOMENTS], rngs=rngs)
+  _, mutated = model.apply(variables, *args, **modes.BATCH_STATISTICS.kwargs(),
+                           mutable=[MOMENTS], rngs=rngs)
   return mutated.get(MOMENTS, {})
 
 
@@ -70,10 +75,9 @@ def average_minibatch_moments(records: Sequence[Any]) -> Any:
   return jax.tree.map(_average_site, stacked, is_leaf=_is_site)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4))
-def _minibatch_moments_jit(model, variables, args, rng, rng_names):
-  rngs = {name: rng for name in rng_names} if rng is not None else None
-  return minibatch_moments(model, variables, args, rngs)
+@functools.partial(jax.jit, static_argnums=(0,))
+def _minibatch_moments_jit(model, variables, args):
+  return minibatch_moments(model, variables, args)
 
 
 _average_jit = jax.jit(average_minibatch_moments)
@@ -84,8 +88,10 @@ def estimate_population_stats(model: nn.Module, variables, batches,
                               rng_names: Sequence[str] = ('noise', 'dropout')):
   """The papers' population statistics of `model` on one device.
 
-  Runs `model` in training mode on each batch with the current parameters and averages
-  the moments each step's row received. Compiled once per model and batch shape.
+  Runs `model` on each batch with batch statistics and the current parameters, but
+  otherwise as inference runs it (no dropout, h0 zeros: `minibatch_moments`), and
+  averages the moments each step's row received. Compiled once per model and batch
+  shape.
 
   The batches need not be of the training size: larger ones estimate the statistics of
   sites downstream of other normalised terms (the cell, upper layers) for the
@@ -97,10 +103,8 @@ def estimate_population_stats(model: nn.Module, variables, batches,
     model: a module built from `RecurrentLayer` layers (a layer, a stack or a model).
     variables: its `{'params', 'batch_stats'}`.
     batches: iterable of argument tuples, e.g. `[(x, mask), ...]` of training data.
-    rng: key for the model's randomness in training mode (h0 noise, dropout); batch `i`
-      uses `jax.random.fold_in(rng, i)` for every stream in `rng_names`. Required when
-      the model draws noise; None otherwise.
-    rng_names: the rng streams the model reads.
+    rng, rng_names: unused (the estimate draws no noise); accepted for earlier callers,
+      with a DeprecationWarning when `rng` is given.
 
   Returns:
     A `batch_stats` tree to evaluate with: `{**variables, 'batch_stats': result}`.
@@ -121,11 +125,11 @@ def estimate_population_stats(model: nn.Module, variables, batches,
     raise ValueError(f'estimate_population_stats compiles once per model, so the model '
                      f'must be hashable; {type(model).__name__} is not ({e}): give its '
                      'fields as tuples or frozen dataclasses, not lists or dicts.') from None
-  records = []
-  for index, args in enumerate(batches):
-    batch_rng = None if rng is None else jax.random.fold_in(rng, index)
-    records.append(_minibatch_moments_jit(model, variables, tuple(args), batch_rng,
-                                          tuple(rng_names)))
+  if rng is not None:
+    warnings.warn('estimate_population_stats(rng=...) is deprecated and unused: the '
+                  'estimate runs without dropout or noise.', DeprecationWarning, stacklevel=2)
+  del rng_names
+  records = [_minibatch_moments_jit(model, variables, tuple(args)) for args in batches]
   if not records:
     raise ValueError('estimate_population_stats needs at least one batch.')
   return _average_jit(tuple(records))

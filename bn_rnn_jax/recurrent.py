@@ -29,6 +29,7 @@ from bn_rnn_jax import batch_stats
 from bn_rnn_jax import cells
 from bn_rnn_jax import initializers
 from bn_rnn_jax import layer_vjp
+from bn_rnn_jax import modes
 from bn_rnn_jax import normalization
 from bn_rnn_jax import policy as policy_lib
 from bn_rnn_jax import sequence
@@ -223,8 +224,9 @@ class RecurrentLayer(nn.Module):
                                        (self.hidden_size,))
     return params
 
-  def initial_carry(self, batch_size: int, train: bool, dtype=jnp.float32):
-    """Zeros, a learned vector, or zeros plus Gaussian noise on h_0 (training only).
+  def initial_carry(self, batch_size: int, deterministic: bool, dtype=jnp.float32):
+    """Zeros, a learned vector, or zeros plus Gaussian noise on h_0 (unless
+    `deterministic`: the zeros inference starts from).
 
     `dtype`: of the state (float32, or float64 for a float64 layer under x64)."""
     shape = (batch_size, self.hidden_size)
@@ -234,7 +236,7 @@ class RecurrentLayer(nn.Module):
       h = h + self.param('initial_hidden', nn.initializers.zeros, (self.hidden_size,))
       if self.cell == 'lstm':
         c = c + self.param('initial_cell', nn.initializers.zeros, (self.hidden_size,))
-    elif self.initial_state == 'noise' and train:
+    elif self.initial_state == 'noise' and not deterministic:
       # One key per global example: N devices draw what 1 draws.
       keys = sequence.per_example_keys(self.make_rng('noise'), batch_size, self.axis_name)
       noise = jax.vmap(lambda k: jax.random.normal(k, (self.hidden_size,), dtype))(keys)
@@ -243,17 +245,21 @@ class RecurrentLayer(nn.Module):
 
   # ------------------------------------------------------------------ forward
   @nn.compact
-  def __call__(self, inputs: Array, mask: Optional[Array] = None, *, train: bool,
-               initial_carry=None, first_step=0):
+  def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
+               train: Optional[bool] = None, use_running_average: Optional[bool] = None,
+               deterministic: Optional[bool] = None, initial_carry=None, first_step=0):
     """Run the layer.
 
     Args:
       inputs: `[batch, time, features]`.
       mask: `[batch, time]`, 1 on valid steps (a prefix of each row), 0 on padding.
         Padded steps keep the state, output zeros and never count in statistics.
-      train: batch statistics (and their running average; `apply` needs
-        `mutable=['batch_stats']`) or population statistics (trained ones: see
-        `batch_stats.py`).
+      train: shorthand for both flags below (`modes.py`): True = batch statistics with
+        h0 noise, False = population statistics, deterministic.
+      use_running_average: population statistics (trained ones: see `batch_stats.py`)
+        or, when False, batch statistics (and their running average; `apply` needs
+        `mutable=['batch_stats']`), as `nn.BatchNorm`.
+      deterministic: no h0 noise (the zeros inference starts from), as `nn.Dropout`.
       initial_carry: optional state to start from (e.g. carried across truncated-BPTT
         segments): `(c, h)` for the LSTM, `h` for the RNN, each `[batch, hidden]`.
       first_step: inference only: the time index of `inputs[:, 0]` in the sequence, an
@@ -265,9 +271,11 @@ class RecurrentLayer(nn.Module):
       `[batch, time, hidden]` outputs (zeros at padded steps).
     """
     self._validate(inputs, mask)
+    mode = modes.resolve(train, use_running_average, deterministic)
+    train = mode.batch_statistics  # what the statistics code below calls training
     if train and not (isinstance(first_step, int) and first_step == 0):
-      raise ValueError(f'first_step={first_step} is for inference (train=False): training '
-                       'batches fill the statistics rows from step 0.')
+      raise ValueError(f'first_step={first_step} is for inference (population statistics):'
+                       ' batch statistics fill the rows from step 0.')
     if mask is not None:
       # Padding is inert: whatever it holds (junk, inf, NaN) is replaced by zeros before
       # any product or moment; `where`, since NaN * 0 is NaN.
@@ -278,13 +286,15 @@ class RecurrentLayer(nn.Module):
     if train and sites:
       normalization.check_length(length, self.max_length)
     stats = {site: batch_stats.site_variable(self, site, self._rows(site),
-                                             self._site_features(site), train=train)
+                                             self._site_features(site),
+                                             batch_statistics=train)
              for site in sites}
     params = self._params(input_size)
     # The state is float32, or float64 when the inputs or weights are (under x64).
     state_dtype = jnp.promote_types(
         jnp.result_type(inputs, params['recurrent_kernel']), jnp.float32)
-    carry = (self.initial_carry(batch, train, state_dtype) if initial_carry is None
+    carry = (self.initial_carry(batch, mode.deterministic, state_dtype)
+             if initial_carry is None
              else initial_carry)
 
     time_major = jnp.swapaxes(inputs, 0, 1)                                 # [T, B, I]

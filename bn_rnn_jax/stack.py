@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from bn_rnn_jax import modes
 from bn_rnn_jax import sequence
 from bn_rnn_jax import variants
 
@@ -24,17 +25,21 @@ class Bidirectional(nn.Module):
   valid part (padding stays at the end, as masked sequence-wise statistics need);
   concatenates their outputs.
 
-  Call: `(inputs [B, T, I], mask [B, T] | None, train=...)` ->
-  `((forward_carry, backward_carry), outputs [B, T, 2H])`.
+  Call: `(inputs [B, T, I], mask [B, T] | None, train=... | use_running_average=...,
+  deterministic=...)` (`modes.py`) -> `((forward_carry, backward_carry), outputs
+  [B, T, 2H])`.
   """
   forward_layer: nn.Module
   backward_layer: nn.Module
 
   @nn.compact
-  def __call__(self, inputs: Array, mask: Optional[Array] = None, *, train: bool):
-    forward_carry, forward_out = self.forward_layer(inputs, mask, train=train)
+  def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
+               train: Optional[bool] = None, use_running_average: Optional[bool] = None,
+               deterministic: Optional[bool] = None):
+    mode = modes.resolve(train, use_running_average, deterministic).kwargs()
+    forward_carry, forward_out = self.forward_layer(inputs, mask, **mode)
     backward_carry, backward_out = self.backward_layer(
-        sequence.reverse_valid(inputs, mask), mask, train=train)
+        sequence.reverse_valid(inputs, mask), mask, **mode)
     outputs = jnp.concatenate([forward_out, sequence.reverse_valid(backward_out, mask)],
                               axis=-1)
     return (forward_carry, backward_carry), outputs
@@ -61,8 +66,8 @@ class StackedRNN(nn.Module):
     layer_options: `RecurrentLayer` field overrides (`variants.LayerOptions`; a dict is
       converted), e.g. `{'max_length': 784, 'axis_name': 'batch'}`.
 
-  Call: `(inputs [B, T, I], mask [B, T] | None, train=..., initial_carries=None,
-  first_step=0)` -> `(final_carries: list per layer, outputs [B, T, H or 2H])`;
+  Call: `(inputs [B, T, I], mask [B, T] | None, train=... | use_running_average=...,
+  deterministic=... (`modes.py`), initial_carries=None, first_step=0)` -> `(final_carries: list per layer, outputs [B, T, H or 2H])`;
   `first_step` as `RecurrentLayer` (inference, unidirectional).
   """
   variant: str
@@ -78,8 +83,11 @@ class StackedRNN(nn.Module):
     super().__post_init__()
 
   @nn.compact
-  def __call__(self, inputs: Array, mask: Optional[Array] = None, *, train: bool,
+  def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
+               train: Optional[bool] = None, use_running_average: Optional[bool] = None,
+               deterministic: Optional[bool] = None,
                initial_carries: Optional[Sequence[Any]] = None, first_step=0):
+    mode = modes.resolve(train, use_running_average, deterministic)
     if self.num_layers <= 0:
       raise ValueError(f'num_layers must be positive; got {self.num_layers}.')
     if not 0.0 <= self.dropout_rate < 1.0:
@@ -93,19 +101,20 @@ class StackedRNN(nn.Module):
     carries = []
     x = inputs
     for index in range(self.num_layers):
-      x = self._dropout(x, train, axis_name)
+      x = self._dropout(x, mode.deterministic, axis_name)
       if self.bidirectional:
         layer = Bidirectional(variants.make_layer(self.variant, self.hidden_size, **options),
                               variants.make_layer(self.variant, self.hidden_size, **options),
                               name=f'layer_{index}')
-        carry, x = layer(x, mask, train=train)
+        carry, x = layer(x, mask, **mode.kwargs())
       else:
         layer = variants.make_layer(self.variant, self.hidden_size, **options,
                                     name=f'layer_{index}')
         start = None if initial_carries is None else initial_carries[index]
-        carry, x = layer(x, mask, train=train, initial_carry=start, first_step=first_step)
+        carry, x = layer(x, mask, **mode.kwargs(), initial_carry=start,
+                         first_step=first_step)
       carries.append(carry)
-    x = self._dropout(x, train, axis_name)
+    x = self._dropout(x, mode.deterministic, axis_name)
     return carries, x
 
   def step(self, carries: Optional[Sequence[Any]], x: Array, t, mask: Optional[Array] = None):
@@ -119,8 +128,8 @@ class StackedRNN(nn.Module):
                             initial_carries=carries, first_step=t)
     return carries, outputs[:, 0]
 
-  def _dropout(self, x: Array, train: bool, axis_name: Optional[str]) -> Array:
-    """Dropout with per-example masks (`sequence.example_dropout`), in training only."""
-    if not train or self.dropout_rate == 0.0:
+  def _dropout(self, x: Array, deterministic: bool, axis_name: Optional[str]) -> Array:
+    """Dropout with per-example masks (`sequence.example_dropout`), unless deterministic."""
+    if deterministic or self.dropout_rate == 0.0:
       return x
     return sequence.example_dropout(x, self.dropout_rate, self.make_rng('dropout'), axis_name)

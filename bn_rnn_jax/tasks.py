@@ -11,6 +11,7 @@ metrics) is `register('name', Task(...))` here or from your own module; the loop
       are the `RecurrentLayer` fields of `config.model` (`train.layer_options`).
   apply(model, variables, batch, *, train, carry, **apply_kwargs)
       -> ((final_carries | None, outputs), mutated collections)
+      `train`: a bool, or a `modes.Mode` (batch statistics without noise, say);
       `apply_kwargs` are `model.apply` keywords (`rngs`, `mutable`).
   loss_sums(outputs, batch) -> (sums {'loss': ..., <metric>: ...}, count)
       Sums of per-example (or per-token) values over the valid entries
@@ -47,6 +48,7 @@ import jax.numpy as jnp
 import optax
 
 from bn_rnn_jax import models
+from bn_rnn_jax import modes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +94,10 @@ def model_fields(config) -> dict:
 
 
 def apply_model(model, variables, args, train, apply_kwargs, **call_kwargs):
-  """`model.apply(variables, *args, train=...)` as `(outputs, mutated collections)`."""
-  out = model.apply(variables, *args, train=train, **call_kwargs, **apply_kwargs)
+  """`model.apply(variables, *args, <mode>)` as `(outputs, mutated collections)`;
+  `train` a bool or a `modes.Mode`."""
+  mode = train if isinstance(train, modes.Mode) else modes.resolve(train)
+  out = model.apply(variables, *args, **mode.kwargs(), **call_kwargs, **apply_kwargs)
   return out if 'mutable' in apply_kwargs else (out, {})
 
 

@@ -31,6 +31,7 @@ import optax
 from jax import lax
 
 from bn_rnn_jax import config as config_lib
+from bn_rnn_jax import modes
 from bn_rnn_jax import parallel
 from bn_rnn_jax import population
 from bn_rnn_jax import tasks
@@ -219,28 +220,53 @@ def all_finite(tree) -> jax.Array:
   return jnp.all(jnp.stack(flags)).astype(jnp.float32) if flags else jnp.float32(1.0)
 
 
-def eval_step(params, batch_stats, batch, carry, *, model, task: Task):
-  """Metric sums of one eval batch with population statistics (train=False).
+def eval_step(params, batch_stats, batch, carry, *, model, task: Task,
+              batch_statistics: bool = False):
+  """Metric sums of one eval batch, deterministic (no dropout, no h0 noise).
 
+  Normalised with the population statistics `batch_stats`, or, with `batch_statistics`,
+  with the moments of this (global) evaluation batch over its real examples (the
+  padding of a last, partial batch is masked out of them); nothing is recorded.
   Returns `(sums, count, final_carry)`, sums and count psum-ed over devices.
   """
   variables = {'params': params, 'batch_stats': batch_stats}
-  (new_carry, logits), _ = task.apply(model, variables, batch, train=False, carry=carry)
+  if batch_statistics:
+    (new_carry, logits), _ = task.apply(model, variables, mask_padding(batch),
+                                        train=modes.BATCH_STATISTICS, carry=carry,
+                                        mutable=['batch_stats'])
+  else:
+    (new_carry, logits), _ = task.apply(model, variables, batch, train=False, carry=carry)
   sums, count = task.loss_sums(logits, batch)
   sums, count = lax.psum((sums, count), AXIS)
   return sums, count, new_carry
 
 
-def minibatch_moments_step(params, batch_stats, batch, rng, step, *, model, task: Task):
+def mask_padding(batch):
+  """`batch` with its padding examples (`weights` 0) masked out of every step's mask, so
+  that batch moments see only real examples; unchanged without `weights`."""
+  if 'weights' not in batch:
+    return batch
+  real = (batch['weights'] > 0).astype(jnp.float32)
+  inputs = batch['inputs']
+  if isinstance(inputs, dict):  # the reader: its masks are inputs
+    inputs = {k: v * real[:, None].astype(v.dtype) if k.endswith('_mask') else v
+              for k, v in inputs.items()}
+    return {**batch, 'inputs': inputs}
+  mask = batch.get('mask')
+  mask = jnp.ones(inputs.shape[:2], jnp.float32) if mask is None else mask
+  return {**batch, 'mask': mask * real[:, None].astype(mask.dtype)}
+
+
+def minibatch_moments_step(params, batch_stats, batch, *, model, task: Task):
   """This training batch's per-step batch moments, one record of the papers' population
   estimate (`population.average_minibatch_moments` averages them).
 
-  Run in training mode with the current parameters (the running averages it would update
-  are discarded); the moments are global (psum-ed by the layers), so every device returns
-  the same record.
+  The network runs as inference runs it, but with batch statistics
+  (`modes.BATCH_STATISTICS`: no dropout, h0 zeros) and the current parameters; the
+  running averages it would update are discarded. The moments are global (psum-ed by
+  the layers), so every device returns the same record.
   """
   variables = {'params': params, 'batch_stats': batch_stats}
-  _, mutated = task.apply(model, variables, batch, train=True, carry=None,
-                          rngs=step_rngs(rng, step),
-                          mutable=['batch_stats', population.MOMENTS])
+  _, mutated = task.apply(model, variables, batch, train=modes.BATCH_STATISTICS,
+                          carry=None, mutable=['batch_stats', population.MOMENTS])
   return mutated.get(population.MOMENTS, {})

@@ -131,7 +131,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_state(tmp_path):
 # ----------------------------------------------------------------------------- evaluation
 def test_config_errors_are_one_clear_line():
   bad = {'model.hidden_size': -3, 'train.batch_size': 0,
-         'eval.population_stats': 'batch', 'checkpoint.best_mode': 'maximum'}
+         'eval.population_stats': 'median', 'checkpoint.best_mode': 'maximum'}
   for key, value in bad.items():
     config = fx.tiny_config(**{key: value})
     with pytest.raises(ValueError) as info:

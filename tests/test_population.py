@@ -78,31 +78,45 @@ def test_estimate_population_stats_averages_minibatch_moments(data):
   assert np.all(np.isfinite(np.asarray(out)))
 
 
-@pytest.mark.slow
 def test_estimate_population_stats_compiles_once_per_model(data):
   """Repeated estimates (one per evaluation in a training loop) reuse the compiled pass,
-  also for a model with an unhashable dict field; a noisy-h0 model draws fresh noise per
-  batch from `rng`, so two equal batches give two different records."""
+  also for a model with an unhashable dict field."""
   x, mask = data
   model = br.SequenceClassifier(num_classes=2, variant='bn_lstm', hidden_size=H,
-                                layer_options={'max_length': T, 'initial_state': 'noise'})
-  variables = model.init({'params': jax.random.key(0), 'noise': jax.random.key(1)},
-                         x, mask, train=False)
+                                layer_options={'max_length': T})
+  variables = model.init(jax.random.key(0), x, mask, train=False)
   before = population._minibatch_moments_jit._cache_size()
-  first = br.estimate_population_stats(model, variables, [(x, mask)], rng=jax.random.key(2))
-  for seed in range(3):
-    br.estimate_population_stats(model, variables, [(x, mask)] * 2,
-                                 rng=jax.random.key(seed))
+  for _ in range(3):
+    br.estimate_population_stats(model, variables, [(x, mask)] * 2)
   assert population._minibatch_moments_jit._cache_size() == before + 1
-  # The recurrent term sees h0 noise from step 0: its row-0 mean depends on the draw,
-  # and the two-batch average differs from either single draw.
-  again = br.estimate_population_stats(model, variables, [(x, mask)] * 2,
-                                       rng=jax.random.key(2))
-  site_first = np.asarray(first['rnn']['layer_0']['recurrent']['mean'])[0]
-  site_again = np.asarray(again['rnn']['layer_0']['recurrent']['mean'])[0]
-  assert not np.allclose(site_first, site_again)
-  with pytest.raises(Exception, match='noise'):
-    br.estimate_population_stats(model, variables, [(x, mask)])
+
+
+def test_the_estimate_runs_without_dropout_or_noise(data):
+  """The estimate runs the network as inference does, with batch statistics: a model
+  with h0 noise and dropout 0.5 records exactly the moments of the same parameters
+  without either, and needs no rng (an `rng` still given is ignored, with a warning)."""
+  x, mask = data
+  plain = br.SequenceClassifier(num_classes=2, variant='bn_lstm', hidden_size=H,
+                                num_layers=2, layer_options={'max_length': T})
+  noisy = br.SequenceClassifier(num_classes=2, variant='bn_lstm', hidden_size=H,
+                                num_layers=2, dropout_rate=0.5,
+                                layer_options={'max_length': T, 'initial_state': 'noise'})
+  variables = plain.init(jax.random.key(0), x, mask, train=False)
+  expected = br.estimate_population_stats(plain, variables, [(x, mask)] * 2)
+  got = br.estimate_population_stats(noisy, variables, [(x, mask)] * 2)
+  helpers.assert_trees_equal(got, expected)
+  with pytest.warns(DeprecationWarning, match='rng'):
+    again = br.estimate_population_stats(noisy, variables, [(x, mask)],
+                                         rng=jax.random.key(3))
+  helpers.assert_trees_equal(again, br.estimate_population_stats(plain, variables,
+                                                                 [(x, mask)]))
+  # Training mode does draw them: the same batch gives other moments there.
+  _, trained = noisy.apply(variables, x, mask, train=True, mutable=['batch_stats'],
+                           rngs={'noise': jax.random.key(1), 'dropout': jax.random.key(2)})
+  _, deterministic = noisy.apply(variables, x, mask, use_running_average=False,
+                                 deterministic=True, mutable=['batch_stats'])
+  first = lambda tree: np.asarray(tree['batch_stats']['rnn']['layer_1']['input']['var'])
+  assert not np.allclose(first(trained), first(deterministic))
 
 
 def test_unhashable_model_is_a_clear_error(data):

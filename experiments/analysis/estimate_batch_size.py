@@ -81,7 +81,7 @@ def estimate(trainer: loop.Trainer, variables, num_batches: int, size: int,
   inputs = trainer.dataset.splits['train']['inputs']
   index = rng.randint(0, inputs.shape[0], (num_batches, size))
   return population.estimate_population_stats(
-      common.unmapped_model(trainer), variables, [(inputs[i],) for i in index], rng=key)
+      common.unmapped_model(trainer), variables, [(inputs[i],) for i in index])
 
 
 def run(output_dir: str, mnist_dir: Optional[str], num_steps: int = 300,

@@ -6,7 +6,7 @@ finished when its metrics.jsonl holds the last records its config asks for (the 
 the best checkpoint, or else every evaluation split at the last step): it is never
 launched again, so nothing is evaluated twice. Any other run is launched again and the
 trainer resumes it from its latest checkpoint exactly. A workdir whose config.json
-differs from the spec's (other than in the step budget) is an error, not mixed in.
+differs from the spec's (other than in its step or time budget) is an error, not mixed in.
 
 Each launch appends a line to the run's `campaign_launches.jsonl`: the machine, load
 average, exit code, wall and process CPU seconds (collect.py copies them into results).
@@ -119,12 +119,16 @@ def check_config(task: Task) -> None:
     found = _flat(json.load(f))
   wanted = _flat(json.loads(task.config.to_json_best_effort()))
   differ = sorted(k for k in set(found) | set(wanted)
-                  if found.get(k) != wanted.get(k) and k != 'train.num_steps')
+                  if found.get(k) != wanted.get(k) and k not in _BUDGET_FIELDS)
   if differ:
     shown = ', '.join(f'{k}: {found.get(k)!r} there, {wanted.get(k)!r} wanted'
                       for k in differ[:3])
     raise ValueError(f'{task.workdir} holds a run of another config ({shown}); remove it '
                      'or choose another --runs_dir.')
+
+
+#: Fields a later launch of the same run may change: how far it trains, and for how long.
+_BUDGET_FIELDS = ('train.num_steps', 'train.time_budget_s')
 
 
 def _flat(tree, prefix=''):
@@ -276,6 +280,9 @@ def run(campaign: spec_lib.Campaign, runs_dir: str, parallel: int = 0, seeds=Non
         seconds = child.record['wall_s']
         if code == 0 and states[key][0] == 'finished':
           bar.event(f'finished {key} ({seconds:.0f} s)')
+        elif code == 0 and child.task.config and child.task.config.train.get('time_budget_s'):
+          bar.event(f'stopped {key} after step {states[key][1]}: its time budget '
+                    f'(train.time_budget_s) is spent; the same command resumes it')
         else:
           failed.append(key)
           bar.event(f'FAILED {key} (exit {code}): {child.last_line()}  [{child.log_path}]')

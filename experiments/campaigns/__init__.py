@@ -7,6 +7,7 @@ big_vision's configs; `python -m experiments.campaign list` prints them all.
 NAMES = (
     'quickstart',
     'init_options',
+    'mnist_fig2',
     'ptb_char_256',
     'ptb_char_256_lengths',
     'ptb_word_small',

@@ -32,7 +32,7 @@ def get_campaign() -> spec.Campaign:
       arms={v: spec.Arm(config_arg=v, label=v) for v in VARIANTS}, seeds=(0,), parallel=2,
       overrides={'model.hidden_size': 256, 'train.num_steps': 400, 'train.log_every': 25,
                  'eval.every': 50, 'eval.batch_size': 128, 'eval.population_batches': 10,
-                 'eval.compare_running': True, 'checkpoint.every': 50,
+                 'eval.compare': ('running',), 'checkpoint.every': 50,
                  'eval.test_at_end': True},
       tables={'valid_bpc': valid_bpc}, figure=figure, setup=setup,
       paper={'table2_test_bpc': {'lstm': 1.38, 'bn_lstm': 1.32}},

@@ -15,7 +15,8 @@ Tiny (the whole run in well under a minute on 2 CPU cores; a smoke test, not a r
 
 Data: the MNIST IDX files under the data root (`<root>/mnist`), as `seq_mnist.py`.
 
-Initialisation as in `seq_mnist.py` (W_h identity on all gate blocks, forget bias 0).
+Initialisation and optimizer as in `seq_mnist.py` (the authors' code: W_h identity on the
+candidate block, forget bias 1, RMSProp without momentum).
 The permutation is a true permutation drawn from `config.data.permutation_seed`: the
 authors' code drew the pixel order with replacement (`np.random.randint`), which repeats
 some pixels and drops others; a fixed random *order* of all pixels is what the paper

@@ -1,0 +1,60 @@
+"""How a module runs: which statistics its batch norms use, and whether it draws noise.
+
+Flax splits the two: `nn.BatchNorm(use_running_average=...)` picks batch or population
+statistics, `nn.Dropout(deterministic=...)` switches stochastic regularisation. Every
+module of this library takes both, and `train` as the shorthand for the usual pairs:
+
+  train=True                         batch statistics, dropout and h0 noise on
+  train=False                        population statistics, deterministic
+  use_running_average=False, deterministic=True
+                                     batch statistics, no dropout or noise: how the
+                                     papers' population estimate and a batch-statistics
+                                     evaluation run the network
+
+A flag given explicitly wins over `train`; a flag neither gives follows the other one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+  """`use_running_average`: population statistics (True) or batch statistics (False).
+  `deterministic`: no dropout and no h0 noise (True), or both (False)."""
+  use_running_average: bool
+  deterministic: bool
+
+  @property
+  def batch_statistics(self) -> bool:
+    return not self.use_running_average
+
+  def kwargs(self) -> dict[str, bool]:
+    """The keyword arguments that pass this mode to a submodule."""
+    return {'use_running_average': self.use_running_average,
+            'deterministic': self.deterministic}
+
+
+TRAIN = Mode(use_running_average=False, deterministic=False)
+EVAL = Mode(use_running_average=True, deterministic=True)
+#: Batch statistics without dropout or noise (the estimate, batch-statistics evaluation).
+BATCH_STATISTICS = Mode(use_running_average=False, deterministic=True)
+
+
+def resolve(train: Optional[bool] = None, use_running_average: Optional[bool] = None,
+            deterministic: Optional[bool] = None) -> Mode:
+  """The mode a call asks for (see the module docstring); a TypeError when it names none."""
+  if train is None and use_running_average is None and deterministic is None:
+    raise TypeError('Say how to run: train=True / train=False, or use_running_average= '
+                    'and deterministic= (Flax\'s flags).')
+  if train is not None:
+    default = not bool(train)
+    use_running_average = default if use_running_average is None else use_running_average
+    deterministic = default if deterministic is None else deterministic
+  elif use_running_average is None:
+    use_running_average = deterministic
+  elif deterministic is None:
+    deterministic = use_running_average
+  return Mode(bool(use_running_average), bool(deterministic))
