@@ -149,7 +149,7 @@ class Trainer:
     `config.eval.population_stats`; the module docstring).
 
     `max_batches` (default `config.eval.max_batches`; None or 0 = all) caps the batches
-    read. It logs what it reads: every few seconds while it runs, and at the end.
+    read; `evaluated_count` is then how many entries (`task.counted`) it scored. It logs what it reads: every few seconds while it runs, and at the end.
     """
     start = last_log = time.time()
     stats = self.population_stats(state, kind)
@@ -178,6 +178,7 @@ class Trainer:
     logging.info('evaluated %s: %d batches%s, %d %s, %.1f s, %s', split, batches, cap,
                  count, self.task.counted, time.time() - start,
                  self._statistics_text(state, kind))
+    self.evaluated_count = int(count)
     return self.task.finalize({k: v / max(count, 1.0) for k, v in totals.items()})
 
   def _statistics_text(self, state: TrainState, kind: Optional[str]) -> str:
@@ -364,7 +365,8 @@ class _Run:
         other = self.trainer.evaluate(self.state, split, kind)
         extra.update({f'{k}_{kind}': v for k, v in other.items()})
       self.writer.write(done, split, {**self.last[split], **extra},
-                        time_s=round(self.progress.elapsed(), 3))
+                        time_s=round(self.progress.elapsed(), 3),
+                        count=self.trainer.evaluated_count)
     metric = self.config.checkpoint.best_metric  # e.g. 'valid/accuracy'
     split, name = metric.split('/')
     if split not in self.last:

@@ -191,7 +191,7 @@ def _quickstart_result(lstm, bn):
   runs = {}
   for arm, per_seed in (('lstm', lstm), ('bn_lstm', bn)):
     for seed, accuracies in enumerate(per_seed):
-      records = [_record(s, 'valid', accuracy=a, time_s=float(s))
+      records = [_record(s, 'valid', accuracy=a, time_s=float(s), count=100)
                  for s, a in zip((1, 2, 4), accuracies)]
       runs[f'{arm}_s{seed}'] = {'arm': arm, 'seed': seed, 'records': records}
   return {'spec': {'arms': {'lstm': {}, 'bn_lstm': {}}}, 'setup': 'tiny', 'runs': runs}
@@ -203,11 +203,26 @@ def test_quickstart_table_says_what_holds_in_every_seed():
   text = quickstart.table(result)
   lines = {l.split(':')[0].strip(): l for l in text.split('\n') if l.startswith('  ')}
   # a quarter of 4 steps is step 1; half is step 2
-  assert lines['at step 1'].endswith('ahead in every seed (min +0.200, max +0.300)')
+  assert lines['at step 1'].endswith(
+      'ahead in every seed (mean +0.267 ± 0.058 over seeds, min +0.200)')
   assert '+0.200 -0.100 +0.300' in lines['at step 2']
-  assert lines['at step 2'].endswith('ahead in 2 of 3 seeds (min -0.100, max +0.300)')
-  assert lines['at step 4'].endswith('ahead in 2 of 3 seeds (min -0.100, max +0.100)')
+  assert lines['at step 2'].endswith(
+      'ahead in 2 of 3 seeds (mean +0.133 ± 0.208 over seeds, min -0.100)')
+  assert lines['at step 4'].endswith(
+      'ahead in 2 of 3 seeds (mean +0.033 ± 0.115 over seeds, min -0.100)')
   assert '   1  bn_lstm     0.400    0.400    0.700  0.700        4.0s      –' in text
+  # The image count comes from the records; the binomial error of one gap from it: the
+  # largest, sqrt((0.4 * 0.6 + 0.5 * 0.5) / 100) = 0.070 (seed 0 at step 4, among others).
+  assert 'tiny, on the 100 validation images' in text
+  assert 'binomial standard error of 0.' in text and 'to 0.070;' in text
+  assert 'standard deviation of the 3 gaps' in text
+
+
+def test_quickstart_table_refuses_runs_of_other_image_counts():
+  result = _quickstart_result(lstm=[(0.1, 0.2, 0.5)], bn=[(0.3, 0.4, 0.6)])
+  result['runs']['lstm_s0']['records'][0]['count'] = 250
+  with pytest.raises(ValueError, match=r'scored \[100, 250\] validation images'):
+    quickstart.table(result)
 
 
 def test_word_ptb_table_reads_best_epochs_and_test_score():

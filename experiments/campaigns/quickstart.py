@@ -11,11 +11,14 @@ budget). The exact accuracies move between processor families (XLA's CPU kernels
 which is why the claim is made over seeds.
 
 `experiments/configs/quickstart.py` (100 units, batch 64, RMSProp 1e-3, 300 steps,
-validation every 25 steps on 1,000 images with the papers' population estimate), the
+validation every 25 steps on the 250 validation images with the papers' population
+estimate), the
 variant set per arm; scikit-learn's bundled digits, so it runs offline.
 """
 
 import textwrap
+
+import numpy as np
 
 from experiments import plot
 from experiments.campaign import spec
@@ -48,11 +51,20 @@ def data_text(config) -> str:
 
 
 def setup(config) -> str:
-  images = config.eval.max_batches * config.eval.batch_size
   return (f'{data_text(config)}, {config.train.num_steps} steps, batch '
           f'{config.train.batch_size}, {config.model.hidden_size} units; validation accuracy '
-          f'on {images} images with the papers\' population estimate '
-          f'({config.eval.population_batches} training batches)')
+          f'with the papers\' population estimate ({config.eval.population_batches} '
+          'training batches)')
+
+
+def images_scored(result: dict) -> int:
+  """How many validation images each evaluation scored (the count its records carry)."""
+  counts = {r['count'] for runs in tables.runs_by_arm(result).values() for run in runs
+            for r in tables.split(run['records'], 'valid') if 'count' in r}
+  if len(counts) != 1:
+    raise ValueError(f'The quickstart runs scored {sorted(counts) or "no recorded"} '
+                     'validation images; the table needs one count.')
+  return counts.pop()
 
 
 def _row(run):
@@ -79,7 +91,9 @@ def table(result: dict) -> str:
   names = [f'acc@{s}' for s in steps[:-1]] + ['acc@end']
   head = (f"{'seed':>4}  {'variant':<8}" + ''.join(f'{n:>9}' for n in names)
           + f"{'best':>7}{'train time':>12}{'CPU':>7}")
-  lines = [textwrap.fill(result.get('setup', ''), len(head) + 20), '', head, '-' * len(head)]
+  images = images_scored(result)
+  text = f"{result.get('setup', '')}, on the {images} validation images"
+  lines = [textwrap.fill(text, len(head) + 20), '', head, '-' * len(head)]
   for seed in sorted({s for r in rows.values() for s in r}):
     for arm, by_seed in rows.items():
       if seed in by_seed:
@@ -93,14 +107,27 @@ def table(result: dict) -> str:
     seeds = sorted(set(rows['lstm']) & set(rows['bn_lstm']))
     columns = [(f'at step {s}', lambda r, i=i: ([a for _, a in r['at']] + [r['end'][1]])[i])
                for i, s in enumerate(steps)] + [('best', lambda r: r['best'])]
+    errors = []
     for name, value in columns:
-      gaps = [value(rows['bn_lstm'][s]) - value(rows['lstm'][s]) for s in seeds]
+      pairs = [(value(rows['bn_lstm'][s]), value(rows['lstm'][s])) for s in seeds]
+      gaps = [bn - plain for bn, plain in pairs]
       ahead = sum(g > 0 for g in gaps)
       verdict = ('ahead in every seed' if ahead == len(gaps) else
                  f'ahead in {ahead} of {len(gaps)} seeds')
       lines.append(f'  {name + ":":<14}' + ' '.join(f'{g:+.3f}' for g in gaps) +
-                   f'  {verdict} (min {min(gaps):+.3f}, max {max(gaps):+.3f})')
+                   f'  {verdict} (mean {np.mean(gaps):+.3f} ± {np.std(gaps, ddof=1):.3f} '
+                   f'over seeds, min {min(gaps):+.3f})')
+      errors += [gap_standard_error(bn, plain, images) for bn, plain in pairs]
+    lines += ['', f'One gap on {images} images has a binomial standard error of '
+              f'{min(errors):.3f} to {max(errors):.3f}; "± x over seeds" is the sample '
+              f'standard deviation of the {len(seeds)} gaps.']
   return '\n'.join(lines)
+
+
+def gap_standard_error(a: float, b: float, images: int) -> float:
+  """The binomial standard error of the difference of two accuracies, each measured on
+  `images` images (treated as independent)."""
+  return float(np.sqrt((a * (1 - a) + b * (1 - b)) / images))
 
 
 def figure(result: dict, output: str) -> None:

@@ -56,7 +56,7 @@ def get_config(arg: str = ''):
   config.train.log_every = 25
   config.eval.every = 25
   config.eval.batch_size = 250
-  config.eval.max_batches = 4       # <= 1000 validation examples per evaluation
+  config.eval.max_batches = 4       # all 250 validation digits (1,000 images on MNIST)
   config.eval.population_batches = 8
   config.eval.test_at_end = False
   config.checkpoint.every = 300
