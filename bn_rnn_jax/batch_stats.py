@@ -163,16 +163,17 @@ def site_variable(module: nn.Module, site: str, rows: int, features: int, *,
 
 
 def record(module: nn.Module, variable, site: str, mean: Array, var: Array, count: Array,
-           momentum: float) -> None:
+           momentum: float, min_count: float = 1) -> None:
   """Fold one minibatch's moments into `variable` (when `batch_stats` is mutable) and
-  write them to `MOMENTS` (when that is mutable).
+  write them to `MOMENTS` (when that is mutable), each row weighted by its valid count.
 
   mean, var: `[T, F]` per-step moments or `[F]` for a single row; count: `[T]` or scalar
-  global valid counts (a row whose count is 0 saw only padding and is not written).
+  global valid counts (a row whose count is 0 saw only padding and is not written, nor
+  is one whose count is below `min_count`: `normalization.minibatch_moments_record`).
   """
   mean, var, count = jax.lax.stop_gradient((mean, var, count))
   rows = variable.value['count'].shape[0]
-  minibatch = normalization.minibatch_moments_record(mean, var, count, rows)
+  minibatch = normalization.minibatch_moments_record(mean, var, count, rows, min_count)
   if module.is_mutable_collection('batch_stats'):
     variable.value = normalization.update_running_stats(variable.value, minibatch, momentum)
   if module.is_mutable_collection(MOMENTS):

@@ -84,6 +84,7 @@ class Trainer:
     self.p_minibatch_moments_step = device_map(
         functools.partial(train.minibatch_moments_step, **common))
     self.p_average_minibatch_moments = device_map(population.average_minibatch_moments)
+    self._thin_rows_reported = False
 
   # ---------------------------------------------------------------- placement
   def initial_state(self) -> TrainState:
@@ -141,6 +142,11 @@ class Trainer:
       batch = jax.tree.map(lambda *leaves: np.concatenate(leaves), *parts)
       records.append(self.p_minibatch_moments_step(state.params, state.batch_stats,
                                                    self.shard(batch)))
+    if not self._thin_rows_reported:  # once a run: the same rows stay thin
+      self._thin_rows_reported = True
+      for line in population.thin_rows([jax.tree.map(lambda x: np.asarray(x[0]), r)
+                                        for r in records]):
+        logging.warning('population estimate: %s.', line)
     return self.p_average_minibatch_moments(tuple(records))
 
   def evaluate(self, state: TrainState, split: str, kind: Optional[str] = None,

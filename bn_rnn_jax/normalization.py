@@ -151,7 +151,9 @@ def _batch_norm_forward(x, scale, bias, mask, reduce_axes, axis_name, epsilon, b
     y = y * scale
   if bias is not None:
     y = y + bias
-  residuals = (x_hat, inv_std, scale, bias, mask, jnp.maximum(count, 1.0))
+  # The empty array carries x's dtype to the backward pass (dx is returned in it).
+  residuals = (x_hat, inv_std, scale, bias, mask, jnp.maximum(count, 1.0),
+               jnp.zeros((0,), x.dtype))
   return (y, mean, var, count), residuals
 
 
@@ -188,7 +190,7 @@ def _batch_norm_bwd(reduce_axes, axis_name, epsilon, batch_sums, residuals, cota
   gradient inside pmap: the trainer averages them across devices.
   """
   del epsilon
-  x_hat, inv_std, scale, bias, mask, count = residuals
+  x_hat, inv_std, scale, bias, mask, count, x_dtype = residuals
   dy, d_mean, d_var, _ = cotangents
   if _is_zero(dy):
     dy = jnp.zeros_like(x_hat)
@@ -218,7 +220,7 @@ def _batch_norm_bwd(reduce_axes, axis_name, epsilon, batch_sums, residuals, cota
     correction = jnp.where(mask > 0, correction, 0)  # not `* mask`: NaN * 0 is NaN
   dx = g * inv - correction
   d_mask = None if mask is None else jnp.zeros_like(mask)
-  return dx.astype(x_hat.dtype), d_scale, d_bias, d_mask
+  return dx.astype(x_dtype.dtype), d_scale, d_bias, d_mask
 
 
 _batch_norm.defvjp(_batch_norm_fwd, _batch_norm_bwd, symbolic_zeros=True)
@@ -265,7 +267,9 @@ def batch_norm(x: Array,
 
 def layer_norm(x: Array, scale: Optional[Array] = None, bias: Optional[Array] = None,
                epsilon: float = DEFAULT_EPSILON) -> Array:
-  """Layer normalisation over the feature axis (Ba et al. 2016). x: `[..., F]`."""
+  """Layer normalisation over the feature axis (Ba et al. 2016). x: `[..., F]`; the
+  statistics and the result are float32 (float64 for a float64 x)."""
+  x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
   mean = jnp.mean(x, axis=-1, keepdims=True)
   var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
   return normalize(x, mean, var, scale, bias, epsilon)
@@ -293,52 +297,68 @@ def check_length(length: int, max_length: int, what: str = 'sequence') -> None:
         f'(population statistics past the training length are reused at inference only).')
 
 
-def minibatch_moments_record(mean: Array, var: Array, count: Array,
-                             num_rows: int) -> dict[str, Array]:
+def minibatch_moments_record(mean: Array, var: Array, count: Array, num_rows: int,
+                             min_count: float = 1) -> dict[str, Array]:
   """One minibatch's per-step moments as a `[num_rows]` record for `batch_moments`.
 
   Args:
     mean, var: `[T, F]` moments of steps 0..T-1 (`T <= num_rows`), or `[F]` for statistics
       shared over time.
-    count: `[T]` (or scalar) global valid counts; a row whose count is 0 saw only padding
-      and does not count as seen.
+    count: `[T]` (or scalar) global valid counts: the examples behind each row's moments.
     num_rows: rows of the statistics buffer (T_max, or 1 when shared over time).
+    min_count: the fewest examples a row's moments may rest on (`RecurrentLayer`'s
+      `min_step_count`); a row that rests on fewer is *thin*.
 
   Returns:
-    `{'mean', 'var': [num_rows, F], 'count': [num_rows]}` with `count` 1 on rows that this
-    minibatch informed and 0 elsewhere.
+    `{'mean', 'var': [num_rows, F], 'count': [num_rows]}`. `count` is the row's valid
+    count, its weight in the running average and the estimate; 0 on rows this minibatch
+    did not reach (padding only, or past T), and minus the count on thin rows, which
+    carry the fresh (0, 1) values and no weight (`thin_rows` reports them).
   """
-  seen = (jnp.atleast_1d(count) > 0).astype(jnp.float32)
-  # Rows that saw only padding get the fresh (0, 1) values, like the rows past T: the
+  count = jnp.atleast_1d(count).astype(jnp.float32)
+  seen = count >= jnp.maximum(min_count, 1e-6)
+  thin = (count > 0) & ~seen
+  # Rows that did not count get the fresh (0, 1) values, like the rows past T: the
   # record must not depend on how much padding a batch carries.
-  mean = jnp.where(seen[:, None] > 0, jnp.atleast_2d(mean), 0.0)
-  var = jnp.where(seen[:, None] > 0, jnp.atleast_2d(var), 1.0)
+  mean = jnp.where(seen[:, None], jnp.atleast_2d(mean), 0.0)
+  var = jnp.where(seen[:, None], jnp.atleast_2d(var), 1.0)
   pad = num_rows - mean.shape[0]
   if pad < 0:
     check_length(mean.shape[0], num_rows)
   return {
       'mean': jnp.pad(mean, ((0, pad), (0, 0))),
       'var': jnp.pad(var, ((0, pad), (0, 0)), constant_values=1.0),
-      'count': jnp.pad(seen, (0, pad)),
+      'count': jnp.pad(jnp.where(seen, count, jnp.where(thin, -count, 0.0)), (0, pad)),
   }
+
+
+def record_weights(record: dict[str, Array]) -> Array:
+  """`[R]` weights of a record's rows: their valid counts, 0 on unreached and thin rows."""
+  return jnp.maximum(record['count'], 0.0)
 
 
 def update_running_stats(stats: dict[str, Array], record: dict[str, Array],
                          momentum: float) -> dict[str, Array]:
-  """Exponential running average `m * stats + (1 - m) * batch` on the rows a batch saw.
+  """Running average of the rows a batch saw, each weighted by its valid count.
 
-  A row's first update takes the batch value outright, so rows of steps reached late in
-  training do not start from the (0, 1) initial values.
+  Row r moves by `a_r = (1 - momentum) * n_r / max_r' n_r'` towards the batch value
+  (`n` the record's counts): a row the whole batch reached moves as Flax's running
+  average `momentum * old + (1 - momentum) * new`; a row one sequence of 64 reached moves
+  64 times less. A row's first update takes the batch value outright, so rows of steps
+  reached late in training do not start from the (0, 1) initial values. `count` sums
+  the valid counts.
   """
-  seen = record['count'][:, None] > 0
-  first = stats['count'][:, None] == 0
+  weights = record_weights(record)
+  seen = weights[:, None] > 0
+  first = stats['count'][:, None] <= 0
+  rate = ((1.0 - momentum) * weights / jnp.maximum(jnp.max(weights), 1e-12))[:, None]
   def blend(old, new):
-    ema = momentum * old + (1.0 - momentum) * new
+    ema = old + rate * (new - old)
     return jnp.where(seen, jnp.where(first, new, ema), old)
   return {
       'mean': blend(stats['mean'], record['mean']),
       'var': blend(stats['var'], record['var']),
-      'count': stats['count'] + record['count'],
+      'count': stats['count'] + weights,
   }
 
 

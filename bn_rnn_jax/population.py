@@ -22,6 +22,7 @@ from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from bn_rnn_jax import batch_stats
@@ -50,13 +51,14 @@ def _is_site(node) -> bool:
 
 
 def _average_site(site):
-  """One site's records stacked on a leading axis of N minibatches -> their average."""
-  count = jnp.sum(site['count'], axis=0)
-  weights = site['count'][..., None]
-  denom = jnp.maximum(count, 1.0)[:, None]
+  """One site's records stacked on a leading axis of N minibatches -> their average,
+  each minibatch's row weighted by its valid count (`normalization.record_weights`)."""
+  weights = jnp.maximum(site['count'], 0.0)
+  count = jnp.sum(weights, axis=0)
+  denom = jnp.maximum(count, 1e-12)[:, None]
   seen = count[:, None] > 0
-  mean = jnp.sum(site['mean'] * weights, axis=0) / denom
-  var = jnp.sum(site['var'] * weights, axis=0) / denom
+  mean = jnp.sum(site['mean'] * weights[..., None], axis=0) / denom
+  var = jnp.sum(site['var'] * weights[..., None], axis=0) / denom
   return {'mean': jnp.where(seen, mean, 0.0), 'var': jnp.where(seen, var, 1.0),
           'count': count}
 
@@ -64,15 +66,57 @@ def _average_site(site):
 def average_minibatch_moments(records: Sequence[Any]) -> Any:
   """The population estimate from N records of `minibatch_moments`.
 
-  Per site and row: the mean of the minibatch means and of the minibatch variances over
-  the minibatches that reached that row; `count` is the number of such minibatches. Rows
-  no minibatch reached keep mean 0, var 1. The records are stacked here, so that one
-  compiled program (jit or a device map of this function) does the whole estimate.
+  Per site and row r, over the minibatches i that reached it with at least the layer's
+  `min_step_count` examples (n_ir of them):
+
+    mean_r = sum_i n_ir mean_ir / sum_i n_ir,   var_r = sum_i n_ir var_ir / sum_i n_ir,
+
+  the papers' average of minibatch means and variances (Cooijmans et al. sec. 3) when
+  every minibatch has the same count, and weighted by what each saw when lengths are
+  uneven. `count` is `sum_i n_ir`. Rows no minibatch supported keep mean 0, var 1, and
+  inference reads the nearest supported row instead (`batch_stats.population_rows`).
+  The records are stacked here, so that one compiled program (jit or a device map of
+  this function) does the whole estimate.
   """
   if not records:
     raise ValueError('The population estimate needs at least one minibatch record.')
   stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *records)
   return jax.tree.map(_average_site, stacked, is_leaf=_is_site)
+
+
+def thin_rows(records: Sequence[Any]) -> list[str]:
+  """One line per site whose rows some minibatch reached with too few examples (the
+  layer's `min_step_count`) and none supported: which rows, and how many examples they
+  rested on. Inference normalises those steps with the nearest supported row."""
+  lines = []
+  def visit(nodes, path):
+    if _is_site(nodes[0]):
+      counts = np.stack([np.asarray(n['count']) for n in nodes])          # [N, R]
+      supported = (counts > 0).any(axis=0)
+      thin = np.nonzero((counts < 0).any(axis=0) & ~supported)[0]
+      if thin.size:
+        examples = -counts[:, thin][counts[:, thin] < 0]
+        last = np.nonzero(supported)[0]
+        uses = f'row {last[-1]}' if last.size else 'no supported row'
+        lines.append(f"site '{'/'.join(path)}': rows {_ranges(thin)} rest on "
+                     f'{examples.min():g}-{examples.max():g} examples per batch, fewer '
+                     f'than min_step_count; inference uses {uses} there')
+      return
+    for key in nodes[0]:
+      visit([n[key] for n in nodes], path + (str(key),))
+  if records:
+    visit(list(records), ())
+  return lines
+
+
+def _ranges(rows) -> str:
+  """`[3, 4, 5, 9]` -> `'3-5, 9'`."""
+  parts, start = [], rows[0]
+  for previous, row in zip(rows, list(rows[1:]) + [None]):
+    if row is None or row != previous + 1:
+      parts.append(f'{start}' if start == previous else f'{start}-{previous}')
+      start = row
+  return ', '.join(parts)
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
@@ -132,4 +176,6 @@ def estimate_population_stats(model: nn.Module, variables, batches,
   records = [_minibatch_moments_jit(model, variables, tuple(args)) for args in batches]
   if not records:
     raise ValueError('estimate_population_stats needs at least one batch.')
+  for line in thin_rows(records):
+    warnings.warn(f'estimate_population_stats: {line}.', stacklevel=2)
   return _average_jit(tuple(records))

@@ -412,10 +412,14 @@ class RecurrentLayer(nn.Module):
   def _record_moments(self, stats, moments) -> None:
     """Fold this minibatch's moments into the population statistics (`batch_stats`)."""
     for site, (mean, var, count) in moments.items():
+      min_count = 1
       if self.min_step_count > 1 and self._per_step_training_statistics(site):
-        # Steps that fell back on the population rows trained with no moments of theirs.
-        count = jnp.where(count >= self.min_step_count, count, 0.0)
+        # Steps that fell back on the population rows trained with no moments of theirs;
+        # a per-step record marks them thin (`normalization.minibatch_moments_record`).
+        min_count = self.min_step_count
       if self._rows(site) == 1 and mean.ndim == 2:
+        count = jnp.where(count >= min_count, count, 0.0)
+        min_count = 1
         # Shared over time: average the per-step moments, weighting steps by valid count.
         count = jnp.broadcast_to(count, mean.shape[:1])
         total = jnp.sum(count)
@@ -425,7 +429,7 @@ class RecurrentLayer(nn.Module):
         count = total
       elif mean.ndim == 2:
         count = jnp.broadcast_to(count, mean.shape[:1])
-      batch_stats.record(self, stats[site], site, mean, var, count, self.momentum)
+      batch_stats.record(self, stats[site], site, mean, var, count, self.momentum, min_count)
 
 
 def _rematerialized(step, remat: str):

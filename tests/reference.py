@@ -241,19 +241,23 @@ def batch_sites(variant):
 
 
 def minibatch_record(site_moments, shared, num_rows, min_count=1):
-  """One minibatch's moments as `{'mean', 'var': [R, F], 'count': [R]}`, count 1 on the
-  rows the minibatch reached (at least `min_count` valid entries; 1 = some) and 0
-  elsewhere.
+  """One minibatch's moments as `{'mean', 'var': [R, F], 'count': [R]}`: count n (the
+  valid entries behind the row) on the rows the minibatch reached with at least
+  `min_count` of them, -n on rows it reached with fewer (thin: fresh values, no weight),
+  0 elsewhere.
 
   `site_moments` is a list over steps of `(mean, var, count)` (per-step statistics) or a
   single tuple (sequence-wise). A site whose population statistics are shared over time
   but whose training statistics are per step stores the average of the step moments,
   weighted by their valid counts ("averaging statistics over time", Cooijmans sec. 3).
   """
+  thin_from = 1
   if isinstance(site_moments, tuple):
     site_moments = [site_moments]
-  else:  # per-step moments: steps that fell back on the population rows do not count
+  elif shared:  # steps that fell back on the population rows do not count
     site_moments = [(m, v, n if n >= min_count else 0.0) for m, v, n in site_moments]
+  else:
+    thin_from = min_count
   if shared and len(site_moments) > 1:
     counts = np.array([m[2] for m in site_moments], np.float64)
     total = counts.sum()
@@ -265,8 +269,10 @@ def minibatch_record(site_moments, shared, num_rows, min_count=1):
   rec = {'mean': np.zeros((num_rows, features)), 'var': np.ones((num_rows, features)),
          'count': np.zeros(num_rows)}
   for t, (mean, var, count) in enumerate(site_moments):
-    if count > 0:  # rows that saw only padding stay (0, 1), unseen
-      rec['mean'][t], rec['var'][t], rec['count'][t] = mean, var, 1.0
+    if count >= thin_from and count > 0:
+      rec['mean'][t], rec['var'][t], rec['count'][t] = mean, var, count
+    elif count > 0:  # thin: reached, but by too few to count
+      rec['count'][t] = -count
   return rec
 
 
@@ -276,32 +282,37 @@ def init_population(num_rows, features):
 
 
 def ema_update(stats, record, momentum):
-  """Running average on the rows the minibatch reached; a row's first update takes the
-  batch value; rows the minibatch did not reach are left alone."""
+  """Running average on the rows the minibatch supported, row r moving by
+  a_r = (1 - momentum) n_r / max n towards the batch value; a row's first update takes
+  the batch value; other rows are left alone; count sums the valid counts."""
   out = {k: np.array(v, np.float64, copy=True) for k, v in stats.items()}
-  for r in range(record['count'].shape[0]):
-    if record['count'][r] <= 0:
+  weights = np.maximum(np.asarray(record['count'], np.float64), 0.0)
+  for r in range(weights.shape[0]):
+    if weights[r] <= 0:
       continue
+    rate = (1 - momentum) * weights[r] / weights.max()
     for key in ('mean', 'var'):
-      if stats['count'][r] == 0:
+      if stats['count'][r] <= 0:
         out[key][r] = record[key][r]
       else:
-        out[key][r] = momentum * stats[key][r] + (1 - momentum) * record[key][r]
-    out['count'][r] = stats['count'][r] + record['count'][r]
+        out[key][r] = (1 - rate) * stats[key][r] + rate * record[key][r]
+    out['count'][r] = stats['count'][r] + weights[r]
   return out
 
 
 def average_records(records):
-  """The papers' estimate: per row, the plain average of the minibatch means and of the
-  minibatch variances over the minibatches that reached that row; unseen rows (0, 1)."""
+  """The estimate: per row, the average of the minibatch means and of the minibatch
+  variances over the minibatches that supported that row, each weighted by its valid
+  count (the papers' plain average when the counts are equal); unsupported rows (0, 1)."""
   num_rows, features = records[0]['mean'].shape
   out = init_population(num_rows, features)
   for r in range(num_rows):
     seen = [rec for rec in records if rec['count'][r] > 0]
-    out['count'][r] = len(seen)
+    weights = np.array([rec['count'][r] for rec in seen], np.float64)
+    out['count'][r] = weights.sum()
     if seen:
-      out['mean'][r] = np.mean([rec['mean'][r] for rec in seen], axis=0)
-      out['var'][r] = np.mean([rec['var'][r] for rec in seen], axis=0)
+      out['mean'][r] = np.average([rec['mean'][r] for rec in seen], axis=0, weights=weights)
+      out['var'][r] = np.average([rec['var'][r] for rec in seen], axis=0, weights=weights)
   return out
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import bn_rnn_jax as br
+from bn_rnn_jax import normalization
 import helpers
 import reference
 
@@ -88,3 +89,20 @@ def test_bfloat16_compute_keeps_float32_statistics(data):
   assert not np.array_equal(np.asarray(y16), np.asarray(y32))
   np.testing.assert_allclose(np.asarray(stats16['batch_stats']['cell']['mean']),
                              np.asarray(stats32['batch_stats']['cell']['mean']), atol=3e-2)
+
+
+def test_batch_norm_gradient_has_the_dtype_of_x():
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(6, 4)), jnp.bfloat16)
+  dx = jax.grad(lambda x: jnp.sum(normalization.batch_norm(x, jnp.ones(4))[0] ** 2))(x)
+  assert dx.dtype == jnp.bfloat16
+
+
+def test_layer_norm_statistics_are_float32():
+  """A bfloat16 input far from zero: statistics computed in bfloat16 (spacing 2 at 256)
+  would get the mean and the deviations wrong; in float32 they are those of the exact
+  float32 values of the bfloat16 input."""
+  x = jnp.asarray([[256.0, 257.0, 258.0, 259.0]], jnp.float32)
+  got = normalization.layer_norm(x.astype(jnp.bfloat16))
+  assert got.dtype == jnp.float32
+  want = normalization.layer_norm(x.astype(jnp.bfloat16).astype(jnp.float32))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)

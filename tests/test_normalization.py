@@ -159,37 +159,50 @@ def _record(rng, rows, seen):
 
 
 def test_update_running_stats():
-  """EMA on reached rows; a row's first update takes the batch value; others unchanged."""
+  """Count-weighted EMA on supported rows (a row the whole batch reached moves by
+  1 - momentum, one that 2 of 8 reached a quarter of that); a row's first update takes
+  the batch value; unreached and thin rows (negative counts) are left unchanged."""
   rng = np.random.default_rng(8)
   stats = ref.init_population(4, F)
   momentum = 0.8
-  for seen in ([1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 0]):
+  for seen in ([8, 2, 0, 0], [8, 8, 3, 0], [8, 0, -1, -1]):
     record = _record(rng, 4, seen)
     got = jax.tree.map(np.asarray, normalization.update_running_stats(
         jax.tree.map(jnp.float32, stats), jax.tree.map(jnp.float32, record), momentum))
     want = ref.ema_update(stats, record, momentum)
     for key in ('mean', 'var', 'count'):
       assert_close(got[key], want[key], what=key)
-    stats = want
-  np.testing.assert_array_equal(stats['count'], [3, 2, 1, 0])
-  np.testing.assert_array_equal(stats['mean'][3], np.zeros(F))   # never reached
+    before, stats = stats, want
+  np.testing.assert_array_equal(stats['count'], [24, 10, 3, 0])
+  np.testing.assert_array_equal(stats['mean'][3], np.zeros(F))   # never supported
   np.testing.assert_array_equal(stats['var'][3], np.ones(F))
+  np.testing.assert_array_equal(stats['mean'][2], before['mean'][2])  # thin: untouched
+  # The second update: row 0 (8 of 8) moved by 0.2, row 2 (3 of 8) took its first value.
+  first = ref.ema_update(ref.init_population(4, F), _record(np.random.default_rng(8), 4,
+                                                            [8, 2, 0, 0]), momentum)
+  assert first['count'][1] == 2 and np.allclose(first['mean'][1], _record(
+      np.random.default_rng(8), 4, [8, 2, 0, 0])['mean'][1])
 
 
 def test_minibatch_moments_record():
+  """Rows carry their valid counts (the weights of the averages); rows below min_count
+  are thin: fresh values and minus their count; padding-only rows and rows past T 0."""
   rng = np.random.default_rng(9)
-  mean, var = rng.normal(size=(3, F)), rng.uniform(0.1, 2.0, (3, F))
-  count = np.array([4.0, 2.0, 0.0])                # the last step only saw padding
-  got = jax.tree.map(np.asarray, normalization.minibatch_moments_record(
-      jnp.float32(mean), jnp.float32(var), jnp.float32(count), 5))
-  want = ref.minibatch_record([(mean[t], var[t], count[t]) for t in range(3)], False, 5)
-  for key in ('mean', 'var', 'count'):
-    assert_close(got[key], want[key], what=key)
-  np.testing.assert_array_equal(got['count'], [1, 1, 0, 0, 0])
+  mean, var = rng.normal(size=(4, F)), rng.uniform(0.1, 2.0, (4, F))
+  count = np.array([4.0, 3.0, 1.0, 0.0])           # the last step only saw padding
+  for min_count in (1, 2):
+    got = jax.tree.map(np.asarray, normalization.minibatch_moments_record(
+        jnp.float32(mean), jnp.float32(var), jnp.float32(count), 6, min_count))
+    want = ref.minibatch_record([(mean[t], var[t], count[t]) for t in range(4)], False, 6,
+                                min_count)
+    for key in ('mean', 'var', 'count'):
+      assert_close(got[key], want[key], what=key)
+  np.testing.assert_array_equal(got['count'], [4, 3, -1, 0, 0, 0])
+  np.testing.assert_array_equal(got['var'][2], np.ones(F))
   shared = normalization.minibatch_moments_record(jnp.float32(mean[0]), jnp.float32(var[0]),
                                                   jnp.float32(7.0), 1)
-  np.testing.assert_array_equal(shared['count'], [1.0])
-  with pytest.raises(ValueError, match='3 time steps.*max_length=2'):
+  np.testing.assert_array_equal(shared['count'], [7.0])
+  with pytest.raises(ValueError, match='4 time steps.*max_length=2'):
     normalization.minibatch_moments_record(mean, var, count, 2)
 
 

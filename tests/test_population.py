@@ -26,9 +26,10 @@ def _record(rng, rows, seen):
 
 
 def test_average_minibatch_moments():
-  """The papers' estimate over a nested tree of sites, rows reached by some batches only."""
+  """The estimate over a nested tree of sites, rows reached by some batches only, each
+  batch's row weighted by its valid count; thin rows (negative counts) carry no weight."""
   rng = np.random.default_rng(10)
-  seen = ([1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0])
+  seen = ([8, 8, 5, 0, 0], [8, 3, -1, 0, 0], [8, 8, 7, 1, 0])
   records = [{'layer_0': {'cell': _record(rng, 5, s)}, 'layer_1': {'input': _record(rng, 5, s)}}
              for s in seen]
   estimate = jax.jit(population.average_minibatch_moments)(jax.tree.map(jnp.float32, records))
@@ -37,7 +38,11 @@ def test_average_minibatch_moments():
     want = ref.average_records([r[layer][site] for r in records])
     for key in ('mean', 'var', 'count'):
       helpers.assert_close(got[layer][site][key], want[key], what=f'{layer} {site} {key}')
-  np.testing.assert_array_equal(got['layer_0']['cell']['count'], [3, 3, 2, 1, 0])
+  np.testing.assert_array_equal(got['layer_0']['cell']['count'], [24, 19, 12, 1, 0])
+  # Row 1: the batch of 3 weighs 3/19, not 1/3.
+  means = [r['layer_0']['cell']['mean'][1] for r in records]
+  helpers.assert_close(got['layer_0']['cell']['mean'][1],
+                       (8 * means[0] + 3 * means[1] + 8 * means[2]) / 19, what='row 1')
   np.testing.assert_array_equal(got['layer_0']['cell']['var'][4], np.ones(F))
 
 
@@ -69,7 +74,9 @@ def test_estimate_population_stats_averages_minibatch_moments(data):
                              rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(np.asarray(site['var'])[:T], np.mean(expected_var, 0),
                              rtol=1e-4, atol=1e-5)
-  np.testing.assert_array_equal(np.asarray(site['count']), [2.0] * T + [0.0, 0.0])
+  # Count: the valid entries behind each row, over both batches.
+  np.testing.assert_array_equal(np.asarray(site['count']),
+                                list(2 * np.asarray(mask).sum(0)) + [0.0, 0.0])
   # The running averages of `variables` were not touched.
   for leaf in jax.tree.leaves(variables['batch_stats']):
     assert not np.any(np.isnan(np.asarray(leaf)))

@@ -1,0 +1,187 @@
+r"""Batch statistics on variable-length data: trained on lengths 5-50, tested on 5-50,
+51-100 and 101-200.
+
+A synthetic task: x_t ~ N(0, 1) for t < L, L uniform in the length range; the label is
+whether the valid inputs sum to more than 0. Each arm is a `SequenceClassifier` trained
+`--vl_steps` steps with Adam on batches of lengths 5-50 (the last training steps hold one
+or two sequences per batch), then scored on 1,000 fresh sequences per length range with
+the papers' population estimate (`--vl_estimate_batches` training batches). The BN-LSTM
+arms differ in `min_step_count` (the fewest sequences a step's statistics may rest on:
+in training, in the estimate, and so for every longer step that reuses the last
+supported row), and one arm computes the estimate the old way: every minibatch row that
+some sequence reached counted once, whatever its number of sequences (`min_step_count`
+1, unweighted).
+
+  python -m experiments.analysis.variable_length [--output_dir=experiments/results]
+
+Writes `variable_length.json` (accuracy per arm, seed and length range; the machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import bn_rnn_jax as br
+from bn_rnn_jax import population
+from benchmarks import machine_facts
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_OUTPUT = os.path.join(os.path.dirname(_HERE), 'results')
+
+_OUTPUT = flags.DEFINE_string('vl_output_dir', DEFAULT_OUTPUT, 'Where the JSON goes.')
+_STEPS = flags.DEFINE_integer('vl_steps', 200, 'Training steps per arm.')
+_SEEDS = flags.DEFINE_integer('vl_seeds', 3, 'Seeds per arm.')
+_HIDDEN = flags.DEFINE_integer('vl_hidden', 32, 'Units.')
+_BATCH = flags.DEFINE_integer('vl_batch', 64, 'Training batch.')
+_ESTIMATE = flags.DEFINE_integer('vl_estimate_batches', 10, 'Estimate batches.')
+_MIN_COUNTS = flags.DEFINE_list('vl_min_counts', ['1', '2', '4', '8', '16'],
+                                'min_step_count values of the BN-LSTM arms.')
+
+TRAIN_LENGTHS = (5, 50)
+TEST_LENGTHS = ((5, 50), (51, 100), (101, 200))
+TEST_EXAMPLES = 1000
+OLD = 'bn_lstm, old estimate'
+
+
+def batch(rng: np.random.Generator, size: int, lengths: tuple[int, int], width: int):
+  """`(x [size, width, 1], mask [size, width], labels [size])`."""
+  length = rng.integers(lengths[0], lengths[1] + 1, size)
+  mask = (np.arange(width)[None] < length[:, None]).astype(np.float32)
+  x = rng.normal(size=(size, width, 1)).astype(np.float32) * mask[..., None]
+  return x, mask, (x.sum(axis=(1, 2)) > 0).astype(np.int32)
+
+
+def arms(min_counts) -> dict[str, tuple[str, dict]]:
+  """`{arm: (variant, layer fields)}`."""
+  out = {'lstm': ('lstm', {}), 'ln_lstm': ('ln_lstm', {}),
+         'bn_input_only_seq': ('bn_input_only_seq', {})}
+  for k in min_counts:
+    out[f'bn_lstm, min_step_count {k}'] = ('bn_lstm', {'min_step_count': k})
+  return out
+
+
+def old_estimate(model, variables, batches):
+  """The estimate of earlier releases: every reached row of every minibatch weighted 1."""
+  records = [population.minibatch_moments(model, variables, args) for args in batches]
+  def unweight(site):
+    if isinstance(site, dict) and set(site) == {'mean', 'var', 'count'}:
+      return {**site, 'count': (site['count'] != 0).astype(jnp.float32)}
+    return {k: unweight(v) for k, v in site.items()}
+  return population.average_minibatch_moments([unweight(r) for r in records])
+
+
+def train_arm(variant: str, fields: dict, seed: int, steps: int, hidden: int,
+              batch_size: int):
+  """A trained `(model, variables)`."""
+  width = TRAIN_LENGTHS[1]
+  model = br.SequenceClassifier(num_classes=2, variant=variant, hidden_size=hidden,
+                                layer_options={'max_length': width, **fields})
+  rng = np.random.default_rng(seed)
+  x, mask, _ = batch(rng, batch_size, TRAIN_LENGTHS, width)
+  variables = model.init(jax.random.key(seed), x, mask, train=False)
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(3e-3))
+  params, stats = variables['params'], variables.get('batch_stats', {})
+  opt_state = tx.init(params)
+
+  @jax.jit
+  def step(params, stats, opt_state, x, mask, labels):
+    def loss_fn(p):
+      logits, updates = model.apply({'params': p, 'batch_stats': stats}, x, mask,
+                                    train=True, mutable=['batch_stats'])
+      loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+      return loss, updates.get('batch_stats', stats)
+    (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), stats, opt_state
+
+  for _ in range(steps):
+    x, mask, labels = batch(rng, batch_size, TRAIN_LENGTHS, width)
+    params, stats, opt_state = step(params, stats, opt_state, x, mask, labels)
+  return model, {'params': params, 'batch_stats': stats}, rng
+
+
+def accuracy(model, variables, rng, lengths) -> float:
+  x, mask, labels = batch(rng, TEST_EXAMPLES, lengths, lengths[1])
+  logits = model.apply(variables, x, mask, train=False)
+  return float(np.mean(np.argmax(np.asarray(logits), -1) == labels))
+
+
+def run(steps: int, seeds: int, hidden: int, batch_size: int, estimate_batches: int,
+        min_counts) -> dict:
+  results = {}
+  start = time.time()
+  for name, (variant, fields) in arms(min_counts).items():
+    for seed in range(seeds):
+      model, variables, rng = train_arm(variant, fields, seed, steps, hidden, batch_size)
+      estimate_data = [batch(rng, batch_size, TRAIN_LENGTHS, TRAIN_LENGTHS[1])[:2]
+                       for _ in range(estimate_batches)]
+      scored = {name: variables}
+      if variant != 'lstm':
+        scored[name] = {**variables, 'batch_stats': br.estimate_population_stats(
+            model, variables, estimate_data)}
+      if fields.get('min_step_count') == 1 and variant == 'bn_lstm':
+        scored[OLD] = {**variables, 'batch_stats': old_estimate(model, variables,
+                                                                estimate_data)}
+      for arm_name, arm_variables in scored.items():
+        test_rng = np.random.default_rng(1000 + seed)   # the same test data for every arm
+        scores = {f'{lo}-{hi}': accuracy(model, arm_variables, test_rng, (lo, hi))
+                  for lo, hi in TEST_LENGTHS}
+        results.setdefault(arm_name, {})[str(seed)] = scores
+  summary = {arm: {r: {'mean': float(np.mean([s[r] for s in by_seed.values()])),
+                       'min': float(np.min([s[r] for s in by_seed.values()])),
+                       'max': float(np.max([s[r] for s in by_seed.values()]))}
+                   for r in next(iter(by_seed.values()))}
+             for arm, by_seed in results.items()}
+  return {
+      'what': 'accuracy on 1,000 sequences per length range, trained on lengths 5-50',
+      'setup': {'steps': steps, 'seeds': seeds, 'hidden': hidden, 'batch': batch_size,
+                'estimate_batches': estimate_batches, 'optimizer': 'adam 3e-3, clip 1',
+                'train_lengths': list(TRAIN_LENGTHS),
+                'test_lengths': [list(r) for r in TEST_LENGTHS],
+                'test_examples': TEST_EXAMPLES},
+      'command': 'python -m experiments.analysis.variable_length',
+      'machine': machine_facts.machine(), 'seconds': round(time.time() - start, 1),
+      'accuracy': results, 'summary': summary,
+  }
+
+
+def table(result: dict) -> str:
+  """Mean accuracy (min-max over seeds) per arm and test length range."""
+  ranges = [f'{lo}-{hi}' for lo, hi in result['setup']['test_lengths']]
+  lines = ['| arm | ' + ' | '.join(f'lengths {r}' for r in ranges) + ' |',
+           '|---|' + '---|' * len(ranges)]
+  for arm, by_range in result['summary'].items():
+    cells = [f"{v['mean']:.3f} ({v['min']:.3f}-{v['max']:.3f})"
+             for v in (by_range[r] for r in ranges)]
+    lines.append(f'| {arm} | ' + ' | '.join(cells) + ' |')
+  n = result['setup']['test_examples']
+  lines.append('')
+  lines.append(f"Mean over {result['setup']['seeds']} seeds (min-max); each accuracy is on "
+               f'{n} sequences, a binomial standard error of at most '
+               f'{0.5 / np.sqrt(n):.3f}.')
+  return '\n'.join(lines)
+
+
+def main(argv) -> None:
+  del argv
+  result = run(_STEPS.value, _SEEDS.value, _HIDDEN.value, _BATCH.value, _ESTIMATE.value,
+               [int(k) for k in _MIN_COUNTS.value])
+  os.makedirs(_OUTPUT.value, exist_ok=True)
+  path = os.path.join(_OUTPUT.value, 'variable_length.json')
+  with open(path, 'w') as f:
+    json.dump(result, f, indent=1)
+    f.write('\n')
+  print(table(result))
+  print(f'wrote {path}')
+
+
+if __name__ == '__main__':
+  app.run(main)
