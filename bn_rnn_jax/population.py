@@ -85,9 +85,10 @@ def average_minibatch_moments(records: Sequence[Any]) -> Any:
 
 
 def thin_rows(records: Sequence[Any]) -> list[str]:
-  """One line per site whose rows some minibatch reached with too few examples (the
-  layer's `min_step_count`) and none supported: which rows, and how many examples they
-  rested on. Inference normalises those steps with the nearest supported row."""
+  """One line per site whose rows some minibatch reached with too few sequences (the
+  layer's `min_statistics_count` or `min_step_count`) and none supported: which rows,
+  and how many sequences they rested on. Inference normalises those steps with the
+  nearest supported row."""
   lines = []
   def visit(nodes, path):
     if _is_site(nodes[0]):
@@ -98,9 +99,11 @@ def thin_rows(records: Sequence[Any]) -> list[str]:
         examples = -counts[:, thin][counts[:, thin] < 0]
         last = np.nonzero(supported)[0]
         uses = f'row {last[-1]}' if last.size else 'no supported row'
-        lines.append(f"site '{'/'.join(path)}': rows {_ranges(thin)} rest on "
-                     f'{examples.min():g}-{examples.max():g} examples per batch, fewer '
-                     f'than min_step_count; inference uses {uses} there')
+        low, high = examples.min(), examples.max()
+        number = f'{low:g}' if low == high else f'{low:g}-{high:g}'
+        lines.append(f"site '{'/'.join(path)}': rows {_ranges(thin)} rest on {number} "
+                     'sequence(s) per batch, fewer than the layer\'s min_statistics_count; '
+                     f'inference uses {uses} there')
       return
     for key in nodes[0]:
       visit([n[key] for n in nodes], path + (str(key),))

@@ -40,6 +40,9 @@ _GATES = {'lstm': 4, 'rnn': 1}
 _INPUT_INITS = {'orthogonal': nn.initializers.orthogonal(),
                 'glorot_uniform': nn.initializers.glorot_uniform()}
 _INITIAL_STATES = ('zeros', 'learned', 'noise')
+#: `RecurrentLayer.min_statistics_count`'s default, from the variable-length measurement
+#: of the layer guide (`experiments/analysis/variable_length.py`).
+DEFAULT_MIN_STATISTICS_COUNT = 4
 
 
 class RecurrentLayer(nn.Module):
@@ -101,6 +104,14 @@ class RecurrentLayer(nn.Module):
       that coincide there (a repeated question) have zero variance, and the batch-norm
       backward multiplies the gradient by gamma / sqrt(epsilon) (about 32) at each such
       step. Sequence-wise statistics are not affected. Needs `padded_statistics=False`.
+    min_statistics_count: the fewest valid sequences (in the global batch) behind a row
+      of per-step population statistics: a minibatch's moments at a step with fewer are
+      not recorded (neither in the running average nor in the papers' estimate), so
+      inference at that step, as past the training length, uses the nearest row that
+      enough sequences supported (`population.thin_rows` says which). A row one
+      sequence reached has variance 0 by construction. Training itself is unchanged
+      (that is `min_step_count`). Sequence-wise and shared statistics are not affected;
+      with `padded_statistics=True` every step counts the whole batch.
   """
   hidden_size: int
   cell: str = 'lstm'
@@ -126,6 +137,7 @@ class RecurrentLayer(nn.Module):
   axis_name: Optional[str] = None
   padded_statistics: bool = False
   min_step_count: int = 1
+  min_statistics_count: int = DEFAULT_MIN_STATISTICS_COUNT
 
   # ------------------------------------------------------------------ configuration
   def _validate(self, inputs: Array, mask: Optional[Array]) -> None:
@@ -155,8 +167,9 @@ class RecurrentLayer(nn.Module):
     if mask is not None and mask.shape != inputs.shape[:2]:
       raise ValueError(f'mask must be [batch, time] = {inputs.shape[:2]}; got {mask.shape}.')
     sequence.check_mask_prefix(mask)
-    if self.min_step_count < 1:
-      raise ValueError(f'min_step_count must be at least 1; got {self.min_step_count}.')
+    for name in ('min_step_count', 'min_statistics_count'):
+      if getattr(self, name) < 1:
+        raise ValueError(f'{name} must be at least 1; got {getattr(self, name)}.')
     if self.min_step_count > 1 and self.padded_statistics:
       raise ValueError('min_step_count guards masked per-step statistics; with '
                        'padded_statistics=True every step averages the whole batch.')
@@ -414,13 +427,12 @@ class RecurrentLayer(nn.Module):
     for site, (mean, var, count) in moments.items():
       min_count = 1
       if self.min_step_count > 1 and self._per_step_training_statistics(site):
-        # Steps that fell back on the population rows trained with no moments of theirs;
-        # a per-step record marks them thin (`normalization.minibatch_moments_record`).
+        # Steps that fell back on the population rows trained with no moments of theirs.
         min_count = self.min_step_count
       if self._rows(site) == 1 and mean.ndim == 2:
+        # Shared over time: average the per-step moments, weighting steps by valid count.
         count = jnp.where(count >= min_count, count, 0.0)
         min_count = 1
-        # Shared over time: average the per-step moments, weighting steps by valid count.
         count = jnp.broadcast_to(count, mean.shape[:1])
         total = jnp.sum(count)
         weights = (count / jnp.maximum(total, 1.0))[:, None]
@@ -429,6 +441,10 @@ class RecurrentLayer(nn.Module):
         count = total
       elif mean.ndim == 2:
         count = jnp.broadcast_to(count, mean.shape[:1])
+        if not self.padded_statistics:
+          # Rows too few sequences supported are recorded thin
+          # (`normalization.minibatch_moments_record`).
+          min_count = max(min_count, self.min_statistics_count)
       batch_stats.record(self, stats[site], site, mean, var, count, self.momentum, min_count)
 
 

@@ -124,7 +124,8 @@ def test_training_gives_the_same_parameters_and_statistics(trained):
   _close(model.head.bias[...], params['classifier']['bias'], 'softmax bias')
   stats = model.rnn.linen_variables()['batch_stats']
   _close(stats, variables['batch_stats']['rnn'], 'running statistics')
-  assert float(stats['layer_0']['recurrent']['count'][0]) == STEPS
+  # Row 0 counts the sequences of every training batch (all valid at step 0).
+  assert float(stats['layer_0']['recurrent']['count'][0]) == STEPS * B
   # Training moved the parameters (the comparison is not of two initial states).
   moved = jnp.abs(params['classifier']['kernel'] - initial['params']['classifier']['kernel'])
   assert float(moved.max()) > 1e-2
@@ -143,7 +144,7 @@ def test_evaluation_with_running_and_estimated_statistics_agrees(trained):
       linen, variables, [(x, m) for x, m, _ in ESTIMATE])
   br_nnx.estimate_population_stats(model, [(x, m) for x, m, _ in ESTIMATE])
   _close(model.rnn.linen_variables()['batch_stats'], estimate['rnn'], 'estimated statistics')
-  assert float(estimate['rnn']['layer_0']['cell']['count'][0]) == len(ESTIMATE)
+  assert float(estimate['rnn']['layer_0']['cell']['count'][0]) == len(ESTIMATE) * B
   _close(evaluate(model, x, mask),
          linen.apply({**variables, 'batch_stats': estimate}, x, mask, train=False),
          'outputs with the estimate')

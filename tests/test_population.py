@@ -55,7 +55,7 @@ def test_estimate_population_stats_averages_minibatch_moments(data):
   """Input-term rows = the mean over batches of the float64 per-step moments of W_x x."""
   x, mask = data
   x2 = np.asarray(x)[::-1] * 1.5 + 0.3
-  layer = br.make_layer('bn_lstm', H, max_length=T + 2)
+  layer = br.make_layer('bn_lstm', H, max_length=T + 2, min_statistics_count=1)
   variables = layer.init(jax.random.key(0), x, mask, train=True)
   stats = br.estimate_population_stats(layer, variables, [(x, mask), (x2, mask)])
   kernel = np.asarray(variables['params']['input_kernel'], np.float64)
@@ -139,3 +139,40 @@ def test_unhashable_model_is_a_clear_error(data):
     br.estimate_population_stats(model, variables, [(x, mask)])
   with pytest.raises(ValueError, match='needs at least one batch'):
     br.estimate_population_stats(br.StackedRNN('lstm', H), variables, [])
+
+
+def test_thin_rows_fall_back_by_default():
+  """Uneven lengths [6, 2, 2, 2] (the example of a single long sequence): with the
+  default `min_statistics_count` the rows only it reached are not estimated (they would
+  have variance 0), the estimate warns which, and inference there (and past the
+  training length) uses the last row enough sequences supported, as the float64
+  reference of the weighted estimate says."""
+  rng = np.random.default_rng(3)
+  lengths, T_MAX = [6, 2, 2, 2], 6
+  mask = helpers.prefix_mask(lengths, T_MAX)
+  batches = [(rng.normal(size=(4, T_MAX, I)).astype(np.float32), mask) for _ in range(2)]
+  layer = br.make_layer('bn_lstm', H, max_length=T_MAX)
+  variables = layer.init(jax.random.key(0), *batches[0], train=False)
+  with pytest.warns(UserWarning, match=r"site 'recurrent': rows 2-5 rest on 1 sequence"):
+    stats = br.estimate_population_stats(layer, variables, batches)
+  params = helpers.float64(variables['params'])
+  records = {site: [] for site in ('recurrent', 'input', 'cell')}
+  for x, m in batches:
+    _, _, moments = ref.run_layer(params, np.float64(x), m, 'bn_lstm')
+    for site in records:
+      records[site].append(ref.minibatch_record(moments[site], False, T_MAX))
+  for site, site_records in records.items():
+    want = ref.average_records(site_records)
+    np.testing.assert_array_equal(want['count'], [8, 8, 0, 0, 0, 0])
+    for key in ('mean', 'var', 'count'):
+      helpers.assert_close(np.asarray(stats[site][key]), want[key], rtol=1e-4,
+                           what=f'{site} {key}')
+  # Inference on a longer sequence normalises every step past row 1 with row 1.
+  x = rng.normal(size=(3, 9, I))
+  _, got = layer.apply({**variables, 'batch_stats': stats}, jnp.float32(x), train=False)
+  population = {site: ref.population_lookup(helpers.float64(stats[site]), 9)
+                for site in records}
+  assert np.all(population['cell'][0][2:] == population['cell'][0][1])
+  _, want, _ = ref.run_layer(params, x, np.ones((3, 9)), 'bn_lstm', train=False,
+                             population=population)
+  helpers.assert_close(np.asarray(got), want, rtol=1e-4, what='outputs')

@@ -6,11 +6,12 @@ whether the valid inputs sum to more than 0. Each arm is a `SequenceClassifier` 
 `--vl_steps` steps with Adam on batches of lengths 5-50 (the last training steps hold one
 or two sequences per batch), then scored on 1,000 fresh sequences per length range with
 the papers' population estimate (`--vl_estimate_batches` training batches). The BN-LSTM
-arms differ in `min_step_count` (the fewest sequences a step's statistics may rest on:
-in training, in the estimate, and so for every longer step that reuses the last
-supported row), and one arm computes the estimate the old way: every minibatch row that
-some sequence reached counted once, whatever its number of sequences (`min_step_count`
-1, unweighted).
+arms differ in `min_statistics_count` (the fewest sequences a row of population
+statistics may rest on: fewer, and inference at that step, as at every longer step,
+uses the nearest supported row) and `min_step_count` (the same in training: a step with
+fewer sequences is normalised with the population rows); one arm computes the estimate
+as earlier releases did, every minibatch row that some sequence reached counted once
+whatever its number of sequences (both counts 1, unweighted).
 
   python -m experiments.analysis.variable_length [--output_dir=experiments/results]
 
@@ -43,7 +44,9 @@ _HIDDEN = flags.DEFINE_integer('vl_hidden', 32, 'Units.')
 _BATCH = flags.DEFINE_integer('vl_batch', 64, 'Training batch.')
 _ESTIMATE = flags.DEFINE_integer('vl_estimate_batches', 10, 'Estimate batches.')
 _MIN_COUNTS = flags.DEFINE_list('vl_min_counts', ['1', '2', '4', '8', '16'],
-                                'min_step_count values of the BN-LSTM arms.')
+                                'min_statistics_count values of the BN-LSTM arms.')
+_GUARDS = flags.DEFINE_list('vl_guards', ['4', '8'],
+                            'min_step_count values of the guarded BN-LSTM arms.')
 
 TRAIN_LENGTHS = (5, 50)
 TEST_LENGTHS = ((5, 50), (51, 100), (101, 200))
@@ -59,12 +62,16 @@ def batch(rng: np.random.Generator, size: int, lengths: tuple[int, int], width: 
   return x, mask, (x.sum(axis=(1, 2)) > 0).astype(np.int32)
 
 
-def arms(min_counts) -> dict[str, tuple[str, dict]]:
+def arms(min_counts, guards) -> dict[str, tuple[str, dict]]:
   """`{arm: (variant, layer fields)}`."""
   out = {'lstm': ('lstm', {}), 'ln_lstm': ('ln_lstm', {}),
          'bn_input_only_seq': ('bn_input_only_seq', {})}
   for k in min_counts:
-    out[f'bn_lstm, min_step_count {k}'] = ('bn_lstm', {'min_step_count': k})
+    out[f'bn_lstm, min_statistics_count {k}'] = (
+        'bn_lstm', {'min_statistics_count': k, 'min_step_count': 1})
+  for k in guards:
+    out[f'bn_lstm, min_step_count {k}'] = (
+        'bn_lstm', {'min_statistics_count': k, 'min_step_count': k})
   return out
 
 
@@ -115,10 +122,10 @@ def accuracy(model, variables, rng, lengths) -> float:
 
 
 def run(steps: int, seeds: int, hidden: int, batch_size: int, estimate_batches: int,
-        min_counts) -> dict:
+        min_counts, guards) -> dict:
   results = {}
   start = time.time()
-  for name, (variant, fields) in arms(min_counts).items():
+  for name, (variant, fields) in arms(min_counts, guards).items():
     for seed in range(seeds):
       model, variables, rng = train_arm(variant, fields, seed, steps, hidden, batch_size)
       estimate_data = [batch(rng, batch_size, TRAIN_LENGTHS, TRAIN_LENGTHS[1])[:2]
@@ -127,7 +134,7 @@ def run(steps: int, seeds: int, hidden: int, batch_size: int, estimate_batches: 
       if variant != 'lstm':
         scored[name] = {**variables, 'batch_stats': br.estimate_population_stats(
             model, variables, estimate_data)}
-      if fields.get('min_step_count') == 1 and variant == 'bn_lstm':
+      if fields.get('min_statistics_count') == 1 and variant == 'bn_lstm':
         scored[OLD] = {**variables, 'batch_stats': old_estimate(model, variables,
                                                                 estimate_data)}
       for arm_name, arm_variables in scored.items():
@@ -173,7 +180,7 @@ def table(result: dict) -> str:
 def main(argv) -> None:
   del argv
   result = run(_STEPS.value, _SEEDS.value, _HIDDEN.value, _BATCH.value, _ESTIMATE.value,
-               [int(k) for k in _MIN_COUNTS.value])
+               [int(k) for k in _MIN_COUNTS.value], [int(k) for k in _GUARDS.value])
   os.makedirs(_OUTPUT.value, exist_ok=True)
   path = os.path.join(_OUTPUT.value, 'variable_length.json')
   with open(path, 'w') as f:
