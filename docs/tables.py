@@ -326,10 +326,17 @@ def figures() -> str:
   return report.figures()
 
 
+def variable_length(path: str = 'experiments/results/variable_length.json') -> str:
+  """`python -m experiments.analysis.variable_length`: accuracy per arm and test length
+  range, with the machine it ran on."""
+  from experiments.analysis import variable_length as analysis  # pylint: disable=g-import-not-at-top
+  return machine(path) + '\n\n' + analysis.table(_load(path))
+
+
 RENDERERS: dict[str, Callable[..., str]] = {
     'experiments': experiments, 'rnn_speed': rnn_speed, 'batch_sums': batch_sums,
     'speed_targets': speed_targets, 'trainer_overhead': trainer_overhead,
-    'machine': machine, 'figures': figures,
+    'machine': machine, 'figures': figures, 'variable_length': variable_length,
 }
 
 
