@@ -50,7 +50,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   (no 'test' when `config.train.time_budget_s` stopped the launch before the last step).
   Raises FloatingPointError on a non-finite state or metric, naming the first bad step,
   after saving the last good (finite) state; `checkpoint.WorkdirInUse` when another run
-  holds the workdir (`checkpoint.WorkdirLock`); ValueError for a bad workdir, config or
+  holds the workdir (`checkpoint.WorkdirLock`); `parallel.ProcessLost` when a peer
+  process of a multi-process run stops; ValueError for a bad workdir, config or
   data, for processes with different configs, and for a config the workdir's run was not
   started with (`workdir.check`: refused before anything is written).
   """
@@ -81,6 +82,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     try:
       run = _Run(trainer, writer, ckpt, started, workdir_lib.lineage(workdir))
       return run.run()
+    except jax.errors.JaxRuntimeError as e:
+      lost = parallel.process_lost(e)
+      if lost is None:
+        raise
+      raise lost from None
     finally:
       ckpt.close()
       writer.close()

@@ -76,6 +76,30 @@ def _kwargs_text(kwargs: dict) -> str:
   return ', '.join(f'{k}={v!r}' for k, v in kwargs.items())
 
 
+class ProcessLost(RuntimeError):
+  """A process of a multi-process run stopped (killed, crashed, unreachable)."""
+
+
+#: Text of the runtime errors a collective or the coordination service raises when a peer
+#: process is gone.
+_LOST_SIGNS = ('gloo', 'connection reset', 'connection refused', 'connection closed',
+               'heartbeat', 'coordination service', 'broken pipe', 'socket closed')
+
+
+def process_lost(error: BaseException) -> Optional[ProcessLost]:
+  """The `ProcessLost` that `error` (a runtime error of a multi-process run) means, or
+  None when it is not about a lost peer."""
+  if jax.process_count() == 1 or not isinstance(error, jax.errors.JaxRuntimeError):
+    return None
+  text = ' '.join(str(error).split())
+  if not any(sign in text.lower() for sign in _LOST_SIGNS):
+    return None
+  return ProcessLost(
+      f'A process of this {jax.process_count()}-process run was lost ({text[:200]}); this '
+      f'process (process {jax.process_index()}) stopped. Relaunch every process with the '
+      'same command: the run resumes from its last checkpoint.')
+
+
 #: Fields that legitimately differ between the processes of one run.
 PER_PROCESS_FIELDS = ('distributed.process_id',)
 
