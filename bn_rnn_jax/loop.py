@@ -208,7 +208,11 @@ class _Run:
       if saved is None or self.lineage is None or saved == self.lineage:
         return
       reason = 'it was saved under another config.json'
-    self.ckpt.move_best_aside(step, reason)
+    if jax.process_index() == 0:
+      self.ckpt.move_best_aside(step, reason)
+    if jax.process_count() > 1:  # the others see the move once process 0 made it
+      multihost_utils.sync_global_devices('best checkpoint checked')
+      self.ckpt.best.reload()
 
   def _save(self, state: TrainState, step: int, best: bool = False) -> None:
     host = self.trainer.to_host(state)

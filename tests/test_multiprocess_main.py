@@ -21,7 +21,7 @@ MAIN = os.path.join(helpers.REPO, 'experiments', 'main.py')
 # 12 steps, a checkpoint every 2: a kill at the first checkpoint leaves most of the run.
 FLAGS = ('--config=experiments/configs/quickstart.py:tiny', '--config.train.num_steps=12',
          '--config.checkpoint.every=2', '--config.checkpoint.keep=2',
-         '--config.train.log_every=2', '--config.eval.every=6')
+         '--config.train.log_every=2', '--config.eval.every=12')
 
 
 def _env(devices: int) -> dict:
@@ -39,7 +39,7 @@ def _launch(workdir, port, process_id, *extra):
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for(path, procs, timeout=240):
+def _wait_for(path, procs, timeout=600):
   deadline = time.monotonic() + timeout
   while not os.path.isdir(path):
     for p in procs:
@@ -72,7 +72,7 @@ def test_two_processes_lose_one_then_resume_to_the_two_device_run(tmp_path):
   _wait_for(os.path.join(workdir, 'checkpoints', '2'), procs)
   procs[1].send_signal(signal.SIGKILL)
   killed = time.monotonic()
-  stderr = procs[0].communicate(timeout=120)[1]
+  stderr = procs[0].communicate(timeout=300)[1]
   procs[1].wait()
   assert time.monotonic() - killed < 60
   assert procs[0].returncode == 1
@@ -83,7 +83,7 @@ def test_two_processes_lose_one_then_resume_to_the_two_device_run(tmp_path):
 
   port = helpers.free_port()
   procs = [_launch(workdir, port, i) for i in range(2)]
-  outputs = [p.communicate(timeout=300)[1] for p in procs]
+  outputs = [p.communicate(timeout=900)[1] for p in procs]
   for p, err in zip(procs, outputs):
     assert p.returncode == 0, err[-3000:]
   assert 'Resumed from the checkpoint of step' in outputs[0]
@@ -91,7 +91,7 @@ def test_two_processes_lose_one_then_resume_to_the_two_device_run(tmp_path):
   single = str(tmp_path / 'one')
   done = subprocess.run([sys.executable, MAIN, *FLAGS, f'--workdir={single}'],
                         cwd=helpers.REPO, env=_env(2), capture_output=True, text=True,
-                        timeout=300)
+                        timeout=900)
   assert done.returncode == 0, done.stderr[-3000:]
   two, one = _final_params(workdir), _final_params(single)
   helpers.assert_trees_close(two.params, one.params, rtol=1e-4, atol=1e-6)
@@ -110,7 +110,7 @@ def test_processes_with_different_configs_stop_naming_the_fields(tmp_path):
   port = helpers.free_port()
   procs = [_launch(workdir, port, 0), _launch(workdir, port, 1, '--config.seed=3')]
   for p in procs:
-    err = p.communicate(timeout=240)[1]
+    err = p.communicate(timeout=600)[1]
     assert p.returncode == 1, err[-3000:]
     line = helpers.last_line_without_traceback(err)
     assert line.startswith('error: The processes of this run hold different configs: '
