@@ -35,6 +35,7 @@ import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bn_rnn_jax import workdir as workdir_lib
 from bn_rnn_jax.config import PARALLEL_BACKENDS as BACKENDS
 
 AXIS = 'batch'
@@ -104,29 +105,13 @@ def process_lost(error: BaseException) -> Optional[ProcessLost]:
 PER_PROCESS_FIELDS = ('distributed.process_id',)
 
 
-def flat_config(config) -> dict:
-  """`{'a.b': value}` of a config (or of its JSON-like dict), values as JSON reads them."""
-  tree = json.loads(config.to_json_best_effort(sort_keys=True)) if hasattr(
-      config, 'to_json_best_effort') else config
-  flat = {}
-
-  def walk(node, prefix):
-    if isinstance(node, dict) and node:
-      for key, value in node.items():
-        walk(value, f'{prefix}{key}.')
-    else:
-      flat[prefix[:-1]] = node
-  walk(tree, '')
-  return flat
-
-
 def check_same_config(config) -> None:
   """Every process of a multi-process run holds process 0's config (but for
   PER_PROCESS_FIELDS); otherwise every process raises one ValueError naming the fields."""
   if jax.process_count() == 1:
     return
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  mine = {k: v for k, v in flat_config(config).items() if k not in PER_PROCESS_FIELDS}
+  mine = {k: v for k, v in workdir_lib.flat_config(config).items() if k not in PER_PROCESS_FIELDS}
   text = np.frombuffer(json.dumps(mine, sort_keys=True).encode(), np.uint8)
   sizes = np.asarray(multihost_utils.process_allgather(np.asarray(text.size, np.int64)))
   padded = np.zeros(int(sizes.max()), np.uint8)

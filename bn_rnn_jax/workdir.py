@@ -24,8 +24,6 @@ import os
 import re
 from typing import Any, Optional
 
-from bn_rnn_jax import parallel
-
 CONFIG = 'config.json'
 CHANGES = 'config_changes.jsonl'
 
@@ -37,6 +35,22 @@ HARMLESS = ('train.log_every', 'train.num_steps', 'train.time_budget_s', 'train.
             'parallel.', 'distributed.', 'data.root', 'data.tfds_data_dir', 'data.cache_dir',
             'model.remat', 'model.unroll', 'model.backward', 'model.hoist_input',
             'model.batch_sums')
+
+
+def flat_config(config) -> dict:
+  """`{'a.b': value}` of a config (or of its JSON-like dict), values as JSON reads them."""
+  tree = json.loads(config.to_json_best_effort(sort_keys=True)) if hasattr(
+      config, 'to_json_best_effort') else config
+  flat = {}
+
+  def walk(node, prefix):
+    if isinstance(node, dict) and node:
+      for key, value in node.items():
+        walk(value, f'{prefix}{key}.')
+    else:
+      flat[prefix[:-1]] = node
+  walk(tree, '')
+  return flat
 
 
 def harmless(field: str) -> bool:
@@ -108,7 +122,7 @@ def run_config(workdir: str) -> Optional[dict]:
   path = os.path.join(workdir, CONFIG)
   if not os.path.exists(path):
     return None
-  config = parallel.flat_config(_read_json(path))
+  config = flat_config(_read_json(path))
   for record in read_changes(workdir):
     for field, (_, after) in record['changed'].items():
       config[field] = after
@@ -158,7 +172,7 @@ def check(config, workdir: str) -> Launch:
   saved = run_config(workdir) if os.path.isdir(workdir) else None
   if saved is None:
     return Launch(None, latest, {})
-  new = parallel.flat_config(config)
+  new = flat_config(config)
   fields = sorted(k for k in set(saved) | set(new) if not harmless(k)
                   and saved.get(k, _ABSENT) != new.get(k, _ABSENT))
   changed = {k: [saved.get(k), new.get(k)] for k in fields}
