@@ -79,6 +79,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       workdir_lib.record(trainer.config, workdir, launch)
     writer = metric_writer.MetricWriter(workdir, enabled=primary)
     ckpt = checkpoint_lib.Checkpointer(workdir, keep=trainer.config.checkpoint.keep)
+    lost = None
     try:
       run = _Run(trainer, writer, ckpt, started, workdir_lib.lineage(workdir))
       return run.run()
@@ -88,7 +89,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         raise
       raise lost from None
     finally:
-      ckpt.close()
+      if lost is None:  # with a peer gone, orbax's closing barrier would wait for it
+        ckpt.close()
       writer.close()
   finally:
     if lock is not None:

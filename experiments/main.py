@@ -166,7 +166,6 @@ def main(argv):
   except parallel.ProcessLost as e:
     # One line, then out at once: JAX's exit handshake with the lost peer would only
     # abort with the coordination service's dump.
-    logging.error('%s', e)
     sys.stdout.flush()
     sys.stderr.write(f'error: {e}\n')
     sys.stderr.flush()

@@ -112,7 +112,6 @@ def _processes_naming(text: str) -> list[int]:
   return out
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
 def test_a_stopped_runner_stops_its_runs_without_a_traceback(tmp_path, signum):
   runs_dir = str(tmp_path / 'runs')
