@@ -11,11 +11,9 @@ budget is spent (counted from the call of `train_and_evaluate`), logs how to go 
 returns; the next launch on the same workdir resumes from that checkpoint exactly, as
 after a kill.
 
-Evaluation always uses population statistics (train=False): the running average kept in
-`batch_stats` ('running'), or the papers' estimate ('estimate', the default): minibatch
-moments averaged over `config.eval.population_batches` training batches with the current
-parameters, optionally of batches larger than the training batch
-(`config.eval.population_batch_size`).
+Before anything is written, a launch is checked against the run its workdir holds
+(`bn_rnn_jax.workdir`), and in a multi-process run every process against process 0
+(`parallel.check_same_config`).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ here) except in the signal test, which starts real runs and stops them."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -100,6 +101,14 @@ def test_a_second_runner_on_the_campaign_is_told_it_is_busy(tmp_path):
   assert not os.path.exists(os.path.join(tmp_path, 'quickstart', 'lstm_s0'))
 
 
+def _training(log: str) -> bool:
+  try:
+    with open(log) as f:
+      return re.search(r'step \d+ train: ', f.read()) is not None
+  except FileNotFoundError:
+    return False
+
+
 def _processes_naming(text: str) -> list[int]:
   out = []
   for pid in filter(str.isdigit, os.listdir('/proc')):
@@ -112,8 +121,11 @@ def _processes_naming(text: str) -> list[int]:
   return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
 def test_a_stopped_runner_stops_its_runs_without_a_traceback(tmp_path, signum):
+  """SIGTERM to the runner, or Ctrl-C (SIGINT to its whole process group, as a terminal
+  sends it): the runs stop, no traceback anywhere, no run left behind."""
   runs_dir = str(tmp_path / 'runs')
   env = dict(os.environ, PYTHONPATH=helpers.REPO)
   env.pop('XLA_FLAGS', None)
@@ -121,13 +133,17 @@ def test_a_stopped_runner_stops_its_runs_without_a_traceback(tmp_path, signum):
       [sys.executable, '-m', 'experiments.campaign', 'run', 'quickstart', '--tiny',
        '--seeds=0', '--parallel=2', f'--runs_dir={runs_dir}',
        '--set=train.num_steps=2000'], cwd=helpers.REPO, env=env, stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True)
-  deadline = time.monotonic() + 120
-  while len(_processes_naming(os.path.join(runs_dir, 'quickstart'))) < 2:
+      stderr=subprocess.PIPE, text=True, start_new_session=True)
+  logs = [os.path.join(runs_dir, 'quickstart', f'{arm}_s0', 'stdout.log')
+          for arm in ('lstm', 'bn_lstm')]
+  deadline = time.monotonic() + 300
+  while not all(_training(log) for log in logs):   # both in their loops over steps
     assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
     time.sleep(0.2)
-  time.sleep(1.0)
-  proc.send_signal(signum)
+  if signum == signal.SIGINT:
+    os.killpg(proc.pid, signum)
+  else:
+    proc.send_signal(signum)
   _, err = proc.communicate(timeout=120)
   assert proc.returncode == 130, err
   line = helpers.last_line_without_traceback(err)
@@ -135,6 +151,6 @@ def test_a_stopped_runner_stops_its_runs_without_a_traceback(tmp_path, signum):
   assert line.startswith(f'stopped by {name}: 2 run(s) stopped; `python -m '
                          'experiments.campaign run quickstart` resumes'), line
   assert _processes_naming(os.path.join(runs_dir, 'quickstart')) == []
-  for arm in ('lstm', 'bn_lstm'):
-    with open(os.path.join(runs_dir, 'quickstart', f'{arm}_s0', 'stdout.log')) as f:
-      assert 'Traceback' not in f.read()
+  for log in logs:
+    with open(log) as f:
+      assert 'Traceback' not in f.read(), log

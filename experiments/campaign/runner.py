@@ -146,6 +146,10 @@ def _locked(workdir: str) -> bool:
 
 
 # ---------------------------------------------------------------------- launching
+def _ignore_sigint() -> None:
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class _Child:
   """A launched task: its process, log and launch record."""
 
@@ -160,8 +164,9 @@ class _Child:
     self.process = subprocess.Popen([sys.executable, *task.argv], cwd=spec_lib.ROOT,
                                     env={**os.environ, **task.env}, stdout=self._log,
                                     stderr=subprocess.STDOUT,
-                                    # Ctrl-C reaches the runner only; it stops the runs.
-                                    start_new_session=True)
+                                    # Ctrl-C (SIGINT to the terminal's process group) is
+                                    # the runner's to handle: it stops the runs.
+                                    preexec_fn=_ignore_sigint)
 
   def poll(self) -> Optional[int]:
     """The exit code once the process ended (its CPU time recorded), else None."""
