@@ -32,12 +32,12 @@ _NAMES = {
     'batch_norm': 'normalization', 'batch_moments': 'normalization',
     'layer_norm': 'normalization', 'normalize': 'normalization',
     'default_config': 'config',
-    'train_and_evaluate': 'loop', 'Trainer': 'loop',
+    'train_and_evaluate': 'loop', 'Trainer': 'trainer',
 }
 _MODULES = ('batch_stats', 'cells', 'checkpoint', 'config', 'export', 'initializers',
             'input_pipeline', 'layer_vjp', 'loop', 'metric_writer', 'models', 'nnx',
             'normalization', 'optim', 'parallel', 'policy', 'population', 'recurrent',
-            'sequence', 'stack', 'tasks', 'train', 'variants')
+            'sequence', 'stack', 'tasks', 'train', 'trainer', 'variants', 'workdir')
 
 __all__ = sorted(_NAMES) + list(_MODULES)
 

@@ -4,6 +4,7 @@ Layout in the workdir:
   checkpoints/<step>/   the `keep` latest saves (every `checkpoint.every` steps and at the end)
   best/<step>/          the save with the best validation metric so far
   damaged/              checkpoints found damaged on restore, moved aside (kept as evidence)
+  other_runs/           best checkpoints of another run found in the workdir, moved aside
   lock                  who runs in this workdir now (`WorkdirLock`)
 Each save holds `state` (a host pytree: step, params, batch_stats, opt_state, rng, carry)
 and `meta` (JSON: the loop's bookkeeping, e.g. the best metric and the partial training-
@@ -202,6 +203,31 @@ class Checkpointer:
     manager.reload()
     absl_logging.warning('Checkpoint %s is damaged (%s); moved it to %s and fell back to '
                          'an older one.', source, reason, target)
+    return target
+
+  def best_meta(self, step: int) -> Optional[dict]:
+    """The `meta` saved with the best checkpoint of `step` (None when unreadable)."""
+    try:
+      with _closed_loop_errors_dropped():
+        return self.best.restore(step, args=ocp.args.Composite(
+            meta=ocp.args.JsonRestore())).meta
+    except Exception:  # pylint: disable=broad-except  # damaged: the restore says so later
+      return None
+
+  def move_best_aside(self, step: int, reason: str) -> str:
+    """Move the best checkpoint of `step`, which belongs to another run, to
+    `<workdir>/other_runs/best_<step>` with a warning."""
+    source = os.path.join(str(self.best.directory), str(step))
+    target = os.path.join(self.workdir, 'other_runs', f'best_{step}')
+    suffix = 1
+    while os.path.exists(target):
+      target = os.path.join(self.workdir, 'other_runs', f'best_{step}.{suffix}')
+      suffix += 1
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    shutil.move(source, target)
+    self.best.reload()
+    absl_logging.warning('The best checkpoint %s is not this run\'s (%s); moved it to %s. '
+                         'This run picks its own best checkpoint.', source, reason, target)
     return target
 
   def wait(self) -> None:

@@ -106,6 +106,10 @@ def default_config() -> ml_collections.ConfigDict:
   # Wall-clock seconds for one launch; None = no limit. Once spent, the run stops at the
   # next checkpoint save and returns; a launch on the same workdir continues from it.
   t.time_budget_s = _placeholder(float)
+  # A launch on a workdir whose run was started with other values of fields that change
+  # what it computes (data, model, optimizer, batch, seed) is refused unless this is True;
+  # the change is then recorded in <workdir>/config_changes.jsonl (bn_rnn_jax.workdir).
+  t.allow_config_change = False
 
   config.eval = e = ml_collections.ConfigDict()
   e.every = 500                  # steps between evaluations (and at the last step)
@@ -138,6 +142,7 @@ def default_config() -> ml_collections.ConfigDict:
   d.coordinator_address = ''     # '' = auto-detect (SLURM, TPU pods, ...)
   d.num_processes = _placeholder(int)    # None = auto-detect
   d.process_id = _placeholder(int)       # None = auto-detect
+  d.heartbeat_timeout_s = 100    # a process silent this long is lost: the others stop
   return config
 
 

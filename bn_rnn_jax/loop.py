@@ -1,4 +1,5 @@
-"""The training loop: `train_and_evaluate(config, workdir)` and the `Trainer` it drives.
+"""The training loop: `train_and_evaluate(config, workdir)` and the `Trainer` it drives
+(`bn_rnn_jax.trainer`, also importable from here).
 
 `Trainer` holds one run's model, optimizer and device-mapped steps (`train.py`'s pure
 functions under `parallel.device_map`) and places the state on the devices. `_Run` is
@@ -10,20 +11,18 @@ budget is spent (counted from the call of `train_and_evaluate`), logs how to go 
 returns; the next launch on the same workdir resumes from that checkpoint exactly, as
 after a kill.
 
-Evaluation is deterministic (no dropout, no h0 noise) and normalises with
-`config.eval.population_stats`: the papers' estimate ('estimate', the default: minibatch
-moments averaged over `config.eval.population_batches` training batches with the current
-parameters, optionally of batches larger than the training batch,
-`config.eval.population_batch_size`), the running average kept in `batch_stats`
-('running'), or each evaluation batch's own moments ('batch'). `config.eval.compare`
-evaluates with other kinds too, logged beside as `<metric>_<kind>`.
+Evaluation: `trainer.py` (`config.eval.population_stats`, `config.eval.compare`).
+
+Before anything is written, a launch is checked against the run its workdir holds
+(`bn_rnn_jax.workdir`), and in a multi-process run every process against process 0
+(`parallel.check_same_config`).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
+import shutil
 import time
 from typing import Optional
 
@@ -35,170 +34,12 @@ from absl import logging
 
 from bn_rnn_jax import checkpoint as checkpoint_lib
 from bn_rnn_jax import config as config_lib
-from bn_rnn_jax import input_pipeline
 from bn_rnn_jax import metric_writer
-from bn_rnn_jax import optim
 from bn_rnn_jax import parallel
-from bn_rnn_jax import population
-from bn_rnn_jax import tasks
 from bn_rnn_jax import train
+from bn_rnn_jax import workdir as workdir_lib
 from bn_rnn_jax.train import TrainState
-
-_EVAL_LOG_EVERY_S = 10.0  # an evaluation logs its progress at most this often
-
-
-class Trainer:
-  """The device-mapped steps of one run, and the state's placement on devices.
-
-  `config` is upgraded (`config.upgrade`) and validated first; `dataset` defaults to
-  `input_pipeline.get_dataset(config)`.
-  """
-
-  def __init__(self, config, workdir: Optional[str] = None, dataset=None):
-    config = config_lib.upgrade(config)
-    config_lib.validate_config(config)
-    parallel.maybe_initialize_distributed(config)
-    self.config = config
-    self.devices = parallel.local_devices(config.train.num_devices)
-    self.num_devices = len(self.devices)
-    global_devices = self.num_devices * jax.process_count()
-    parallel.check_divisible(config.train.batch_size, global_devices,
-                             'config.train.batch_size')
-    parallel.check_divisible(config.eval.batch_size, global_devices,
-                             'config.eval.batch_size')
-    self.dataset = dataset or input_pipeline.get_dataset(
-        config, workdir=workdir, process_index=jax.process_index(),
-        process_count=jax.process_count())
-    self.task = tasks.get(self.dataset.task, getattr(self.dataset, 'unit', None))
-    self.model = train.create_model(config, self.dataset)
-    self.tx = optim.create_optimizer(config, self.dataset.steps_per_epoch)
-    self.backend = config.parallel.backend
-    common = dict(model=self.model, task=self.task)
-    device_map = functools.partial(parallel.device_map, devices=self.devices,
-                                   backend=self.backend)
-    self.p_train_step = device_map(functools.partial(
-        train.train_step, tx=self.tx, carries_state=self.dataset.carries_state, **common))
-    self.p_eval_step = device_map(functools.partial(train.eval_step, **common))
-    self.p_batch_eval_step = device_map(functools.partial(
-        train.eval_step, batch_statistics=True, **common))
-    self.p_minibatch_moments_step = device_map(
-        functools.partial(train.minibatch_moments_step, **common))
-    self.p_average_minibatch_moments = device_map(population.average_minibatch_moments)
-    self._thin_rows_reported = False
-
-  # ---------------------------------------------------------------- placement
-  def initial_state(self) -> TrainState:
-    """A fresh host state (see `train.create_train_state`)."""
-    return train.create_train_state(self.config, self.model, self.task, self.tx,
-                                    self.dataset, self.num_devices)
-
-  def to_devices(self, host_state: TrainState) -> TrainState:
-    """Replicate a host state; its carry is already split per device."""
-    state = parallel.replicate(host_state.replace(carry=None), self.devices, self.backend)
-    carry = host_state.carry
-    if carry is not None:
-      carry = parallel.put_sharded(carry, self.devices, self.backend)
-    return state.replace(carry=carry)
-
-  def to_host(self, state: TrainState) -> TrainState:
-    carry = None if state.carry is None else jax.tree.map(np.asarray, state.carry)
-    return parallel.unreplicate(state.replace(carry=None)).replace(carry=carry)
-
-  def shard(self, batch, place: bool = False):
-    """A host batch `[B, ...]` split over the devices: `[D, B / D, ...]`. Placed on the
-    devices when `place` (the loop's prefetch) or when the backend reads only placed
-    arrays well (shard_map); pmap splits host arrays itself."""
-    batch = parallel.shard(batch, self.num_devices)
-    if self.backend == 'pmap' and not place:
-      return batch
-    return parallel.put_sharded(batch, self.devices, self.backend)
-
-  def train_batch(self, step: int):
-    return self.shard(self.dataset.train_batch(step))
-
-  def device_batch(self, step: int):
-    """`train_batch(step)` already placed on the devices (the loop's prefetch)."""
-    return self.shard(self.dataset.train_batch(step), place=True)
-
-  # ---------------------------------------------------------------- evaluation
-  def population_stats(self, state: TrainState, kind: Optional[str] = None):
-    """Replicated statistics for evaluation: the running average or the estimate.
-
-    'estimate' averages the minibatch moments of `population_batches` estimate batches,
-    computed with the current parameters. Each is `population_batch_size //
-    train.batch_size` consecutive training batches joined (one when the size is None),
-    read from the current step on (a deterministic function of (seed, step)).
-    """
-    kind = kind or self.config.eval.population_stats
-    if kind in ('running', 'batch') or not jax.tree.leaves(state.batch_stats):
-      return state.batch_stats
-    step = int(state.step[0])
-    joined = (self.config.eval.population_batch_size or self.config.train.batch_size) \
-        // self.config.train.batch_size
-    records = []
-    for i in range(self.config.eval.population_batches):
-      first = step + i * joined
-      parts = [self.dataset.train_batch(first + j) for j in range(joined)]
-      batch = jax.tree.map(lambda *leaves: np.concatenate(leaves), *parts)
-      records.append(self.p_minibatch_moments_step(state.params, state.batch_stats,
-                                                   self.shard(batch)))
-    if not self._thin_rows_reported:  # once a run: the same rows stay thin
-      self._thin_rows_reported = True
-      for line in population.thin_rows([jax.tree.map(lambda x: np.asarray(x[0]), r)
-                                        for r in records]):
-        logging.warning('population estimate: %s.', line)
-    return self.p_average_minibatch_moments(tuple(records))
-
-  def evaluate(self, state: TrainState, split: str, kind: Optional[str] = None,
-               max_batches: Optional[int] = None) -> dict:
-    """Metrics of `split`, normalised as `kind` says (default
-    `config.eval.population_stats`; the module docstring).
-
-    `max_batches` (default `config.eval.max_batches`; None or 0 = all) caps the batches
-    read; `evaluated_count` is then how many entries (`task.counted`) it scored. It logs what it reads: every few seconds while it runs, and at the end.
-    """
-    start = last_log = time.time()
-    stats = self.population_stats(state, kind)
-    step = self.p_batch_eval_step if (
-        kind or self.config.eval.population_stats) == 'batch' else self.p_eval_step
-    totals, count, carry, batches = None, 0.0, None, 0
-    if max_batches is None:
-      max_batches = self.config.eval.max_batches
-    for batch in self.dataset.eval_batches(split):
-      if max_batches and batches >= max_batches:
-        break
-      sums, n, new_carry = step(state.params, stats, self.shard(batch), carry)
-      carry = new_carry if self.dataset.carries_state else None
-      sums = {k: float(v[0]) for k, v in sums.items()}
-      totals = sums if totals is None else {k: totals[k] + v for k, v in sums.items()}
-      count += float(n[0])
-      batches += 1
-      if time.time() - last_log > _EVAL_LOG_EVERY_S:
-        last_log = time.time()
-        logging.info('evaluating %s: %d batches, %d %s so far, %.0f s', split, batches,
-                     count, self.task.counted, last_log - start)
-    if totals is None:
-      raise ValueError(f'Split {split!r} has no evaluation batches.')
-    cap = f' (the first {max_batches}: config.eval.max_batches)' if (
-        max_batches and batches == max_batches) else ''
-    logging.info('evaluated %s: %d batches%s, %d %s, %.1f s, %s', split, batches, cap,
-                 count, self.task.counted, time.time() - start,
-                 self._statistics_text(state, kind))
-    self.evaluated_count = int(count)
-    return self.task.finalize({k: v / max(count, 1.0) for k, v in totals.items()})
-
-  def _statistics_text(self, state: TrainState, kind: Optional[str]) -> str:
-    """What the evaluation normalised with, for its log line."""
-    if not jax.tree.leaves(state.batch_stats):
-      return 'no batch statistics'
-    kind = kind or self.config.eval.population_stats
-    if kind == 'running':
-      return 'population statistics: the running average'
-    if kind == 'batch':
-      return "each evaluation batch's own statistics"
-    size = self.config.eval.population_batch_size or self.config.train.batch_size
-    return (f'population statistics: the estimate from {self.config.eval.population_batches}'
-            f' training batches of {size}')
+from bn_rnn_jax.trainer import Trainer
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -209,44 +50,67 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   (no 'test' when `config.train.time_budget_s` stopped the launch before the last step).
   Raises FloatingPointError on a non-finite state or metric, naming the first bad step,
   after saving the last good (finite) state; `checkpoint.WorkdirInUse` when another run
-  holds the workdir (`checkpoint.WorkdirLock`); ValueError for a bad workdir, config or data.
+  holds the workdir (`checkpoint.WorkdirLock`); `parallel.ProcessLost` when a peer
+  process of a multi-process run stops; ValueError for a bad workdir, config or
+  data, for processes with different configs, and for a config the workdir's run was not
+  started with (`workdir.check`: refused before anything is written).
   """
   started = time.monotonic()
-  _make_workdir(workdir)
-  primary = jax.process_index() == 0
-  lock = checkpoint_lib.WorkdirLock(workdir).acquire() if primary else None
-  try:
-    trainer = Trainer(config, workdir, dataset)
-    _check_eval_splits(trainer)
-    if primary:
-      _write_config(trainer.config, workdir)
-    writer = metric_writer.MetricWriter(workdir, enabled=primary)
-    ckpt = checkpoint_lib.Checkpointer(workdir, keep=trainer.config.checkpoint.keep)
-    try:
-      return _Run(trainer, writer, ckpt, started).run()
-    finally:
-      ckpt.close()
-      writer.close()
-  finally:
-    if lock is not None:
-      lock.release()
-
-
-def _make_workdir(workdir: str) -> None:
+  parallel.maybe_initialize_distributed(config)  # before any call that starts a backend
+  config = config_lib.upgrade(config)
+  config_lib.validate_config(config)
+  parallel.check_same_config(config)
   if workdir is None:
     raise ValueError('No workdir given: pass --workdir (where checkpoints and metrics go).')
   workdir = os.path.abspath(workdir)
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ValueError(f'--workdir {workdir} is a file, not a directory.')
+  launch = workdir_lib.check(config, workdir)  # reads only
+  primary = jax.process_index() == 0
+  created = workdir_lib.make(workdir)
+  before = None if created else set(os.listdir(workdir))
+  first = launch.saved is None and launch.latest_step is None
+  lock = checkpoint_lib.WorkdirLock(workdir).acquire() if primary else None
+  run = None  # set once the run is set up: a failure before leaves no trace of a first launch
   try:
-    os.makedirs(workdir, exist_ok=True)
-  except OSError as e:
-    raise ValueError(f'Cannot create the workdir {workdir} ({e.strerror}).') from e
+    trainer = Trainer(config, workdir, dataset)
+    _check_eval_splits(trainer)
+    if primary:
+      workdir_lib.record(trainer.config, workdir, launch)
+    writer = metric_writer.MetricWriter(workdir, enabled=primary)
+    ckpt = checkpoint_lib.Checkpointer(workdir, keep=trainer.config.checkpoint.keep)
+    lost = None
+    try:
+      run = _Run(trainer, writer, ckpt, started, workdir_lib.lineage(workdir))
+      return run.run()
+    except jax.errors.JaxRuntimeError as e:
+      lost = parallel.process_lost(e)
+      if lost is None:
+        raise
+      raise lost from None
+    finally:
+      if lost is None:  # with a peer gone, orbax's closing barrier would wait for it
+        ckpt.close()
+      writer.close()
+  finally:
+    if lock is not None:
+      lock.release()
+    if run is None and first and primary:
+      _remove_new_entries(workdir, created, before)
 
 
-def _write_config(config, workdir: str) -> None:
-  with open(os.path.join(workdir, 'config.json'), 'w') as f:
-    f.write(config.to_json_best_effort(indent=2, sort_keys=True) + '\n')
+def _remove_new_entries(workdir: str, created: bool, before: Optional[set]) -> None:
+  """After a first launch failed before its first step: what it wrote is removed (the
+  workdir itself when it made it)."""
+  if created:
+    shutil.rmtree(workdir, ignore_errors=True)
+    return
+  for name in set(os.listdir(workdir)) - before:
+    path = os.path.join(workdir, name)
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      os.remove(path)
 
 
 def _check_eval_splits(trainer: Trainer) -> None:
@@ -303,8 +167,10 @@ class _Run:
   """
 
   def __init__(self, trainer: Trainer, writer: metric_writer.MetricWriter,
-               ckpt: checkpoint_lib.Checkpointer, started: Optional[float] = None):
+               ckpt: checkpoint_lib.Checkpointer, started: Optional[float] = None,
+               lineage: Optional[str] = None):
     self.trainer, self.writer, self.ckpt = trainer, writer, ckpt
+    self.lineage = lineage
     self.started = time.monotonic() if started is None else started
     self.config = trainer.config
     self.template = trainer.initial_state()
@@ -314,6 +180,7 @@ class _Run:
       host_state, meta = ckpt.restore(self.template)
       logging.info('Resumed from the checkpoint of step %d.', int(host_state.step))
     self.start = int(host_state.step)
+    self._check_best()
     writer.truncate(self.start)
     self.state = trainer.to_devices(host_state)
     self.checked_state, self.checked_step = self.state, self.start
@@ -327,7 +194,27 @@ class _Run:
   def _meta(self) -> dict:
     """What a checkpoint saves beside the state, to resume the bookkeeping exactly."""
     return {'best': self.best, 'window': self.window.sums,
-            'window_steps': self.window.steps, 'time_s': self.progress.elapsed()}
+            'window_steps': self.window.steps, 'time_s': self.progress.elapsed(),
+            'lineage': self.lineage}
+
+  def _check_best(self) -> None:
+    """A best checkpoint this run's history cannot hold (a step past the one it resumes
+    from, or saved under another config.json) is moved aside, never tested as this run's."""
+    step = getattr(self.ckpt, 'best', None) and self.ckpt.best.latest_step()
+    if step is None:
+      return
+    if step > self.start:
+      reason = f'its step {step} is past step {self.start}, where this run resumes'
+    else:
+      saved = (self.ckpt.best_meta(step) or {}).get('lineage')
+      if saved is None or self.lineage is None or saved == self.lineage:
+        return
+      reason = 'it was saved under another config.json'
+    if jax.process_index() == 0:
+      self.ckpt.move_best_aside(step, reason)
+    if jax.process_count() > 1:  # the others see the move once process 0 made it
+      multihost_utils.sync_global_devices('best checkpoint checked')
+      self.ckpt.best.reload()
 
   def _save(self, state: TrainState, step: int, best: bool = False) -> None:
     host = self.trainer.to_host(state)
@@ -464,6 +351,10 @@ class _Run:
         metrics = trainer.evaluate(trainer.to_devices(best), 'test', max_batches=0)
         return metrics, int(best.step)
       except ValueError as e:  # every best checkpoint damaged (each one warned about)
-        logging.warning('%s Testing the final state instead.', e)
-    logging.info('Testing the final state on the whole test split.')
+        logging.warning('%s Testing the final state (step %d) instead.', e,
+                        int(self.state.step[0]))
+    else:
+      logging.warning('No best-validation checkpoint in %s; testing the final state (step '
+                      '%d) on the whole test split instead.', self.ckpt.best.directory,
+                      int(self.state.step[0]))
     return trainer.evaluate(self.state, 'test', max_batches=0), int(self.state.step[0])

@@ -27,6 +27,7 @@ into `[devices, batch / devices, ...]` (`shard`).
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any, Callable, Optional, Sequence
 
 import jax
@@ -34,6 +35,7 @@ import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bn_rnn_jax import workdir as workdir_lib
 from bn_rnn_jax.config import PARALLEL_BACKENDS as BACKENDS
 
 AXIS = 'batch'
@@ -42,22 +44,92 @@ AXIS = 'batch'
 def maybe_initialize_distributed(config) -> None:
   """`jax.distributed.initialize()` when `config.distributed.enabled` (multi-host).
 
-  Empty fields are left to JAX's auto-detection (SLURM, TPU pods, ...).
+  Called before anything starts a JAX backend. Empty fields are left to JAX's
+  auto-detection (SLURM, TPU pods, ...). Cross-process collectives on CPU use gloo.
+  A process whose peers miss heartbeats for `config.distributed.heartbeat_timeout_s`
+  seconds is stopped by JAX's coordination service.
   """
   dist = config.get('distributed')
   if dist is None or not dist.get('enabled', False):
     return
   if jax.distributed.is_initialized():
     return
+  if jax.config.jax_cpu_collectives_implementation is None:
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   kwargs = {}
   if dist.get('coordinator_address'):
     kwargs['coordinator_address'] = dist.coordinator_address
   if dist.get('num_processes') is not None:
     kwargs['num_processes'] = dist.num_processes
-  if dist.get('process_id') is not None:
+  if dist.get('process_id') is not None and dist.process_id >= 0:
     kwargs['process_id'] = dist.process_id
+  if dist.get('heartbeat_timeout_s') is not None:
+    kwargs['heartbeat_timeout_seconds'] = int(dist.heartbeat_timeout_s)
   logging.info('jax.distributed.initialize(%s)', kwargs)
-  jax.distributed.initialize(**kwargs)
+  try:
+    jax.distributed.initialize(**kwargs)
+  except RuntimeError as e:
+    raise ValueError(f'jax.distributed.initialize({_kwargs_text(kwargs)}) failed: '
+                     f'{" ".join(str(e).split())}') from None
+
+
+def _kwargs_text(kwargs: dict) -> str:
+  return ', '.join(f'{k}={v!r}' for k, v in kwargs.items())
+
+
+class ProcessLost(RuntimeError):
+  """A process of a multi-process run stopped (killed, crashed, unreachable)."""
+
+
+#: Text of the runtime errors a collective or the coordination service raises when a peer
+#: process is gone.
+_LOST_SIGNS = ('gloo', 'connection reset', 'connection refused', 'connection closed',
+               'heartbeat', 'coordination service', 'broken pipe', 'socket closed')
+
+
+def process_lost(error: BaseException) -> Optional[ProcessLost]:
+  """The `ProcessLost` that `error` (a runtime error of a multi-process run) means, or
+  None when it is not about a lost peer."""
+  if jax.process_count() == 1 or not isinstance(error, jax.errors.JaxRuntimeError):
+    return None
+  text = ' '.join(str(error).split())
+  if not any(sign in text.lower() for sign in _LOST_SIGNS):
+    return None
+  return ProcessLost(
+      f'A process of this {jax.process_count()}-process run was lost ({text[:200]}); this '
+      f'process (process {jax.process_index()}) stopped. Relaunch every process with the '
+      'same command: the run resumes from its last checkpoint.')
+
+
+#: Fields that legitimately differ between the processes of one run.
+PER_PROCESS_FIELDS = ('distributed.process_id',)
+
+
+def check_same_config(config) -> None:
+  """Every process of a multi-process run holds process 0's config (but for
+  PER_PROCESS_FIELDS); otherwise every process raises one ValueError naming the fields."""
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  mine = {k: v for k, v in workdir_lib.flat_config(config).items() if k not in PER_PROCESS_FIELDS}
+  text = np.frombuffer(json.dumps(mine, sort_keys=True).encode(), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.asarray(text.size, np.int64)))
+  padded = np.zeros(int(sizes.max()), np.uint8)
+  padded[:text.size] = text
+  texts = np.asarray(multihost_utils.process_allgather(padded))
+  configs = [json.loads(bytes(t[:n]).decode()) for t, n in zip(texts, sizes)]
+  problems = []
+  for index, other in enumerate(configs[1:], start=1):
+    fields = sorted(k for k in set(configs[0]) | set(other)
+                    if configs[0].get(k, '<absent>') != other.get(k, '<absent>'))
+    if fields:
+      shown = ', '.join(f'{k} ({configs[0].get(k, "<absent>")!r} vs '
+                        f'{other.get(k, "<absent>")!r})' for k in fields[:8])
+      more = f' and {len(fields) - 8} more' if len(fields) > 8 else ''
+      problems.append(f'process {index} differs from process 0 in {shown}{more}')
+  if problems:
+    raise ValueError(f'The processes of this run hold different configs: '
+                     f'{"; ".join(problems)}. Launch every process with the same config.')
 
 
 def local_devices(num_devices: Optional[int] = None) -> list[Any]:

@@ -289,6 +289,7 @@ class RecurrentLayer(nn.Module):
     if train and not (isinstance(first_step, int) and first_step == 0):
       raise ValueError(f'first_step={first_step} is for inference (population statistics):'
                        ' batch statistics fill the rows from step 0.')
+    sequence.check_time_index(first_step, 'first_step (the time index of inputs[:, 0])')
     if mask is not None:
       # Padding is inert: whatever it holds (junk, inf, NaN) is replaced by zeros before
       # any product or moment; `where`, since NaN * 0 is NaN.
@@ -355,6 +356,7 @@ class RecurrentLayer(nn.Module):
     row's state. Stepping t = 0, 1, ... equals `__call__` on the whole sequence."""
     if x.ndim != 2:
       raise ValueError(f'RecurrentLayer.step expects x [batch, features]; got {x.shape}.')
+    sequence.check_time_index(t, 'RecurrentLayer.step: t (the time index of x)')
     carry, outputs = self(x[:, None], None if mask is None else mask[:, None], train=False,
                           initial_carry=carry, first_step=t)
     return carry, outputs[:, 0]

@@ -18,20 +18,37 @@ Array = jax.Array
 
 
 def check_mask_prefix(mask) -> None:
-  """Raise if a concrete `[batch, time]` mask has a valid step after a padded one.
+  """Raise if a concrete `[batch, time]` mask holds a value other than 0 and 1, or has a
+  valid step after a padded one.
 
   Layers and `reverse_valid` assume each row's valid steps come first (padding at the
-  end); a mask with holes would be silently mis-reversed. Traced masks (under jit or
-  pmap) have no values to check and pass: the input pipelines build prefix masks.
+  end); a mask with holes would be silently mis-reversed, and a fractional value would
+  weight its step in the batch moments. Traced masks (under jit or pmap) have no values
+  to check and pass: there a step counts as valid where the mask is > 0, and the mask's
+  value weights it in the moments. The input pipelines build 0/1 prefix masks.
   """
   if mask is None or isinstance(mask, jax.core.Tracer):
     return
-  valid = np.asarray(mask) > 0
+  values = np.asarray(mask)
+  bad = np.nonzero(~((values == 0) | (values == 1)))
+  if bad[0].size:
+    row, step = int(bad[0][0]), int(bad[1][0])
+    raise ValueError(f'mask row {row} holds {values[row, step].item()!r} at t={step}; a mask '
+                     'is 0 (padding) or 1 (a valid step).')
+  valid = values > 0
   holes = np.nonzero(valid[:, 1:] & ~valid[:, :-1])
   if holes[0].size:
     row, step = int(holes[0][0]), int(holes[1][0]) + 1
     raise ValueError(f'mask row {row} has a valid step at t={step} after padding; valid '
                      'steps must come first in each row (padding at the end).')
+
+
+def check_time_index(value, what: str) -> None:
+  """Raise if a concrete time index is negative (a traced one passes unchecked)."""
+  if isinstance(value, jax.core.Tracer) or np.ndim(value) != 0:
+    return
+  if int(value) < 0:
+    raise ValueError(f'{what} must be >= 0; got {int(value)}.')
 
 
 def reverse_valid(x: Array, mask: Optional[Array]) -> Array:

@@ -154,6 +154,7 @@ def main(argv):
   # Imported here: the checks above answer without loading JAX.
   from bn_rnn_jax import checkpoint  # pylint: disable=g-import-not-at-top
   from bn_rnn_jax import loop  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax import parallel  # pylint: disable=g-import-not-at-top
   checkpoint.quiet_orbax_logs()
   try:
     loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
@@ -162,6 +163,13 @@ def main(argv):
     # Configuration, data, NaN and workdir-lock problems are one line, not a traceback.
     logging.error('%s', e)
     sys.exit(f'error: {e}')
+  except parallel.ProcessLost as e:
+    # One line, then out at once: JAX's exit handshake with the lost peer would only
+    # abort with the coordination service's dump.
+    sys.stdout.flush()
+    sys.stderr.write(f'error: {e}\n')
+    sys.stderr.flush()
+    os._exit(1)  # pylint: disable=protected-access
 
 
 if __name__ == '__main__':

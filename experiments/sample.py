@@ -73,6 +73,16 @@ def sample(model, variables, prompt, key, length: int, temperature):
   return tokens.T
 
 
+def check_temperature(temperature: float) -> None:
+  """The sampler divides float32 logits by the temperature: it must be a normal float32."""
+  with np.errstate(over='ignore'):
+    value = np.float32(temperature)
+  tiny, huge = np.finfo(np.float32).tiny, np.finfo(np.float32).max
+  if not (np.isfinite(value) and value >= tiny):
+    raise ValueError(f'--temperature={temperature!r} is not a normal float32 (the sampler '
+                     f'divides float32 logits by it); use a value in [{tiny:.3g}, {huge:.3g}].')
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
@@ -81,6 +91,7 @@ def main(argv):
     if FLAGS.temperature <= 0 or FLAGS.length <= 0 or FLAGS.num_samples <= 0:
       raise ValueError(f'--temperature ({FLAGS.temperature}), --length ({FLAGS.length}) and '
                        f'--num_samples ({FLAGS.num_samples}) must be positive.')
+    check_temperature(FLAGS.temperature)
     run = export_command.load_run(FLAGS.workdir, FLAGS.checkpoint)
     dataset = run.trainer.dataset
     if dataset.task != 'language_model' or not hasattr(dataset, 'vocab'):

@@ -5,6 +5,7 @@ datasets' paths in `real_data.py`."""
 
 import importlib.util
 import os
+import socket
 import subprocess
 import sys
 
@@ -122,6 +123,13 @@ def run_python(args, *, env=None, cwd=REPO, timeout=300, one_device=False):
     env['JAX_PLATFORMS'] = 'cpu'
   return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
                         text=True, timeout=timeout)
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that nothing listens on now (for a coordinator)."""
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
 
 
 def load_experiment_config(name: str):

@@ -136,6 +136,16 @@ def test_untrained_statistics_are_not_exported():
     export.inference_function(layer, variables)
 
 
+@pytest.mark.parametrize('temperature', ['1e-40', '1e40'])
+def test_sampler_temperature_outside_float32_is_one_line(tmp_path, temperature):
+  done = _command('experiments.sample', f'--workdir={tmp_path}',
+                  f'--temperature={temperature}')
+  assert done.returncode == 1
+  line = helpers.last_line_without_traceback(done.stderr)
+  assert line == (f'error: --temperature={float(temperature)!r} is not a normal float32 (the '
+                  'sampler divides float32 logits by it); use a value in [1.18e-38, 3.4e+38].')
+
+
 def test_missing_run_folder_is_one_line(tmp_path):
   with pytest.raises(ValueError, match='config.json not found'):
     export_command.load_run(str(tmp_path / 'nothing'))

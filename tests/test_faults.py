@@ -152,7 +152,7 @@ def test_huge_learning_rate_never_evicts_the_good_checkpoint(straight, tmp_path)
   config, dataset, _, _ = straight
   run = _copy(straight, tmp_path)
   bad = _config(**{'checkpoint.keep': 1, 'train.num_steps': 12,
-                   'optimizer.learning_rate': 1e35})
+                   'optimizer.learning_rate': 1e35, 'train.allow_config_change': True})
   with pytest.raises(FloatingPointError, match='Non-finite state or training metrics at step'):
     loop.train_and_evaluate(bad, run, dataset)
   ckpt = checkpoint.Checkpointer(run, keep=1)

@@ -40,6 +40,37 @@ def test_mask_with_holes_is_a_clear_error():
   jax.jit(sequence.check_mask_prefix)(holes)
 
 
+@pytest.mark.parametrize('value', [0.5, 2.0, -1.0, float('nan')])
+def test_mask_value_other_than_zero_or_one_is_one_line_naming_it(value):
+  x = jnp.ones((2, 4, 3))
+  mask = np.ones((2, 4), np.float32)
+  mask[1, 2] = value
+  expected = f'mask row 1 holds {value!r} at t=2; a mask is 0 (padding) or 1 (a valid step).'
+  with pytest.raises(ValueError) as error:
+    sequence.reverse_valid(x, mask)
+  assert helpers.one_line(error) == expected
+  with pytest.raises(ValueError) as error:
+    variants.make_layer('lstm', 4).init(jax.random.key(0), x, mask, train=False)
+  assert helpers.one_line(error) == expected
+  jax.jit(sequence.check_mask_prefix)(mask)  # traced: not checked (documented)
+
+
+def test_negative_time_index_is_one_line():
+  layer = variants.make_layer('lstm', 4)
+  x = jnp.ones((2, 3, 3))
+  variables = layer.init(jax.random.key(0), x, train=False)
+  with pytest.raises(ValueError) as error:
+    layer.apply(variables, x, train=False, first_step=-2)
+  assert helpers.one_line(error) == ('first_step (the time index of inputs[:, 0]) must be '
+                                     '>= 0; got -2.')
+  with pytest.raises(ValueError) as error:
+    layer.apply(variables, None, x[:, 0], jnp.int32(-1), method='step')
+  assert helpers.one_line(error) == ('RecurrentLayer.step: t (the time index of x) must be '
+                                     '>= 0; got -1.')
+  carry, h = layer.apply(variables, None, x[:, 0], 0, method='step')  # t = 0 is fine
+  assert h.shape == (2, 4) and carry is not None
+
+
 def _split(fn, batch):
   """`fn(axis_name)` on 8 devices, each holding `batch / 8` rows: `[batch, ...]`."""
   mapped = jax.pmap(lambda _: fn(batch // DEVICES, 'batch'), axis_name='batch')

@@ -154,6 +154,9 @@ def main(argv):
     return max(_run_one(command, c, options) for c in campaigns)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f'error: {e}')
+  except runner.Stopped as e:
+    print(e, file=sys.stderr)
+    sys.exit(130)
 
 
 if __name__ == '__main__':

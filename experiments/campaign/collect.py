@@ -19,7 +19,10 @@ import importlib.metadata
 import json
 import os
 import platform
+import sys
 from typing import Any, Mapping, Optional, Sequence
+
+import ml_collections
 
 from experiments.campaign import spec as spec_lib
 
@@ -55,40 +58,81 @@ def read_run(workdir: str) -> dict:
 
 
 def read_launches(workdir: str) -> list[dict]:
+  """The launch records of a run; a damaged line is skipped with a note naming it."""
   path = os.path.join(workdir, LAUNCHES)
   if not os.path.exists(path):
     return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  records = []
+  with open(path, errors='replace') as f:
+    for number, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+        if not isinstance(record, dict):
+          raise ValueError('not an object')
+      except ValueError:
+        print(f'note: {path}, line {number}, is not a launch record; skipped.',
+              file=sys.stderr)
+        continue
+      records.append(record)
+  return records
+
+
+def run_config(workdir: str) -> Optional[ml_collections.ConfigDict]:
+  """The config a run in `workdir` was trained with (its config.json and the changes
+  recorded since), or None without one."""
+  from bn_rnn_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  flat = workdir_lib.run_config(workdir)
+  if flat is None:
+    return None
+  tree = {}
+  for key, value in flat.items():
+    node = tree
+    *path, name = key.split('.')
+    for part in path:
+      node = node.setdefault(part, {})
+    node[name] = value
+  return ml_collections.ConfigDict(tree)
 
 
 def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence[int]] = None,
             arms: Optional[Sequence[str]] = None, extra: Mapping[str, Any] = (),
             command: str = '') -> dict:
-  """The results JSON of the runs under `runs_dir/<campaign>/`. A run without records is
-  left out with a note on stderr; the tables show what there is."""
-  runs = {}
-  missing = []
+  """The results JSON of the runs under `runs_dir/<campaign>/`. A run counts once its
+  records reach the last step the campaign plans (`runner.finished`): a run without
+  records or unfinished is left out with a note; the tables show what there is. The setup
+  line and baselines are read from the first collected run's own config (its workdir's
+  config.json), not from the flags."""
+  from experiments.campaign import runner  # pylint: disable=g-import-not-at-top
+  runs, notes, config = {}, [], None
   for run in campaign.runs(seeds, arms):
     workdir = os.path.join(runs_dir, campaign.name, run.name)
     entry = {'arm': run.arm, 'seed': run.seed}
     if campaign.evaluate is not None:
       path = os.path.join(workdir, EVALUATION)
       if not os.path.exists(path):
-        missing.append(run.name)
+        notes.append(f'{run.name} (no results yet)')
         continue
-      with open(path) as f:
-        entry['evaluation'] = json.load(f)
+      entry['evaluation'] = _read_json(path, 'an evaluation')
       entry['source'] = f'{campaign.source}/{run.name}'
       entry['launches'] = read_launches(workdir)
     else:
       if not os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
-        missing.append(run.name)
+        notes.append(f'{run.name} (no results yet)')
         continue
+      planned = campaign.config_of(run, extra)
       entry.update(read_run(workdir))
+      if not runner.finished(entry['records'], planned):
+        last = max((r['step'] for r in entry['records']), default=0)
+        notes.append(f'{run.name} (unfinished: step {last} of {planned.train.num_steps})')
+        continue
+      if config is None and run_config(workdir) is not None:
+        config = run_config(workdir)
+        config.train.num_steps = planned.train.num_steps  # the step it counted at
     runs[run.name] = entry
-  if missing:
-    print(f'collect {campaign.name}: no results yet for {", ".join(missing)}; left out.')
+  if notes:
+    print(f'collect {campaign.name}: left out {", ".join(notes)}.')
   launches = [l for r in runs.values() for l in r.get('launches', [])]
   result = {
       'campaign': campaign.name, 'title': campaign.title, 'command': command,
@@ -96,16 +140,30 @@ def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence
       'machine': launches[0]['machine'] if launches else {
           **machine(campaign.env.get('XLA_FLAGS')), 'note': 'at collect time'},
   }
-  first = campaign.runs(seeds, arms)[0]
-  config = None
-  if campaign.setup or campaign.baselines:
-    config = _source(campaign).config_of(first, extra)
+  if config is None and (campaign.setup or campaign.baselines):
+    source = _source(campaign)
+    first = campaign.runs(seeds, arms)[0]
+    own = run_config(os.path.join(runs_dir, source.name, first.name))
+    config = own or source.config_of(first, extra)
   if campaign.setup:
     result['setup'] = campaign.setup(config)
   if campaign.baselines:
     result['baselines'] = campaign.baselines(config)
   result['runs'] = runs
   return result
+
+
+def _read_json(path: str, what: str):
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except ValueError as e:
+    raise ValueError(f'{path} is not {what} JSON ({" ".join(str(e).split())}); '
+                     'remove it and make it again.') from None
+  if not isinstance(value, dict) or not value:
+    raise ValueError(f'{path} is not {what} JSON (empty or not an object); remove it and '
+                     'make it again.')
+  return value
 
 
 def _source(campaign: spec_lib.Campaign) -> spec_lib.Campaign:
@@ -151,8 +209,7 @@ def load(name: str, results_dir: Optional[str] = None) -> dict:
   if not os.path.exists(path):
     raise FileNotFoundError(f'No results for {name!r}: {path} does not exist (write it '
                             f'with `python -m experiments.campaign collect`).')
-  with open(path) as f:
-    return json.load(f)
+  return _read_json(path, 'a results')
 
 
 def write(result: dict, path: str) -> None:

@@ -8,6 +8,9 @@ launched again, so nothing is evaluated twice. Any other run is launched again a
 trainer resumes it from its latest checkpoint exactly. A workdir whose config.json
 differs from the spec's (other than in its step or time budget) is an error, not mixed in.
 
+One runner at a time per campaign (`runner.lock` in its runs folder); Ctrl-C or SIGTERM
+stops the runs (SIGTERM, then SIGKILL after 30 s) and ends the runner with one line.
+
 Each launch appends a line to the run's `campaign_launches.jsonl`: the machine, load
 average, exit code, wall and process CPU seconds (collect.py copies them into results).
 """
@@ -18,6 +21,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -110,35 +114,22 @@ def finished(records: Sequence[dict], config: ml_collections.ConfigDict) -> bool
 
 
 def check_config(task: Task) -> None:
-  """A workdir trained with another config is an error (a longer or shorter budget is
-  not: the run goes on or is finished)."""
-  path = os.path.join(task.workdir, 'config.json')
-  if not os.path.exists(path):
+  """A workdir trained with another config is an error. The run's config is its own
+  (config.json of its first launch, with the changes recorded since); fields that do not
+  change what it computes (`bn_rnn_jax.workdir.HARMLESS`: a longer or shorter budget,
+  cadences) may differ: the run goes on or is finished."""
+  from bn_rnn_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  found = workdir_lib.run_config(task.workdir)
+  if found is None:
     return
-  with open(path) as f:
-    found = _flat(json.load(f))
-  wanted = _flat(json.loads(task.config.to_json_best_effort()))
+  wanted = workdir_lib.flat_config(task.config)
   differ = sorted(k for k in set(found) | set(wanted)
-                  if found.get(k) != wanted.get(k) and k not in _BUDGET_FIELDS)
+                  if found.get(k) != wanted.get(k) and not workdir_lib.harmless(k))
   if differ:
     shown = ', '.join(f'{k}: {found.get(k)!r} there, {wanted.get(k)!r} wanted'
                       for k in differ[:3])
     raise ValueError(f'{task.workdir} holds a run of another config ({shown}); remove it '
                      'or choose another --runs_dir.')
-
-
-#: Fields a later launch of the same run may change: how far it trains, and for how long.
-_BUDGET_FIELDS = ('train.num_steps', 'train.time_budget_s')
-
-
-def _flat(tree, prefix=''):
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(_flat(value, f'{prefix}{key}.'))
-    else:
-      out[f'{prefix}{key}'] = value
-  return out
 
 
 def _locked(workdir: str) -> bool:
@@ -155,6 +146,10 @@ def _locked(workdir: str) -> bool:
 
 
 # ---------------------------------------------------------------------- launching
+def _ignore_sigint() -> None:
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class _Child:
   """A launched task: its process, log and launch record."""
 
@@ -168,7 +163,10 @@ class _Child:
     self.start = time.time()
     self.process = subprocess.Popen([sys.executable, *task.argv], cwd=spec_lib.ROOT,
                                     env={**os.environ, **task.env}, stdout=self._log,
-                                    stderr=subprocess.STDOUT)
+                                    stderr=subprocess.STDOUT,
+                                    # Ctrl-C (SIGINT to the terminal's process group) is
+                                    # the runner's to handle: it stops the runs.
+                                    preexec_fn=_ignore_sigint)
 
   def poll(self) -> Optional[int]:
     """The exit code once the process ended (its CPU time recorded), else None."""
@@ -193,8 +191,13 @@ class _Child:
     return (errors or lines or ['(no output)'])[-1]
 
   def stop(self) -> None:
+    """SIGTERM (the trainer exits without a traceback), SIGKILL after 30 s."""
     self.process.terminate()
-    self.process.wait()
+    try:
+      self.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+      self.process.kill()
+      self.process.wait()
     self._log.close()
 
 
@@ -235,10 +238,65 @@ def _clock(seconds: float) -> str:
   return f'{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}'
 
 
+class Stopped(Exception):
+  """The runner was stopped (Ctrl-C or SIGTERM) after stopping its runs."""
+
+
+class CampaignLock:
+  """One runner per campaign: an exclusive `flock` on `<runs_dir>/<campaign>/runner.lock`
+  holding the runner's pid; a second runner fails at once naming it."""
+
+  def __init__(self, runs_dir: str, name: str):
+    self.path = os.path.join(os.path.abspath(runs_dir), name, 'runner.lock')
+    self._file = None
+
+  def __enter__(self):
+    os.makedirs(os.path.dirname(self.path), exist_ok=True)
+    handle = open(self.path, 'a+')
+    try:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      handle.seek(0)
+      holder = handle.read().strip() or 'unknown'
+      handle.close()
+      raise ValueError(f'The campaign {os.path.basename(os.path.dirname(self.path))} is busy: '
+                       f'another runner (pid {holder}) holds {self.path}; wait for it to '
+                       'finish or stop it.') from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    self._file = handle
+    return self
+
+  def __exit__(self, *exc):
+    self._file.seek(0)
+    self._file.truncate()
+    fcntl.flock(self._file, fcntl.LOCK_UN)
+    self._file.close()
+
+
+def _raise_stopped(signum, frame):
+  del frame
+  raise Stopped(signal.Signals(signum).name)
+
+
 def run(campaign: spec_lib.Campaign, runs_dir: str, parallel: int = 0, seeds=None,
         arms=None, extra: Mapping[str, Any] = (), compile_cache: bool = False,
         tiny: bool = False) -> list[str]:
-  """Run every unfinished task; returns the keys of those that failed."""
+  """Run every unfinished task; returns the keys of those that failed. Raises ValueError
+  when another runner runs the campaign, `Stopped` after Ctrl-C or SIGTERM (its runs
+  stopped first)."""
+  with CampaignLock(runs_dir, campaign.name):
+    previous = {s: signal.signal(s, _raise_stopped) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+      return _run(campaign, runs_dir, parallel, seeds, arms, extra, compile_cache, tiny)
+    finally:
+      for number, handler in previous.items():
+        signal.signal(number, handler)
+
+
+def _run(campaign, runs_dir, parallel, seeds, arms, extra, compile_cache, tiny) -> list[str]:
   tasks = plan(campaign, runs_dir, seeds, arms, extra, compile_cache, tiny)
   parallel = parallel or campaign.parallel
   states = {t.key: progress(t) for t in tasks}
@@ -291,12 +349,14 @@ def run(campaign: spec_lib.Campaign, runs_dir: str, parallel: int = 0, seeds=Non
                len(running), force=not (pending or running))
     if not failed and all(s == 'finished' for s, _ in states.values()):
       bar.event(f'{campaign.name}: all {len(tasks)} runs finished')
-  except KeyboardInterrupt:
+  except (KeyboardInterrupt, Stopped) as e:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)   # stopping: a second signal waits
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     for child in running.values():
       child.stop()
-    bar.event(f'interrupted; `python -m experiments.campaign run {campaign.name}` '
-              'resumes the unfinished runs')
-    raise
+    raise Stopped(f'stopped by {e.args[0] if isinstance(e, Stopped) else "SIGINT"}: '
+                  f'{len(running)} run(s) stopped; `python -m experiments.campaign run '
+                  f'{campaign.name}` resumes the unfinished runs') from None
   return failed
 
 

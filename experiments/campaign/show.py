@@ -24,13 +24,26 @@ def load_result(campaign: spec_lib.Campaign, results_dir: Optional[str] = None) 
 
 
 def render(campaign: spec_lib.Campaign, table: str, results_dir: Optional[str] = None) -> str:
-  """One table's text, from the committed (or `results_dir`'s) JSONs."""
+  """One table's text, from the committed (or `results_dir`'s) JSONs. A JSON that lacks
+  what the table reads (a metric, a field) is one ValueError naming the file."""
   if table in campaign.tables:
-    return campaign.tables[table](load_result(campaign, results_dir))
+    return _checked(campaign.tables[table], load_result(campaign, results_dir),
+                    collect.path_of(campaign.name, results_dir), table)
   if campaign.speed and table in campaign.speed.tables:
-    return campaign.speed.tables[table](collect.load(campaign.speed.name, results_dir))
+    return _checked(campaign.speed.tables[table], collect.load(campaign.speed.name, results_dir),
+                    collect.path_of(campaign.speed.name, results_dir), table)
   raise ValueError(f'Campaign {campaign.name!r} has no table {table!r}; it has '
                    f'{table_names(campaign)}.')
+
+
+def _checked(make_table, result: dict, path: str, table: str) -> str:
+  try:
+    return make_table(result)
+  except (KeyError, IndexError, TypeError, AttributeError) as e:
+    what = f'no {e.args[0]!r}' if isinstance(e, KeyError) and e.args else ' '.join(
+        str(e).split())
+    raise ValueError(f'{path} lacks what the {table!r} table reads ({what}); collect it '
+                     'again (python -m experiments.campaign collect).') from None
 
 
 def available(campaign: spec_lib.Campaign, results_dir: Optional[str] = None) -> list[str]:
@@ -50,7 +63,8 @@ def draw(campaign: spec_lib.Campaign, results_dir: Optional[str] = None,
     return None
   output = output or os.path.join(results_dir or spec_lib.RESULTS, f'{campaign.name}.png')
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-  campaign.figure(load_result(campaign, results_dir), output)
+  _checked(lambda result: campaign.figure(result, output), load_result(campaign, results_dir),
+           collect.path_of(campaign.name, results_dir), 'figure')
   return output
 
 

@@ -1,0 +1,188 @@
+"""`Trainer`: one run's model, optimizer and device-mapped steps (`train.py`'s pure
+functions under `parallel.device_map`), the state's placement on the devices, and
+evaluation. `loop.train_and_evaluate` drives it.
+
+Evaluation is deterministic (no dropout, no h0 noise) and normalises with
+`config.eval.population_stats`: the papers' estimate ('estimate', the default: minibatch
+moments averaged over `config.eval.population_batches` training batches with the current
+parameters, optionally of batches larger than the training batch,
+`config.eval.population_batch_size`), the running average kept in `batch_stats`
+('running'), or each evaluation batch's own moments ('batch'). `config.eval.compare`
+evaluates with other kinds too, logged beside as `<metric>_<kind>`.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Optional
+
+import jax
+import numpy as np
+from absl import logging
+
+from bn_rnn_jax import config as config_lib
+from bn_rnn_jax import input_pipeline
+from bn_rnn_jax import optim
+from bn_rnn_jax import parallel
+from bn_rnn_jax import population
+from bn_rnn_jax import tasks
+from bn_rnn_jax import train
+from bn_rnn_jax.train import TrainState
+
+_EVAL_LOG_EVERY_S = 10.0  # an evaluation logs its progress at most this often
+
+
+class Trainer:
+  """The device-mapped steps of one run, and the state's placement on devices.
+
+  `config` is upgraded (`config.upgrade`) and validated first; `dataset` defaults to
+  `input_pipeline.get_dataset(config)`.
+  """
+
+  def __init__(self, config, workdir: Optional[str] = None, dataset=None):
+    config = config_lib.upgrade(config)
+    config_lib.validate_config(config)
+    parallel.maybe_initialize_distributed(config)
+    self.config = config
+    self.devices = parallel.local_devices(config.train.num_devices)
+    self.num_devices = len(self.devices)
+    global_devices = self.num_devices * jax.process_count()
+    parallel.check_divisible(config.train.batch_size, global_devices,
+                             'config.train.batch_size')
+    parallel.check_divisible(config.eval.batch_size, global_devices,
+                             'config.eval.batch_size')
+    self.dataset = dataset or input_pipeline.get_dataset(
+        config, workdir=workdir, process_index=jax.process_index(),
+        process_count=jax.process_count())
+    self.task = tasks.get(self.dataset.task, getattr(self.dataset, 'unit', None))
+    self.model = train.create_model(config, self.dataset)
+    self.tx = optim.create_optimizer(config, self.dataset.steps_per_epoch)
+    self.backend = config.parallel.backend
+    common = dict(model=self.model, task=self.task)
+    device_map = functools.partial(parallel.device_map, devices=self.devices,
+                                   backend=self.backend)
+    self.p_train_step = device_map(functools.partial(
+        train.train_step, tx=self.tx, carries_state=self.dataset.carries_state, **common))
+    self.p_eval_step = device_map(functools.partial(train.eval_step, **common))
+    self.p_batch_eval_step = device_map(functools.partial(
+        train.eval_step, batch_statistics=True, **common))
+    self.p_minibatch_moments_step = device_map(
+        functools.partial(train.minibatch_moments_step, **common))
+    self.p_average_minibatch_moments = device_map(population.average_minibatch_moments)
+    self._thin_rows_reported = False
+
+  # ---------------------------------------------------------------- placement
+  def initial_state(self) -> TrainState:
+    """A fresh host state (see `train.create_train_state`)."""
+    return train.create_train_state(self.config, self.model, self.task, self.tx,
+                                    self.dataset, self.num_devices)
+
+  def to_devices(self, host_state: TrainState) -> TrainState:
+    """Replicate a host state; its carry is already split per device."""
+    state = parallel.replicate(host_state.replace(carry=None), self.devices, self.backend)
+    carry = host_state.carry
+    if carry is not None:
+      carry = parallel.put_sharded(carry, self.devices, self.backend)
+    return state.replace(carry=carry)
+
+  def to_host(self, state: TrainState) -> TrainState:
+    carry = None if state.carry is None else jax.tree.map(np.asarray, state.carry)
+    return parallel.unreplicate(state.replace(carry=None)).replace(carry=carry)
+
+  def shard(self, batch, place: bool = False):
+    """A host batch `[B, ...]` split over the devices: `[D, B / D, ...]`. Placed on the
+    devices when `place` (the loop's prefetch) or when the backend reads only placed
+    arrays well (shard_map); pmap splits host arrays itself."""
+    batch = parallel.shard(batch, self.num_devices)
+    if self.backend == 'pmap' and not place:
+      return batch
+    return parallel.put_sharded(batch, self.devices, self.backend)
+
+  def train_batch(self, step: int):
+    return self.shard(self.dataset.train_batch(step))
+
+  def device_batch(self, step: int):
+    """`train_batch(step)` already placed on the devices (the loop's prefetch)."""
+    return self.shard(self.dataset.train_batch(step), place=True)
+
+  # ---------------------------------------------------------------- evaluation
+  def population_stats(self, state: TrainState, kind: Optional[str] = None):
+    """Replicated statistics for evaluation: the running average or the estimate.
+
+    'estimate' averages the minibatch moments of `population_batches` estimate batches,
+    computed with the current parameters. Each is `population_batch_size //
+    train.batch_size` consecutive training batches joined (one when the size is None),
+    read from the current step on (a deterministic function of (seed, step)).
+    """
+    kind = kind or self.config.eval.population_stats
+    if kind in ('running', 'batch') or not jax.tree.leaves(state.batch_stats):
+      return state.batch_stats
+    step = int(state.step[0])
+    joined = (self.config.eval.population_batch_size or self.config.train.batch_size) \
+        // self.config.train.batch_size
+    records = []
+    for i in range(self.config.eval.population_batches):
+      first = step + i * joined
+      parts = [self.dataset.train_batch(first + j) for j in range(joined)]
+      batch = jax.tree.map(lambda *leaves: np.concatenate(leaves), *parts)
+      records.append(self.p_minibatch_moments_step(state.params, state.batch_stats,
+                                                   self.shard(batch)))
+    if not self._thin_rows_reported:  # once a run: the same rows stay thin
+      self._thin_rows_reported = True
+      for line in population.thin_rows([jax.tree.map(lambda x: np.asarray(x[0]), r)
+                                        for r in records]):
+        logging.warning('population estimate: %s.', line)
+    return self.p_average_minibatch_moments(tuple(records))
+
+  def evaluate(self, state: TrainState, split: str, kind: Optional[str] = None,
+               max_batches: Optional[int] = None) -> dict:
+    """Metrics of `split`, normalised as `kind` says (default
+    `config.eval.population_stats`; the module docstring).
+
+    `max_batches` (default `config.eval.max_batches`; None or 0 = all) caps the batches
+    read; `evaluated_count` is then how many entries (`task.counted`) it scored. It logs
+    what it reads: every few seconds while it runs, and at the end.
+    """
+    start = last_log = time.time()
+    stats = self.population_stats(state, kind)
+    step = self.p_batch_eval_step if (
+        kind or self.config.eval.population_stats) == 'batch' else self.p_eval_step
+    totals, count, carry, batches = None, 0.0, None, 0
+    if max_batches is None:
+      max_batches = self.config.eval.max_batches
+    for batch in self.dataset.eval_batches(split):
+      if max_batches and batches >= max_batches:
+        break
+      sums, n, new_carry = step(state.params, stats, self.shard(batch), carry)
+      carry = new_carry if self.dataset.carries_state else None
+      sums = {k: float(v[0]) for k, v in sums.items()}
+      totals = sums if totals is None else {k: totals[k] + v for k, v in sums.items()}
+      count += float(n[0])
+      batches += 1
+      if time.time() - last_log > _EVAL_LOG_EVERY_S:
+        last_log = time.time()
+        logging.info('evaluating %s: %d batches, %d %s so far, %.0f s', split, batches,
+                     count, self.task.counted, last_log - start)
+    if totals is None:
+      raise ValueError(f'Split {split!r} has no evaluation batches.')
+    cap = f' (the first {max_batches}: config.eval.max_batches)' if (
+        max_batches and batches == max_batches) else ''
+    logging.info('evaluated %s: %d batches%s, %d %s, %.1f s, %s', split, batches, cap,
+                 count, self.task.counted, time.time() - start,
+                 self._statistics_text(state, kind))
+    self.evaluated_count = int(count)
+    return self.task.finalize({k: v / max(count, 1.0) for k, v in totals.items()})
+
+  def _statistics_text(self, state: TrainState, kind: Optional[str]) -> str:
+    """What the evaluation normalised with, for its log line."""
+    if not jax.tree.leaves(state.batch_stats):
+      return 'no batch statistics'
+    kind = kind or self.config.eval.population_stats
+    if kind == 'running':
+      return 'population statistics: the running average'
+    if kind == 'batch':
+      return "each evaluation batch's own statistics"
+    size = self.config.eval.population_batch_size or self.config.train.batch_size
+    return (f'population statistics: the estimate from {self.config.eval.population_batches}'
+            f' training batches of {size}')

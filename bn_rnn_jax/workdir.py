@@ -1,0 +1,202 @@
+"""What a workdir remembers of its run: the config it was started with, and the changes
+made to it on purpose since.
+
+  config.json           the config of the first launch, written once, never rewritten
+  config_changes.jsonl  one record per launch that changed a field of the run's meaning
+                        with `config.train.allow_config_change=True`: the step it resumed
+                        from and `{field: [before, after]}`
+
+A launch on a workdir that holds a run is checked against that run's config (config.json
+with the recorded changes applied) before anything is written: a changed field of the
+run's meaning (anything but the fields `HARMLESS` lists) is refused, naming the fields,
+unless `config.train.allow_config_change` says it is meant; `train.num_steps` below the
+newest checkpoint is refused. The checks only read, so a refused launch leaves the
+workdir as it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import re
+from typing import Any, Optional
+
+CONFIG = 'config.json'
+CHANGES = 'config_changes.jsonl'
+
+#: Fields (or sections, ending in '.') that do not change what a run computes: logging,
+#: evaluation, checkpoint and time cadence, devices and processes, where the data lives,
+#: execution choices of the layers (policy.py), and the override flag itself.
+HARMLESS = ('train.log_every', 'train.num_steps', 'train.time_budget_s', 'train.num_devices',
+            'train.allow_config_change', 'eval.', 'checkpoint.every', 'checkpoint.keep',
+            'parallel.', 'distributed.', 'data.root', 'data.tfds_data_dir', 'data.cache_dir',
+            'model.remat', 'model.unroll', 'model.backward', 'model.hoist_input',
+            'model.batch_sums')
+
+
+def flat_config(config) -> dict:
+  """`{'a.b': value}` of a config (or of its JSON-like dict), values as JSON reads them."""
+  tree = json.loads(config.to_json_best_effort(sort_keys=True)) if hasattr(
+      config, 'to_json_best_effort') else config
+  flat = {}
+
+  def walk(node, prefix):
+    if isinstance(node, dict) and node:
+      for key, value in node.items():
+        walk(value, f'{prefix}{key}.')
+    else:
+      flat[prefix[:-1]] = node
+  walk(tree, '')
+  return flat
+
+
+def harmless(field: str) -> bool:
+  return any(field == h or (h.endswith('.') and field.startswith(h)) for h in HARMLESS)
+
+
+def make(workdir: str) -> bool:
+  """Create `workdir` when missing; True when this call created it."""
+  if workdir is None:
+    raise ValueError('No workdir given: pass --workdir (where checkpoints and metrics go).')
+  workdir = os.path.abspath(workdir)
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f'--workdir {workdir} is a file, not a directory.')
+  if os.path.isdir(workdir):
+    return False
+  try:
+    os.makedirs(workdir)
+  except FileExistsError:
+    return False
+  except OSError as e:
+    raise ValueError(f'Cannot create the workdir {workdir} ({e.strerror}).') from e
+  return True
+
+
+def checkpoint_steps(workdir: str, folder: str = 'checkpoints') -> list[int]:
+  """The steps of the complete checkpoints in `<workdir>/<folder>`, read from the folder
+  names only (orbax's temporary folders of an unfinished save are not steps)."""
+  path = os.path.join(workdir, folder)
+  if not os.path.isdir(path):
+    return []
+  return sorted(int(n) for n in os.listdir(path)
+                if re.fullmatch(r'\d+', n) and os.path.isdir(os.path.join(path, n)))
+
+
+def _read_json(path: str) -> Any:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    what = e.strerror if isinstance(e, OSError) else f'not JSON: {" ".join(str(e).split())}'
+    raise ValueError(f'Cannot read the run\'s config {path} ({what}); restore it or move the '
+                     'workdir aside to start a new run.') from None
+
+
+def read_changes(workdir: str) -> list[dict]:
+  """The records of `config_changes.jsonl` (none when missing)."""
+  path = os.path.join(workdir, CHANGES)
+  if not os.path.exists(path):
+    return []
+  records = []
+  with open(path) as f:
+    for number, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+        if not isinstance(record.get('changed'), dict):
+          raise ValueError('no "changed" object')
+      except (ValueError, AttributeError) as e:
+        raise ValueError(f'{path}, line {number}, is not a config change record ('
+                         f'{" ".join(str(e).split())}); repair or remove the line.') from None
+      records.append(record)
+  return records
+
+
+def run_config(workdir: str) -> Optional[dict]:
+  """The flat config (`{'a.b': value}`) of the run in `workdir`: config.json with the
+  recorded changes applied; None when the workdir has no config.json."""
+  path = os.path.join(workdir, CONFIG)
+  if not os.path.exists(path):
+    return None
+  config = flat_config(_read_json(path))
+  for record in read_changes(workdir):
+    for field, (_, after) in record['changed'].items():
+      config[field] = after
+  return config
+
+
+def lineage(workdir: str) -> Optional[str]:
+  """SHA-256 of the run's config.json as written at its first launch (None without one):
+  what ties a best checkpoint to its run."""
+  path = os.path.join(workdir, CONFIG)
+  if not os.path.exists(path):
+    return None
+  with open(path, 'rb') as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
+@dataclasses.dataclass
+class Launch:
+  """What the checks found: the run's saved config (None: a first launch), the newest
+  checkpoint's step, and the changes of the run's meaning this launch makes on purpose."""
+  saved: Optional[dict]
+  latest_step: Optional[int]
+  changed: dict
+
+
+def _shown(value) -> str:
+  return '<absent>' if value is _ABSENT else repr(value)
+
+
+_ABSENT = object()
+
+
+def check(config, workdir: str) -> Launch:
+  """Check a launch of `config` on `workdir` against the run it holds; reads only.
+
+  Raises ValueError (one line) for a changed field of the run's meaning without
+  `config.train.allow_config_change`, or `train.num_steps` below the newest checkpoint.
+  """
+  workdir = os.path.abspath(workdir)
+  steps = checkpoint_steps(workdir) if os.path.isdir(workdir) else []
+  latest = steps[-1] if steps else None
+  num_steps = config.train.num_steps
+  if latest is not None and num_steps < latest:
+    raise ValueError(f'config.train.num_steps={num_steps} is below the newest checkpoint of '
+                     f'{workdir} (step {latest}); pass --config.train.num_steps={latest} or '
+                     'more, or use another --workdir.')
+  saved = run_config(workdir) if os.path.isdir(workdir) else None
+  if saved is None:
+    return Launch(None, latest, {})
+  new = flat_config(config)
+  fields = sorted(k for k in set(saved) | set(new) if not harmless(k)
+                  and saved.get(k, _ABSENT) != new.get(k, _ABSENT))
+  changed = {k: [saved.get(k), new.get(k)] for k in fields}
+  if fields and not config.train.get('allow_config_change', False):
+    shown = ', '.join(f'{k} ({_shown(saved.get(k, _ABSENT))} -> {_shown(new.get(k, _ABSENT))})'
+                      for k in fields)
+    raise ValueError(f'The run in {workdir} was started with another config: {shown}. '
+                     'Use another --workdir, or pass '
+                     '--config.train.allow_config_change=True to continue this run with '
+                     'the change (recorded in config_changes.jsonl).')
+  return Launch(saved, latest, changed)
+
+
+def record(config, workdir: str, launch: Launch) -> None:
+  """Write config.json at a first launch; append the launch's changes (if any)."""
+  workdir = os.path.abspath(workdir)
+  if launch.saved is None and not os.path.exists(os.path.join(workdir, CONFIG)):
+    path = os.path.join(workdir, CONFIG)
+    with open(path + '.tmp', 'w') as f:
+      f.write(config.to_json_best_effort(indent=2, sort_keys=True) + '\n')
+    os.replace(path + '.tmp', path)
+  if launch.changed:
+    entry = {'step': launch.latest_step or 0, 'changed': launch.changed,
+             'time': datetime.datetime.now(datetime.timezone.utc).isoformat(
+                 timespec='seconds')}
+    with open(os.path.join(workdir, CHANGES), 'a') as f:
+      f.write(json.dumps(entry) + '\n')

@@ -1,0 +1,156 @@
+"""Faults around campaigns (experiments/campaign/): unfinished runs at collect time, the
+setup line from the runs' own configs, damaged or incomplete JSON files, two runners on
+one campaign, and a runner stopped by Ctrl-C or SIGTERM. Fake runs (records written
+here) except in the signal test, which starts real runs and stops them."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from experiments.campaign import collect
+from experiments.campaign import runner
+from experiments.campaign import show
+from experiments.campaign import spec
+import helpers
+
+CAMPAIGN = spec.get('quickstart')
+EXTRA = dict(CAMPAIGN.tiny)   # two steps per run
+
+
+def _fake_runs(runs_dir, last_steps, **own):
+  """Quickstart runs of seed 0 whose records end at `last_steps[arm]`; their config.json
+  is the planned config with the fields `own` changes."""
+  tasks = runner.plan(CAMPAIGN, str(runs_dir), seeds=[0], extra=EXTRA)
+  for task in tasks:
+    os.makedirs(task.workdir)
+    config = task.config.copy_and_resolve_references()
+    for key, value in own.items():
+      section, name = key.split('.')
+      config[section][name] = value
+    with open(os.path.join(task.workdir, 'config.json'), 'w') as f:
+      f.write(config.to_json_best_effort())
+    with open(os.path.join(task.workdir, 'metrics.jsonl'), 'w') as f:
+      for step in range(1, last_steps[task.config.model.variant] + 1):
+        for split in ('train', 'valid'):
+          f.write(json.dumps({'step': step, 'split': split, 'loss': 1.0, 'accuracy': 0.5,
+                              'time_s': float(step)}) + '\n')
+  return tasks
+
+
+def test_collect_leaves_out_an_unfinished_run_and_reads_the_setup_from_the_runs(tmp_path,
+                                                                               capsys):
+  _fake_runs(tmp_path, {'lstm': 2, 'bn_lstm': 1}, **{'eval.population_batches': 3})
+  result = collect.collect(CAMPAIGN, str(tmp_path), [0], None, EXTRA)
+  assert list(result['runs']) == ['lstm_s0']
+  assert 'left out bn_lstm_s0 (unfinished: step 1 of 2)' in capsys.readouterr().out
+  # The flags say 1 estimate batch (the tiny budget); the run was trained with 3.
+  assert '(3 training batches)' in result['setup'] and '2 steps' in result['setup']
+
+
+def test_damaged_or_incomplete_results_json_is_one_line_naming_it(tmp_path):
+  path = collect.path_of('quickstart', str(tmp_path))
+  for content in ('{"runs": {', '', '[]'):
+    with open(path, 'w') as f:
+      f.write(content)
+    with pytest.raises(ValueError) as error:
+      show.render(CAMPAIGN, 'quickstart', str(tmp_path))
+    assert helpers.one_line(error).startswith(f'{path} is not a results JSON')
+  with open(path, 'w') as f:   # a run whose records lack the accuracy the table reads
+    json.dump({'spec': {'arms': {'lstm': {}}}, 'setup': 'x', 'runs': {'lstm_s0': {
+        'arm': 'lstm', 'seed': 0, 'records': [{'step': 2, 'split': 'valid', 'loss': 1.0,
+                                                'time_s': 1.0}]}}}, f)
+  with pytest.raises(ValueError) as error:
+    show.render(CAMPAIGN, 'quickstart', str(tmp_path))
+  assert helpers.one_line(error) == (
+      f"{path} lacks what the 'quickstart' table reads (no 'accuracy'); collect it "
+      'again (python -m experiments.campaign collect).')
+
+
+def test_status_survives_a_damaged_launch_record_and_a_damaged_config_json_is_one_line(
+    tmp_path, capsys):
+  tasks = _fake_runs(tmp_path, {'lstm': 2, 'bn_lstm': 1})
+  launches = os.path.join(tasks[0].workdir, collect.LAUNCHES)
+  with open(launches, 'w') as f:
+    f.write('{"exit_code": 0}\n{"exit_co\n')
+  text = runner.status(CAMPAIGN, str(tmp_path), [0], None, EXTRA)
+  assert 'quickstart/lstm_s0' in text and '1 launch(es)' in text
+  assert f'note: {launches}, line 2, is not a launch record; skipped.' in capsys.readouterr().err
+  config_json = os.path.join(tasks[1].workdir, 'config.json')
+  with open(config_json, 'w') as f:
+    f.write('{"model": ')
+  with pytest.raises(ValueError) as error:
+    runner.status(CAMPAIGN, str(tmp_path), [0], None, EXTRA)
+  assert helpers.one_line(error).startswith(f"Cannot read the run's config {config_json} "
+                                            '(not JSON')
+
+
+def test_a_second_runner_on_the_campaign_is_told_it_is_busy(tmp_path):
+  with runner.CampaignLock(str(tmp_path), 'quickstart'):
+    with pytest.raises(ValueError) as error:
+      runner.run(CAMPAIGN, str(tmp_path), 1, [0], None, EXTRA)
+  lock = os.path.join(tmp_path, 'quickstart', 'runner.lock')
+  assert helpers.one_line(error) == (
+      f'The campaign quickstart is busy: another runner (pid {os.getpid()}) holds {lock}; '
+      'wait for it to finish or stop it.')
+  assert not os.path.exists(os.path.join(tmp_path, 'quickstart', 'lstm_s0'))
+
+
+def _training(log: str) -> bool:
+  try:
+    with open(log) as f:
+      return re.search(r'step \d+ train: ', f.read()) is not None
+  except FileNotFoundError:
+    return False
+
+
+def _processes_naming(text: str) -> list[int]:
+  out = []
+  for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+      with open(f'/proc/{pid}/cmdline', 'rb') as f:
+        if text.encode() in f.read():
+          out.append(int(pid))
+    except OSError:
+      pass
+  return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_runner_stops_its_runs_without_a_traceback(tmp_path, signum):
+  """SIGTERM to the runner, or Ctrl-C (SIGINT to its whole process group, as a terminal
+  sends it): the runs stop, no traceback anywhere, no run left behind."""
+  runs_dir = str(tmp_path / 'runs')
+  env = dict(os.environ, PYTHONPATH=helpers.REPO)
+  env.pop('XLA_FLAGS', None)
+  proc = subprocess.Popen(
+      [sys.executable, '-m', 'experiments.campaign', 'run', 'quickstart', '--tiny',
+       '--seeds=0', '--parallel=2', f'--runs_dir={runs_dir}',
+       '--set=train.num_steps=2000'], cwd=helpers.REPO, env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True, start_new_session=True)
+  logs = [os.path.join(runs_dir, 'quickstart', f'{arm}_s0', 'stdout.log')
+          for arm in ('lstm', 'bn_lstm')]
+  deadline = time.monotonic() + 300
+  while not all(_training(log) for log in logs):   # both in their loops over steps
+    assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+    time.sleep(0.2)
+  if signum == signal.SIGINT:
+    os.killpg(proc.pid, signum)
+  else:
+    proc.send_signal(signum)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, err
+  line = helpers.last_line_without_traceback(err)
+  name = signal.Signals(signum).name
+  assert line.startswith(f'stopped by {name}: 2 run(s) stopped; `python -m '
+                         'experiments.campaign run quickstart` resumes'), line
+  assert _processes_naming(os.path.join(runs_dir, 'quickstart')) == []
+  for log in logs:
+    with open(log) as f:
+      assert 'Traceback' not in f.read(), log
