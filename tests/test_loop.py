@@ -175,7 +175,9 @@ def test_population_estimate_averages_batch_moments_of_current_params(trained):
   np.testing.assert_allclose(site['mean'][:length], np.mean(means, 0), rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(site['var'][:length], np.mean(variances, 0), rtol=1e-4,
                              atol=1e-5)
-  np.testing.assert_array_equal(site['count'][:length], config.eval.population_batches)
+  # Each row counts the sequences of every estimate batch (all of them valid).
+  np.testing.assert_array_equal(site['count'][:length],
+                                config.eval.population_batches * config.train.batch_size)
   assert not site['count'][length:].any()
   # It is not the running average that training kept.
   running = host.batch_stats['rnn']['layer_0']['input']
@@ -207,7 +209,7 @@ def test_population_estimate_of_joined_batches_uses_pooled_moments(trained):
   np.testing.assert_allclose(site['mean'][:length], np.mean(means, 0), rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(site['var'][:length], np.mean(variances, 0), rtol=1e-4,
                              atol=1e-5)
-  np.testing.assert_array_equal(site['count'][:length], 2)
+  np.testing.assert_array_equal(site['count'][:length], 2 * 32)
 
 
 def test_evaluation_uses_population_statistics(trained):

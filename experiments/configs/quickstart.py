@@ -8,7 +8,7 @@ Hardware and time: 2 CPU cores. Both variants over five seeds (`experiments/quic
 the `quickstart` campaign) take about 3.5 minutes there, a run 18-44 s of training
 (experiments/results/quickstart.json).
 Expected: in every seed the BN-LSTM is ahead of the LSTM in validation accuracy at step
-75 (+0.11 to +0.20) and at the end; `python -m experiments.campaign report quickstart`
+75 (+0.08 to +0.25) and at the end; `python -m experiments.campaign report quickstart`
 prints the table from experiments/results/quickstart.json.
 Tiny (the whole run in well under a minute on 2 CPU cores: an 8-unit model, four steps,
 an evaluation of two batches; a smoke test, not a result):
