@@ -129,6 +129,23 @@ def run_config(workdir: str) -> Optional[dict]:
   return config
 
 
+def load_config(workdir: str):
+  """The run's config (`run_config`) as an `ml_collections.ConfigDict`; None without
+  config.json."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  flat = run_config(workdir)
+  if flat is None:
+    return None
+  tree = {}
+  for key, value in flat.items():
+    node = tree
+    *path, name = key.split('.')
+    for part in path:
+      node = node.setdefault(part, {})
+    node[name] = value
+  return ml_collections.ConfigDict(tree)
+
+
 def lineage(workdir: str) -> Optional[str]:
   """SHA-256 of the run's config.json as written at its first launch (None without one):
   what ties a best checkpoint to its run."""

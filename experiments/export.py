@@ -42,6 +42,7 @@ from bn_rnn_jax import checkpoint as checkpoint_lib
 from bn_rnn_jax import export as export_lib
 from bn_rnn_jax import loop
 from bn_rnn_jax import parallel
+from bn_rnn_jax import workdir as workdir_lib
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -74,8 +75,7 @@ def load_run(workdir: str, checkpoint: str = 'best') -> Run:
   if not os.path.isfile(path):
     raise ValueError(f'{os.path.abspath(path)} not found: --workdir must be a run folder of '
                      'experiments/main.py.')
-  with open(path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+  config = workdir_lib.load_config(workdir)  # with the changes recorded since its start
   config.train.num_devices = 1
   trainer = loop.Trainer(config, workdir)
   ckpt = checkpoint_lib.Checkpointer(workdir, keep=config.checkpoint.keep)

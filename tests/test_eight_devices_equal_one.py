@@ -16,7 +16,6 @@ with h0 noise and dropout drawn per global example, and on 2 processes x 2 devic
 
 import functools
 import os
-import socket
 import subprocess
 import sys
 
@@ -292,18 +291,12 @@ def test_eight_devices_equal_one_with_noise_and_dropout():
     np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6, err_msg=jax.tree_util.keystr(path))
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_over_jax_distributed_equal_one_device(tmp_path):
   """2 processes x 2 CPU devices on 127.0.0.1 (gloo collectives), each feeding its half
   of the global batch, take the same step as one device on the whole batch."""
   out = str(tmp_path / 'two_processes.npz')
-  port = str(_free_port())
+  port = str(helpers.free_port())
   worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'distributed_worker.py')
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
   procs = [subprocess.Popen([sys.executable, worker, str(i), port, out], env=env,

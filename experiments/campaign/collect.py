@@ -83,17 +83,7 @@ def run_config(workdir: str) -> Optional[ml_collections.ConfigDict]:
   """The config a run in `workdir` was trained with (its config.json and the changes
   recorded since), or None without one."""
   from bn_rnn_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  flat = workdir_lib.run_config(workdir)
-  if flat is None:
-    return None
-  tree = {}
-  for key, value in flat.items():
-    node = tree
-    *path, name = key.split('.')
-    for part in path:
-      node = node.setdefault(part, {})
-    node[name] = value
-  return ml_collections.ConfigDict(tree)
+  return workdir_lib.load_config(workdir)
 
 
 def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence[int]] = None,
