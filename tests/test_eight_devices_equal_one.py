@@ -233,7 +233,9 @@ def test_pmapped_step_equals_single_device(variant, hidden):
   moved = max(float(np.max(np.abs(a - b))) for a, b in
               zip(jax.tree.leaves(state1.params), jax.tree.leaves(init.params)))
   assert moved > 1e-4
-  assert float(state1.batch_stats['rnn']['layer_0']['recurrent']['count'][0]) == 1.0
+  # Row 0 holds the moments of every sequence of the global batch.
+  assert float(state1.batch_stats['rnn']['layer_0']['recurrent']['count'][0]) == (
+      config.train.batch_size)
   helpers.assert_trees_close(state8.params, state1.params, **TREES)
   helpers.assert_trees_close(state8.batch_stats, state1.batch_stats, **TREES)
   helpers.assert_trees_close(state8.opt_state, state1.opt_state, **TREES)
