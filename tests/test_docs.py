@@ -245,6 +245,9 @@ def test_readme_library_example_runs():
   exec(compile(code, 'README.md', 'exec'), namespace)  # pylint: disable=exec-used
   assert namespace['ys'].shape == (2, 300, 32)
   assert namespace['stats']['recurrent']['mean'].shape == (100, 128)
+  assert namespace['cell_ys'].shape == (16, 100, 32)
+  assert namespace['cell_updates']['batch_stats']['cell']['recurrent']['mean'].shape == (
+      100, 128)
 
 
 def test_readme_is_short_and_its_links_resolve():
