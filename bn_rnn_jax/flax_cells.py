@@ -76,21 +76,81 @@ def scan_collections(module: nn.Module) -> dict[str, Any]:
   return dict(variable_carry=carry or False, variable_broadcast=broadcast)
 
 
-_RNN_CALL = inspect.unwrap(nn.RNN.__call__).__code__
+def _rnn_call_codes():
+  """The code of `nn.RNN.__call__` and `nnx.RNN.__call__` (the scans that run cells)."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  return tuple(inspect.unwrap(rnn.__call__).__code__ for rnn in (nn.RNN, nnx.RNN))
 
 
-def _enclosing_rnn_call() -> Optional[dict[str, Any]]:
-  """The arguments of the innermost `nn.RNN.__call__` on the call stack (the scan this
-  step is traced in), or None outside one."""
+_RNN_CALLS = _rnn_call_codes()
+
+
+def enclosing_rnn_call() -> Optional[dict[str, Any]]:
+  """The arguments of the innermost `nn.RNN` / `nnx.RNN` call on the call stack (the scan
+  a step is traced in): `inputs`, `time_axis`, `seq_lengths`, ...; None outside one."""
   frame = inspect.currentframe()
   try:
     while frame is not None:
-      if frame.f_code is _RNN_CALL:
+      if frame.f_code in _RNN_CALLS:
         return frame.f_locals
       frame = frame.f_back
     return None
   finally:
     del frame
+
+
+def lstm_cell_step(params: dict[str, Array], cfg: cells.StepConfig, carry: LSTMCarry,
+                   x: Array, population: dict[str, Any], max_length: int):
+  """One step of a cell, its mask from the enclosing `nn.RNN` / `nnx.RNN` call.
+
+  Args:
+    params: the layer's parameters (`cells.py`).
+    cfg: the step's settings; `cfg.train` batch (True) or population statistics.
+    carry: `LSTMCarry`, `[batch, H]` state and `[batch]` step counter.
+    x: `[batch, features]`.
+    population: `{site: {'mean': [R, F], 'var': [R, F], 'count': [R]}}` of every batch
+      norm site, read in inference (row `min(t, last trained row)`).
+    max_length: R; training on more steps than rows is an error.
+
+  Returns:
+    `(carry, h [batch, H], moments)`: h 0 and the state kept on padded steps; in training
+    `{site: (mean [F], var [F], count)}` of the step (count 0 past `max_length`).
+  """
+  if x.ndim != 2:
+    raise ValueError(f'A cell takes x_t [batch, features]; got shape {x.shape}.')
+  c, h, step = carry
+  rnn_call = enclosing_rnn_call()
+  lengths = None if rnn_call is None else rnn_call['seq_lengths']
+  batch_norm = 'batch' in (cfg.recurrent_norm, cfg.input_norm, cfg.cell_norm)
+  if rnn_call is not None and cfg.train and batch_norm:
+    normalization.check_length(rnn_call['inputs'].shape[rnn_call['time_axis']], max_length)
+  inputs = {}
+  if lengths is not None:
+    inputs['mask'] = (step < jnp.asarray(lengths))[:, None].astype(jnp.float32)
+    # Padding is inert: whatever it holds (NaN, inf) never reaches a product.
+    x = jnp.where(inputs['mask'] > 0, x, jnp.zeros_like(x))
+  t = step[0]
+  if not cfg.train and batch_norm:
+    inputs['stats'] = {site: tuple(a[0] for a in batch_stats.population_rows(value, 1, t))
+                       for site, value in population.items()}
+  inputs['x'] = x
+  (c_new, h_new), outputs = cells.lstm_step(params, cfg, (c, h), inputs)
+  moments = {site: (mean, var, jnp.where(t < max_length, count, 0.0))
+             for site, (mean, var, count) in outputs['moments'].items()}
+  return (LSTMCarry(c_new.astype(c.dtype), h_new.astype(h.dtype), step + 1),
+          outputs['h'].astype(h.dtype), moments)
+
+
+def fold_row(stats, t, moments, momentum: Optional[float]):
+  """`stats` (`{'mean': [R, F], 'var': [R, F], 'count': [R]}`) with step t's `moments`
+  `(mean [F], var [F], count)` folded into row t as `batch_stats.record` folds all rows:
+  the running average (`momentum`), or, with momentum None, the minibatch record."""
+  t = jnp.asarray(t)
+  row = normalization.minibatch_moments_record(*moments, 1)
+  old = jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, t, 1), stats)
+  new = row if momentum is None else normalization.update_running_stats(old, row, momentum)
+  return jax.tree.map(lambda a, r: jax.lax.dynamic_update_slice_in_dim(a, r.astype(a.dtype),
+                                                                       t, 0), stats, new)
 
 
 class NormalizedLSTMCell(nn.RNNCellBase):
@@ -233,50 +293,23 @@ class NormalizedLSTMCell(nn.RNNCellBase):
     the state unchanged on a padded step."""
     train = bool(self._sites()) and not nn.merge_param(
         'use_running_average', self.use_running_average, use_running_average)
-    if x.ndim != 2:
-      raise ValueError(f'{type(self).__name__} takes x_t [batch, features]; got shape '
-                       f'{x.shape}.')
-    c, h, step = carry
     self._check_statistics(train)
-    rnn_call = _enclosing_rnn_call()
-    lengths = None if rnn_call is None else rnn_call['seq_lengths']
-    if rnn_call is not None and train and self._sites():
-      normalization.check_length(rnn_call['inputs'].shape[rnn_call['time_axis']],
-                                 self.max_length)
-    inputs = {}
-    if lengths is not None:
-      inputs['mask'] = (step < jnp.asarray(lengths))[:, None].astype(jnp.float32)
-      # Padding is inert: whatever it holds (NaN, inf) never reaches a product.
-      x = jnp.where(inputs['mask'] > 0, x, jnp.zeros_like(x))
-    t = step[0]
-    if not train and self.stats:
-      inputs['stats'] = {site: tuple(a[0] for a in batch_stats.population_rows(v.value, 1, t))
-                         for site, v in self.stats.items()}
-    inputs['x'] = x
     params = self._params(x.shape[-1])
     cfg = cells.StepConfig(
         recurrent_norm=self.recurrent_norm, input_norm=self.input_norm,
         cell_norm=self.cell_norm, train=train, epsilon=self.epsilon,
         axis_name=self.axis_name, compute_dtype=self.dtype, batch_sums=self.batch_sums)
-    (c_new, h_new), outputs = cells.lstm_step(params, cfg, (c, h), inputs)
+    population = {site: v.value for site, v in self.stats.items()}
+    carry, h, moments = lstm_cell_step(params, cfg, carry, x, population, self.max_length)
     if train and not self.is_initializing():
-      for site, (mean, var, count) in outputs['moments'].items():
-        self._record(site, t, mean, var, jnp.where(t < self.max_length, count, 0.0))
-    return (LSTMCarry(c_new.astype(c.dtype), h_new.astype(h.dtype), step + 1),
-            outputs['h'].astype(h.dtype))
-
-  def _record(self, site: str, t, mean: Array, var: Array, count: Array) -> None:
-    """Fold step t's moments into row t (as `batch_stats.record` does for all rows)."""
-    row = normalization.minibatch_moments_record(mean, var, count, 1)
-    def write(variable, fold):
-      old = jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, t, 1), variable.value)
-      variable.value = jax.tree.map(lambda a, r: jax.lax.dynamic_update_slice_in_dim(a, r, t, 0),
-                                    variable.value, fold(old))
-    if site in self.stats and self.is_mutable_collection('batch_stats'):
-      write(self.stats[site],
-            lambda old: normalization.update_running_stats(old, row, self.momentum))
-    if site in self.moments:
-      write(self.moments[site], lambda old: row)
+      for site, site_moments in moments.items():
+        if site in self.stats and self.is_mutable_collection('batch_stats'):
+          self.stats[site].value = fold_row(self.stats[site].value, carry.step[0] - 1,
+                                            site_moments, self.momentum)
+        if site in self.moments:
+          self.moments[site].value = fold_row(self.moments[site].value, carry.step[0] - 1,
+                                              site_moments, None)
+    return carry, h
 
 
 class BNLSTMCell(NormalizedLSTMCell):
