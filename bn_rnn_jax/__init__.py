@@ -14,8 +14,9 @@ experiment configs import) does not import JAX.
   Models     SequenceClassifier, LanguageModel, SequenceTagger, AttentiveReader
   Statistics estimate_population_stats, batch_norm, batch_moments, layer_norm, normalize
   Training   default_config, train_and_evaluate, Trainer
-  Modules    nnx (the layers and models as Flax NNX modules), export (`jax.export` of a
-             trained model), batch_stats (statistics sites and their misuse checks), ...
+  Modules    nnx (the cells as native Flax NNX modules, any layer or model through the
+             NNX bridge), export (`jax.export` of a trained model), batch_stats
+             (statistics sites and their misuse checks), ...
 """
 
 import importlib
@@ -38,10 +39,10 @@ _NAMES = {
     'default_config': 'config',
     'train_and_evaluate': 'loop', 'Trainer': 'loop',
 }
-_MODULES = ('batch_stats', 'cells', 'checkpoint', 'config', 'export', 'flax_cells', 'initializers',
-            'input_pipeline', 'layer_vjp', 'loop', 'metric_writer', 'models', 'nnx',
-            'normalization', 'optim', 'parallel', 'policy', 'population', 'recurrent',
-            'sequence', 'stack', 'tasks', 'train', 'variants')
+_MODULES = ('batch_stats', 'cells', 'checkpoint', 'config', 'export', 'flax_cells',
+            'initializers', 'input_pipeline', 'layer_vjp', 'loop', 'metric_writer', 'models',
+            'nnx', 'nnx_cells', 'normalization', 'optim', 'parallel', 'policy', 'population',
+            'recurrent', 'sequence', 'stack', 'tasks', 'train', 'variants')
 
 __all__ = sorted(_NAMES) + list(_MODULES)
 
