@@ -233,12 +233,12 @@ class NormalizedLSTMCell(nn.RNNCellBase):
       raise ValueError(f'{type(self).__name__} takes x_t [batch, features]; got input '
                        f'shape {tuple(input_shape)}.')
     if self.scope is not None:
-      # Runs setup, so that the statistics exist before a scan starts; and checks them
-      # here, where their values are concrete (a scan's steps see tracers).
+      # `self.stats` runs setup: the statistics exist before a scan starts. They are
+      # checked here, where their values are concrete (a scan's steps see tracers).
+      stats = self.stats
       if self.use_running_average and not self.is_initializing():
-        for site, variable in self.stats.items():
+        for site, variable in stats.items():
           batch_stats._check_trained(self, site, variable.value)  # pylint: disable=protected-access
-      _ = self.stats
     zeros = jnp.zeros((input_shape[0], self.features), jnp.float32)
     return LSTMCarry(zeros, zeros, jnp.zeros((input_shape[0],), jnp.int32))
 

@@ -145,10 +145,10 @@ def guide_blocks(path: str) -> list[tuple[str, str, str]]:
   """`(group, code, expected output)` of every `{testcode}` block of a guide page."""
   with open(path) as f:
     text = f.read()
-  block = r'```\{%s\}\n:group: (\S+)\n\n(.*?)```'
+  block = r'```\{%s\} (\S+)\n(.*?)```'
   codes = re.findall(block % 'testcode', text, re.S)
   outputs = dict(re.findall(block % 'testoutput', text, re.S))
-  assert len(codes) == text.count('```{testcode}'), f'{path}: a testcode block has no :group:'
+  assert len(codes) == text.count('```{testcode}'), f'{path}: a testcode block has no group'
   return [(group, code, outputs.get(group, '')) for group, code in codes]
 
 
