@@ -165,8 +165,8 @@ class NormalizedLSTMCell(nn.RNNCellBase):
     use_running_average: population statistics (True) or batch statistics, folded into
       the running average (False), as in `nn.BatchNorm`; a field, or a call argument
       where the cell is called directly (`nn.RNN` passes none).
-    momentum, epsilon, gamma_init, forget_bias, recurrent_init, input_init, dtype,
-      axis_name, batch_sums: as `RecurrentLayer`.
+    momentum, epsilon, gamma_init, forget_bias: as `RecurrentLayer`.
+    recurrent_init, input_init, dtype, axis_name, batch_sums: as `RecurrentLayer`.
   """
   features: int
   recurrent_norm: Optional[str] = None

@@ -54,8 +54,8 @@ class NormalizedLSTMCell(nnx.RNNCellBase):
     max_length: T_max, the rows of the per-step statistics.
     use_running_average: population (True, `model.eval()`) or batch statistics (False,
       `model.train()`).
-    momentum, epsilon, gamma_init, forget_bias, recurrent_init, input_init, dtype,
-      axis_name, batch_sums: as `RecurrentLayer`.
+    momentum, epsilon, gamma_init, forget_bias: as `RecurrentLayer`.
+    recurrent_init, input_init, dtype, axis_name, batch_sums: as `RecurrentLayer`.
     rngs: `nnx.Rngs`; its `params` stream initialises the parameters.
   """
   recurrent_norm: Optional[str] = None
