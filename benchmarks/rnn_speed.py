@@ -42,7 +42,9 @@ for our layer, e.g. `bn_lstm:layer` (whole-layer backward pass) or `bn_lstm:scan
 `products_only:layer` run the matrix products of Flax's fwd+bwd with no gate math
 (`products_only`): all of them inside the steps, or only the two the recurrence forces
 (`h W_h`, `dz W_h^T`) with the input and weight-gradient products as one large product
-each. An LSTM that runs these products with XLA's matmul also runs its gate math, so
+each. `bn_lstm_cell` is the BN-LSTM as a cell of Flax's scan,
+`nn.RNN(bn_rnn_jax.BNLSTMCell)` (`flax_cells.py`; statistics carried through the scan),
+beside our layer's `bn_lstm` and Flax's cell. An LSTM that runs these products with XLA's matmul also runs its gate math, so
 the faster of the two bounds the ratio to Flax that any of ours can reach.
 
 The JSON's `batch_sums` (and the second table) time the two ways to sum over the batch
@@ -69,6 +71,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from bn_rnn_jax import flax_cells
 from bn_rnn_jax import stack
 from bn_rnn_jax import variants
 import batch_sum_speed  # pylint: disable=g-bad-import-order
@@ -91,9 +94,11 @@ PRODUCTS_ONLY = 'products_only'
 FLOORS = (f'{PRODUCTS_ONLY}:scan', f'{PRODUCTS_ONLY}:layer')
 # Whole LSTMs of someone else: the same matrix products as Flax's cell (`matmul_gflop`).
 ANCHORS = (REFERENCE, CUDNN)
+# Our BN-LSTM as a cell of Flax's `nn.RNN`: its products are Flax's cell's too.
+CELL = 'bn_lstm_cell'
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 IMPLS = (*ANCHORS, *FLOORS, 'lstm', 'lstm:scan', 'lstm:layer', 'bn_lstm', 'bn_lstm:scan',
-         'bn_lstm:scan:dots', 'bn_lstm:scan:full', 'bn_lstm:layer')
+         'bn_lstm:scan:dots', 'bn_lstm:scan:full', 'bn_lstm:layer', CELL)
 
 _SHAPES = flags.DEFINE_list('shapes', ['a', 'b', 'c', 'd'], 'Shapes to run (a-d).')
 _IMPLS = flags.DEFINE_list('impls', list(IMPLS), 'Implementations to run.')
@@ -120,6 +125,25 @@ class FlaxLSTM(nn.Module):
   @nn.compact
   def __call__(self, x, seq_lengths=None):
     rnn = lambda: nn.RNN(nn.OptimizedLSTMCell(self.hidden, dtype=self.dtype))
+    if self.bidirectional:
+      return nn.Bidirectional(rnn(), rnn())(x, seq_lengths=seq_lengths)
+    return rnn()(x, seq_lengths=seq_lengths)
+
+
+class CellLSTM(nn.Module):
+  """`nn.RNN(BNLSTMCell)` in training (batch statistics, their running average carried
+  through the scan), bidirectional if asked; `dtype` as `FlaxLSTM`'s."""
+  hidden: int
+  max_length: int
+  bidirectional: bool = False
+  dtype: object = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, seq_lengths=None):
+    rnn = lambda: nn.RNN(
+        flax_cells.BNLSTMCell(self.hidden, max_length=self.max_length, dtype=self.dtype,
+                              use_running_average=False),
+        **flax_cells.scan_collections(self))
     if self.bidirectional:
       return nn.Bidirectional(rnn(), rnn())(x, seq_lengths=seq_lengths)
     return rnn()(x, seq_lengths=seq_lengths)
@@ -238,6 +262,13 @@ def _build(impl: str, shape: dict, dtype: str = 'float32'):
     def loss_fn(params):
       y = model.apply({'params': params}, x, lengths)
       return jnp.mean(jnp.square(y.astype(jnp.float32)))
+  elif impl == CELL:
+    model = CellLSTM(shape['hidden'], shape['time'], shape['bidirectional'], DTYPES[dtype])
+    variables = model.init(jax.random.key(1), x, lengths)
+    def loss_fn(params):
+      y, _ = model.apply({**variables, 'params': params}, x, lengths,
+                         mutable=['batch_stats'])
+      return jnp.mean(jnp.square(y.astype(jnp.float32)))
   else:
     model = _layer(impl, shape, dtype)
     variables = model.init(jax.random.key(1), x, mask, train=True)
@@ -264,7 +295,7 @@ def matmul_gflop(impl: str, shape: dict) -> float:
   forward = 2 * batch * (inputs + hidden) * 4 * hidden
   backward = 2 * batch * (2 * hidden + inputs) * 4 * hidden
   per_step = forward + backward
-  if impl not in ANCHORS and impl not in FLOORS:
+  if impl not in (*ANCHORS, *FLOORS, CELL):
     layer = _layer(impl, shape)
     layer = layer.forward_layer if isinstance(layer, stack.Bidirectional) else layer
     if layer.execution_policy(batch).remat == 'full':
@@ -391,11 +422,11 @@ def main(argv):
     return
   known = set(variants.VARIANTS)
   unknown = [i for i in _IMPLS.value
-             if i not in (*ANCHORS, *FLOORS) and i.split(':')[0] not in known]
+             if i not in (*ANCHORS, *FLOORS, CELL) and i.split(':')[0] not in known]
   if unknown or set(_SHAPES.value) - set(SHAPES) or set(_DTYPES.value) - set(DTYPES):
     raise app.UsageError(f'Unknown impls {unknown}, shapes {_SHAPES.value} or dtypes '
                          f'{_DTYPES.value}; impls: {", ".join(ANCHORS)}, {", ".join(FLOORS)} '
-                         f'or VARIANT[:BACKWARD[:REMAT]], shapes: {sorted(SHAPES)}, dtypes: '
+                         f'{CELL} or VARIANT[:BACKWARD[:REMAT]], shapes: {sorted(SHAPES)}, dtypes: '
                          f'{", ".join(DTYPES)}.')
   repeats = 3 if _QUICK.value else _REPEATS.value
   facts = machine_facts.machine()   # the load average before this process adds its own

@@ -9,11 +9,14 @@ experiment configs import) does not import JAX.
 
   Layers     RecurrentLayer, make_layer, VARIANTS, LayerOptions, StackedRNN,
              Bidirectional, MaskedBatchNorm, reverse_valid
+  Cells      BNLSTMCell, BNInputLSTMCell, LNLSTMCell, NormalizedLSTMCell (for Flax's
+             nn.RNN / nn.Bidirectional), scan_collections
   Models     SequenceClassifier, LanguageModel, SequenceTagger, AttentiveReader
   Statistics estimate_population_stats, batch_norm, batch_moments, layer_norm, normalize
   Training   default_config, train_and_evaluate, Trainer
-  Modules    nnx (the layers and models as Flax NNX modules), export (`jax.export` of a
-             trained model), batch_stats (statistics sites and their misuse checks), ...
+  Modules    nnx (the cells as native Flax NNX modules, any layer or model through the
+             NNX bridge), export (`jax.export` of a trained model), batch_stats
+             (statistics sites and their misuse checks), ...
 """
 
 import importlib
@@ -25,6 +28,8 @@ _NAMES = {
     'make_layer': 'variants', 'VARIANTS': 'variants', 'LayerOptions': 'variants',
     'StackedRNN': 'stack', 'Bidirectional': 'stack',
     'MaskedBatchNorm': 'batch_stats',
+    'BNLSTMCell': 'flax_cells', 'BNInputLSTMCell': 'flax_cells', 'LNLSTMCell': 'flax_cells',
+    'NormalizedLSTMCell': 'flax_cells', 'scan_collections': 'flax_cells',
     'reverse_valid': 'sequence',
     'SequenceClassifier': 'models', 'LanguageModel': 'models',
     'SequenceTagger': 'models', 'AttentiveReader': 'models',
@@ -34,10 +39,11 @@ _NAMES = {
     'default_config': 'config',
     'train_and_evaluate': 'loop', 'Trainer': 'trainer',
 }
-_MODULES = ('batch_stats', 'cells', 'checkpoint', 'config', 'export', 'initializers',
-            'input_pipeline', 'layer_vjp', 'loop', 'metric_writer', 'models', 'nnx',
-            'normalization', 'optim', 'parallel', 'policy', 'population', 'recurrent',
-            'sequence', 'stack', 'tasks', 'train', 'trainer', 'variants', 'workdir')
+_MODULES = ('batch_stats', 'cells', 'checkpoint', 'config', 'export', 'flax_cells',
+            'initializers', 'input_pipeline', 'layer_vjp', 'loop', 'metric_writer', 'models',
+            'modes', 'nnx', 'nnx_cells', 'normalization', 'optim', 'parallel', 'policy',
+            'population', 'recurrent', 'sequence', 'stack', 'tasks', 'train', 'trainer',
+            'variants', 'workdir')
 
 __all__ = sorted(_NAMES) + list(_MODULES)
 

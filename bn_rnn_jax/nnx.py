@@ -1,19 +1,28 @@
-"""The library's layers and models in Flax NNX.
+"""The library's cells, layers and models in Flax NNX.
+
+The cells are native NNX modules (`nnx_cells.py`, here by name): `BNLSTMCell`,
+`BNInputLSTMCell`, `LNLSTMCell` and `NormalizedLSTMCell`, built from their sizes, for
+`nnx.RNN` and `nnx.Bidirectional`, statistics in `nnx.BatchStat`:
+
+  rnn = nnx.RNN(BNLSTMCell(in_features, hidden, max_length=T, rngs=nnx.Rngs(0)))
+  outputs = rnn(x, seq_lengths=lengths)           # x [batch, time, in_features]
 
 `FromLinen(module, *example_args, rngs=...)` makes any module of this library (a
-`RecurrentLayer`, a `StackedRNN`, a model) an NNX module, as `flax.nnx.bridge.ToNNX` does:
-its parameters become `nnx.Param`, its population statistics `nnx.BatchStat` (per site the
-same `{'mean': [R, F], 'var': [R, F], 'count': [R]}` rows as the Linen `batch_stats`),
-and a call runs the Linen module's own `apply` on them, so the numerics are the same
-cells and statistics. What it adds to the bridge:
+`RecurrentLayer`, a `StackedRNN`, a model) an NNX module: a `flax.nnx.bridge.ToNNX`, whose
+variables are the Linen ones by name (`nnx.Param`, and `nnx.BatchStat` for the population
+statistics: per site the same `{'mean': [R, F], 'var': [R, F], 'count': [R]}` rows as the
+Linen `batch_stats`); a call runs the Linen module's own `apply` on them, so the numerics
+are the same cells and statistics. What it adds to the bridge:
+What it adds to the bridge:
 
   model.train() / model.eval()   batch statistics (folding them into the `BatchStat`
                                  running average) / population statistics, through
                                  `use_running_average` as in `nnx.BatchNorm`;
   estimate_population_stats(model, batches)
                                  the papers' estimate in one call: every wrapped module
-                                 gets the average of its minibatch moments over the
-                                 batches, computed with the current parameters;
+                                 and native cell gets the average of its minibatch
+                                 moments over the batches, computed with the current
+                                 parameters;
   wrapped.step(carry, x_t, t)    one step at a time (`RecurrentLayer.step`,
                                  `StackedRNN.step`, `LanguageModel.step`).
 
@@ -61,15 +70,24 @@ initial values and finds the same parameters, statistics and evaluation outputs.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import jax
 from flax import linen as nn
 from flax import nnx
+from flax.nnx import bridge
+from flax.nnx.bridge import variables as bridge_variables
 
 from bn_rnn_jax import batch_stats
 from bn_rnn_jax import modes
+from bn_rnn_jax import nnx_cells
 from bn_rnn_jax import population
+# pylint: disable=g-importing-member,unused-import
+from bn_rnn_jax.nnx_cells import BNInputLSTMCell
+from bn_rnn_jax.nnx_cells import BNLSTMCell
+from bn_rnn_jax.nnx_cells import LNLSTMCell
+from bn_rnn_jax.nnx_cells import NormalizedLSTMCell
+# pylint: enable=g-importing-member,unused-import
 
 #: The rng streams the library's modules read in training (h0 noise, dropout).
 RNG_STREAMS = ('noise', 'dropout')
@@ -83,18 +101,22 @@ def _is_variable(x) -> bool:
   return isinstance(x, nnx.Variable)
 
 
-def _values(tree):
-  """A tree of `nnx.Variable`s as the tree of their values."""
-  return jax.tree.map(lambda v: v.get_value(), tree, is_leaf=_is_variable)
-
-
 def _assign(variables, values) -> None:
-  """Set each `nnx.Variable` of `variables` to the matching leaf of `values`."""
-  jax.tree.map(lambda v, value: v.set_value(value), variables, values, is_leaf=_is_variable)
+  """Set each `nnx.Variable` of `variables` to the matching leaf of `values` (`values`
+  may hold a part of the tree: its leaves name the variables set)."""
+  if _is_variable(values):
+    variables.set_value(values.get_value())
+  elif isinstance(values, Mapping):
+    for key, value in values.items():
+      _assign(variables[key], value)
+  else:
+    variables.set_value(values)
 
 
-class FromLinen(nnx.Module):
-  """A module of this library as an NNX module.
+class FromLinen(bridge.ToNNX):
+  """A module of this library as an NNX module: a `flax.nnx.bridge.ToNNX` (its variables
+  and rngs), initialised from an example call, with `train` driven by `model.train()` /
+  `model.eval()`.
 
   Args:
     module: the Linen module (e.g. `make_layer('bn_lstm', 100, max_length=784)`).
@@ -105,60 +127,65 @@ class FromLinen(nnx.Module):
       its `noise` and `dropout` streams feed h0 noise and dropout in training.
 
   Attributes:
-    params: the Linen `params` tree, each leaf an `nnx.Param`.
-    batch_stats: the Linen `batch_stats` tree, each leaf an `nnx.BatchStat`.
-    use_running_average: False (`model.train()`): batch statistics, folded into
-      `batch_stats`; True (`model.eval()`): population statistics.
+    (the bridge's) the Linen variables by name, `params` leaves as `nnx.Param` and
+      `batch_stats` leaves as `nnx.BatchStat`; `linen_variables()` gives them back as
+      the Linen `{'params', 'batch_stats'}`.
+    use_running_average: False (`model.train()`): batch statistics, folded into the
+      `nnx.BatchStat`s; True (`model.eval()`): population statistics.
 
   Call: the Linen module's arguments without `train` (e.g. a layer's `(inputs [B, T, I],
   mask [B, T] | None, initial_carry=None)`), and its outputs.
   """
 
   def __init__(self, module: nn.Module, *example_args, rngs: nnx.Rngs, **example_kwargs):
+    super().__init__(module, rngs=rngs)
     keys = {'params': rngs.params(), **{name: rngs[name]() for name in RNG_STREAMS}}
     variables = module.init(keys, *example_args, train=False, **example_kwargs)
-    self.module = module
-    self.params = nnx.data(jax.tree.map(nnx.Param, variables.get('params', {})))
-    self.batch_stats = nnx.data(jax.tree.map(nnx.BatchStat,
-                                             variables.get('batch_stats', {})))
-    self.rngs = rngs
+    for name, value in bridge_variables.linen_vars_to_nnx_attrs(variables).items():
+      setattr(self, name, value)
     self.use_running_average = False
     self._estimating = False
 
+  def _nnx_attributes(self) -> dict[str, Any]:
+    return {name: value for name, value in vars(self).items()
+            if not name.startswith(('to_nnx__', '_pytree__', '_'))
+            and name not in ('use_running_average', 'minibatch_moments')}
+
   def linen_variables(self) -> dict[str, Any]:
     """`{'params', 'batch_stats'}` as plain arrays, for the Linen module's `apply`."""
-    return {'params': _values(self.params), 'batch_stats': _values(self.batch_stats)}
+    variables = bridge_variables.nnx_attrs_to_linen_vars(self._nnx_attributes())
+    return {'params': variables.get('params', {}),
+            'batch_stats': variables.get('batch_stats', {})}
 
   def load_linen_variables(self, variables) -> None:
-    """Set `params` (and `batch_stats`, when given) from a Linen variables dict of the
-    same module, e.g. a checkpoint trained with Linen."""
-    _assign(self.params, variables['params'])
-    if 'batch_stats' in variables:
-      _assign(self.batch_stats, variables['batch_stats'])
-
-  def _training_rngs(self) -> dict[str, jax.Array]:
-    return {name: self.rngs[name]() for name in RNG_STREAMS}
+    """Set the parameters (and `batch_stats`, when given) from a Linen variables dict of
+    the same module, e.g. a checkpoint trained with Linen."""
+    _assign(self._nnx_attributes(), bridge_variables.linen_vars_to_nnx_attrs(
+        {k: v for k, v in variables.items() if k in ('params', 'batch_stats')}))
 
   def __call__(self, *args, **kwargs):
+    # The bridge's own call reads every attribute as a variable, `use_running_average`
+    # (which `model.train()` / `eval()` set) included: the Linen module is applied here.
     variables = self.linen_variables()
     if self.use_running_average and not self._estimating:
-      return self.module.apply(variables, *args, train=False, **kwargs)
+      return self.to_nnx__module.apply(variables, *args, train=False, **kwargs)
     if self._estimating:  # the papers' estimate: batch statistics, no dropout or noise
       collection, mode, rngs = batch_stats.MOMENTS, modes.BATCH_STATISTICS, None
     else:
-      collection, mode, rngs = 'batch_stats', modes.TRAIN, self._training_rngs()
-    outputs, mutated = self.module.apply(variables, *args, **mode.kwargs(), rngs=rngs,
-                                         mutable=[collection], **kwargs)
+      collection, mode = 'batch_stats', modes.TRAIN
+      rngs = {name: self.to_nnx__rngs[name]() for name in RNG_STREAMS}
+    outputs, mutated = self.to_nnx__module.apply(
+        variables, *args, **mode.kwargs(), rngs=rngs, mutable=[collection], **kwargs)
     if self._estimating:
       self.minibatch_moments = MinibatchMoments(mutated.get(collection, {}))
     elif collection in mutated:
-      _assign(self.batch_stats, mutated[collection])
+      self.load_linen_variables(mutated)
     return outputs
 
   def step(self, *args, **kwargs):
     """The Linen module's `step` (one inference step with the population rows of that
     step): `(carry, x_t, t)` -> `(carry, output_t)`."""
-    return self.module.apply(self.linen_variables(), *args, method='step', **kwargs)
+    return self.to_nnx__module.apply(self.linen_variables(), *args, method='step', **kwargs)
 
 
 def _wrapped(model: nnx.Module) -> dict[str, FromLinen]:
@@ -167,15 +194,23 @@ def _wrapped(model: nnx.Module) -> dict[str, FromLinen]:
           if isinstance(node, FromLinen)}
 
 
+def _cells(model: nnx.Module) -> dict[str, nnx_cells.NormalizedLSTMCell]:
+  """`{path: cell}` of every cell with batch statistics in `model` (itself included)."""
+  return {'/'.join(map(str, path)): node for path, node in nnx.iter_graph(model)
+          if isinstance(node, nnx_cells.NormalizedLSTMCell) and node.batch_stats}
+
+
 @nnx.jit
 def _minibatch_moments(model: nnx.Module, args: tuple) -> dict[str, Any]:
   """`{path: MOMENTS collection}` of one training-mode pass of `model(*args)`."""
-  model.set_attributes(FromLinen, _estimating=True)
+  model.set_attributes(FromLinen, _estimating=True, raise_if_not_found=False)
+  for cell in _cells(model).values():
+    cell.start_estimate()
   try:
     model(*args)
   finally:
-    model.set_attributes(FromLinen, _estimating=False)
-  records = {}
+    model.set_attributes(FromLinen, _estimating=False, raise_if_not_found=False)
+    records = {path: cell.finish_estimate() for path, cell in _cells(model).items()}
   for path, module in _wrapped(model).items():
     if hasattr(module, 'minibatch_moments'):  # not when `model` did not call it
       records[path] = module.minibatch_moments.get_value()
@@ -184,7 +219,8 @@ def _minibatch_moments(model: nnx.Module, args: tuple) -> dict[str, Any]:
 
 
 def estimate_population_stats(model: nnx.Module, batches: Iterable[tuple]) -> None:
-  """The papers' population statistics for every `FromLinen` in `model`, in place.
+  """The papers' population statistics for every `FromLinen` and every cell with batch
+  statistics in `model`, in place.
 
   Runs `model(*args)` for each `args` in `batches` (training data) with the wrapped
   modules in training mode writing only their minibatch moments (parameters and
@@ -199,4 +235,7 @@ def estimate_population_stats(model: nnx.Module, batches: Iterable[tuple]) -> No
   estimate = population.average_minibatch_moments(records)
   for path, module in _wrapped(model).items():
     if estimate.get(path):
-      _assign(module.batch_stats, estimate[path])
+      module.load_linen_variables({'batch_stats': estimate[path]})
+  for path, cell in _cells(model).items():
+    if path in estimate:
+      cell.load_linen_variables({'params': {}, 'batch_stats': estimate[path]})

@@ -11,6 +11,8 @@ The names:
   figures           the numbers of the figures, from the JSONs of `experiments/analysis/`
                     in `experiments/results/figures/`
   rnn_speed         benchmarks/rnn_speed.py's tables (benchmarks/results/rnn_speed_cpu.json)
+  rnn_speed_cells   its nn.RNN(BNLSTMCell) row beside bn_lstm and Flax, shapes (a), (c)
+                    (benchmarks/results/rnn_speed_cells_cpu.json)
   trainer_overhead  benchmarks/trainer_overhead.py's tables
                     (benchmarks/results/trainer_overhead_cpu.json)
 An unknown name is a one-line error listing the known ones.
@@ -36,6 +38,8 @@ FIGURES = os.path.join(ROOT, 'experiments', 'results', 'figures')
 BENCHMARKS = {
     'rnn_speed': ['benchmarks/rnn_speed.py', '--report',
                   'benchmarks/results/rnn_speed_cpu.json'],
+    'rnn_speed_cells': ['benchmarks/rnn_speed.py', '--report',
+                        'benchmarks/results/rnn_speed_cells_cpu.json'],
     'trainer_overhead': ['benchmarks/trainer_overhead.py', '--report',
                          'benchmarks/results/trainer_overhead_cpu.json'],
 }

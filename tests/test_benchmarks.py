@@ -163,6 +163,26 @@ def test_rows_for_each_dtype_and_skipped_lines(monkeypatch):
   assert flax_bf16.split('|')[5].strip() == '1.00'   # its own reference in bfloat16
 
 
+@pytest.mark.parametrize('bidirectional', helpers.core_cases([False, True], core=[False]))
+def test_cell_row_runs_and_updates_its_statistics(monkeypatch, bidirectional):
+  """The `nn.RNN(BNLSTMCell)` row: a fwd+bwd with batch statistics, timed beside Flax's
+  cell, counted with its products; the statistics it trains are carried through the scan."""
+  shape = dict(TINY, bidirectional=bidirectional, padding=0.25 if bidirectional else 0.0)
+  monkeypatch.setitem(rnn_speed.SHAPES, 't', shape)
+  rows, _ = rnn_speed.run(['t'], ['flax_optimized_lstm', rnn_speed.CELL], 1)
+  cell, flax_row = (next(r for r in rows if r['impl'] == i)
+                    for i in (rnn_speed.CELL, 'flax_optimized_lstm'))
+  assert cell['matmul_gflop'] == flax_row['matmul_gflop'] and cell['ms'] > 0
+  x, lengths, _ = rnn_speed._inputs(shape)  # pylint: disable=protected-access
+  model = rnn_speed.CellLSTM(8, shape['time'], bidirectional)
+  variables = model.init(jax.random.key(1), x, lengths)
+  _, new = model.apply(variables, x, lengths, mutable=['batch_stats'])
+  counts = [leaf for path, leaf in jax.tree.leaves_with_path(new)
+            if jax.tree_util.keystr(path).endswith("['count']")]
+  assert counts and all(np.all(np.asarray(c) == 1.0) for c in counts)
+  assert rnn_speed.CELL in rnn_speed.format_table(rows)
+
+
 @pytest.mark.parametrize('impl', helpers.core_cases(
     ['flax_optimized_lstm', 'lstm:scan', 'lstm:layer', 'bn_lstm:scan', 'bn_lstm:layer'],
     core=['bn_lstm:layer']))

@@ -27,6 +27,7 @@ import zlib
 import pytest
 
 import bn_rnn_jax
+import helpers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(REPO, 'docs')
@@ -140,6 +141,37 @@ def test_examples_and_docstrings_run_as_doctests(tmp_path):
   assert tests >= 15 and '0 failures in tests' in report, report[-3000:]
 
 
+def guide_blocks(path: str) -> list[tuple[str, str, str]]:
+  """`(group, code, expected output)` of every `{testcode}` block of a guide page."""
+  with open(path) as f:
+    text = f.read()
+  block = r'```\{%s\} (\S+)\n(.*?)```'
+  codes = re.findall(block % 'testcode', text, re.S)
+  outputs = dict(re.findall(block % 'testoutput', text, re.S))
+  assert len(codes) == text.count('```{testcode}'), f'{path}: a testcode block has no group'
+  return [(group, code, outputs.get(group, '')) for group, code in codes]
+
+
+LAYER_GUIDE = guide_blocks(os.path.join(DOCS, 'guide', 'layers.md'))
+
+
+def test_layer_guide_blocks_are_groups_of_their_own():
+  groups = [group for group, _, _ in LAYER_GUIDE]
+  assert len(groups) == len(set(groups)) >= 9, groups
+
+
+@pytest.mark.parametrize('group,code,expected', [
+    pytest.param(*block, id=block[0],
+                 marks=() if block[0] in ('cells', 'bidirectional') else pytest.mark.slow)
+    for block in LAYER_GUIDE])
+def test_layer_guide_block_runs_on_its_own(group, code, expected):
+  """Each example of the layer guide, alone in a fresh process (one CPU device, as the
+  doctest build runs it), prints what the page says."""
+  done = helpers.run_python(['-c', code], one_device=True)
+  assert done.returncode == 0, f'{group}:\n{done.stderr[-3000:]}'
+  assert done.stdout.strip() == expected.strip(), (group, done.stdout)
+
+
 # ---------------------------------------------------------------------- quoted tables
 QUOTED = [(os.path.relpath(path, REPO), name, args, text)
           for path in tables.documents()
@@ -213,6 +245,9 @@ def test_readme_library_example_runs():
   exec(compile(code, 'README.md', 'exec'), namespace)  # pylint: disable=exec-used
   assert namespace['ys'].shape == (2, 300, 32)
   assert namespace['stats']['recurrent']['mean'].shape == (100, 128)
+  assert namespace['cell_ys'].shape == (16, 100, 32)
+  assert namespace['cell_updates']['batch_stats']['cell']['recurrent']['mean'].shape == (
+      100, 128)
 
 
 def test_readme_is_short_and_its_links_resolve():

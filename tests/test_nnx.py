@@ -1,4 +1,5 @@
-"""The NNX modules (`bn_rnn_jax.nnx`) against the Linen ones they wrap.
+"""The NNX modules (`bn_rnn_jax.nnx`): `FromLinen` against the Linen modules it wraps, and
+the native cells (`nnx_cells.py`) against the float64 reference (at the end).
 
 The same BN-LSTM classifier is trained from Linen (`models.SequenceClassifier`, `apply`
 with `mutable=['batch_stats']`) and from NNX (`FromLinen` + `nnx.Linear`, `nnx.Optimizer`,
@@ -20,6 +21,9 @@ from bn_rnn_jax import models
 from bn_rnn_jax import nnx as br_nnx
 from bn_rnn_jax import population
 from bn_rnn_jax import stack
+from bn_rnn_jax import variants
+import helpers
+import reference as ref
 
 B, T, I, H, C = 8, 6, 2, 8, 3
 STEPS = 4
@@ -190,3 +194,133 @@ def test_an_untrained_nnx_model_refuses_to_evaluate():
     model(x, mask)
   with batch_stats.allow_untrained_statistics():
     assert model(x, mask).shape == (B, C)
+
+
+# ----------------------------------------------------------------------------- native cells
+# `nnx_cells.py` in `nnx.RNN` / `nnx.Bidirectional` against the float64 reference
+# (`reference.py`), with the uneven lengths and tolerances of test_flax_cells.py.
+CELL_LENGTHS = (5, 2, 4, 5)
+CELL_T, CELL_H, MAX_LEN, MOMENTUM = 5, 4, 7, 0.9
+CELL_RTOL, CELL_GRAD_RTOL = 1e-4, 2e-4
+
+
+def _cell_case(variant, seed):
+  """Reference parameters in the layer's layout, fresh statistics, x with junk padding."""
+  layer = variants.make_layer(variant, CELL_H, max_length=MAX_LEN)
+  params, stats = helpers.reference_params(layer, (4, CELL_T, I), seed)
+  fresh = {site: ref.init_population(*s['mean'].shape) for site, s in stats.items()}
+  rng = np.random.default_rng(seed)
+  mask = helpers.prefix_mask(CELL_LENGTHS, CELL_T, np.float64)
+  x = np.where(mask[..., None] > 0, rng.normal(size=(4, CELL_T, I)),
+               30.0 * rng.normal(size=(4, CELL_T, I)))
+  return params, fresh, x, mask
+
+
+def _nnx_cell(variant, params, fresh):
+  cell = NNX_CELLS[variant](I, CELL_H, max_length=MAX_LEN, momentum=MOMENTUM,
+                            rngs=nnx.Rngs(0))
+  cell.load_linen_variables(helpers.float32({'params': params, 'batch_stats': fresh}))
+  return cell
+
+
+NNX_CELLS = {'bn_lstm': br_nnx.BNLSTMCell, 'bn_input_only': br_nnx.BNInputLSTMCell,
+             'ln_lstm': br_nnx.LNLSTMCell}
+
+
+@pytest.mark.parametrize('variant', helpers.core_cases(list(NNX_CELLS), core=['bn_lstm']))
+def test_nnx_cell_in_nnx_rnn_matches_reference(variant):
+  """Outputs, last carry, gradients and the running statistics after one update."""
+  params, fresh, x, mask = _cell_case(variant, 30)
+  rnn = nnx.RNN(_nnx_cell(variant, params, fresh), return_carry=True)
+  rnn.train()
+  w_out = np.random.default_rng(3).normal(size=(4, CELL_T, CELL_H))
+
+  @nnx.jit
+  def value_and_grad(rnn, x, lengths):
+    def loss(rnn, x):
+      carry, out = rnn(x, seq_lengths=lengths)
+      return jnp.sum(out * w_out) + jnp.sum(carry.h), (carry, out)
+    return nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True)(rnn, x)
+
+  (_, (carry, out)), (g_rnn, g_x) = value_and_grad(rnn, jnp.asarray(x, jnp.float32),
+                                                   jnp.asarray(CELL_LENGTHS))
+  want_carry, want_out, moments = ref.run_layer(params, x, mask, variant)
+  helpers.assert_close(out, want_out, rtol=CELL_RTOL, what='outputs')
+  helpers.assert_close(carry.h, want_carry[1], rtol=CELL_RTOL, what='h')
+  np.testing.assert_array_equal(carry.step, CELL_LENGTHS)
+
+  def ref_loss(arrays):
+    p = {k: v for k, v in arrays.items() if k != '__x'}
+    carry, out, _ = ref.run_layer(p, arrays['__x'], mask, variant)
+    return np.sum(out * w_out) + np.sum(carry[1])
+  grads = ref.numerical_grad(ref_loss, {**params, '__x': x})
+  helpers.assert_close(g_x, grads.pop('__x'), rtol=CELL_GRAD_RTOL, what='d loss / d x')
+  for name, want in grads.items():
+    helpers.assert_close(getattr(g_rnn.cell, name)[...], want, rtol=CELL_GRAD_RTOL,
+                         what=f'd loss / d {name}')
+
+  got = rnn.cell.linen_variables().get('batch_stats', {})
+  assert set(got) == set(ref.batch_sites(variant))
+  for site in got:
+    want = ref.ema_update(fresh[site], ref.minibatch_record(moments[site], False, MAX_LEN),
+                          MOMENTUM)
+    for key in ('mean', 'var', 'count'):
+      helpers.assert_close(got[site][key], want[key], rtol=CELL_RTOL, what=f'{site} {key}')
+
+
+class CellTagger(nnx.Module):
+  """A bidirectional BN-LSTM of native cells and a softmax at every step."""
+
+  def __init__(self, rngs: nnx.Rngs):
+    cell = lambda: br_nnx.BNLSTMCell(I, CELL_H, max_length=MAX_LEN, rngs=rngs)
+    self.rnn = nnx.Bidirectional(nnx.RNN(cell()), nnx.RNN(cell()))
+    self.head = nnx.Linear(2 * CELL_H, C, rngs=rngs)
+
+  def __call__(self, x, lengths):
+    return self.head(self.rnn(x, seq_lengths=lengths))
+
+
+def test_nnx_cells_train_eval_and_estimate_in_bidirectional():
+  """nnx.Bidirectional with seq_lengths: training outputs, the papers' estimate
+  (`estimate_population_stats`) and evaluation with it past max_length, each against the
+  reference; `model.eval()` keeps the statistics, an untrained model refuses to evaluate."""
+  params, fresh, x, mask = _cell_case('bn_lstm', 31)
+  params_b, _, _, _ = _cell_case('bn_lstm', 32)
+  model = CellTagger(nnx.Rngs(0))
+  model.eval()
+  with pytest.raises(ValueError, match='no training batch reached'):
+    model(jnp.asarray(x, jnp.float32), jnp.asarray(CELL_LENGTHS))
+  model.rnn.forward_rnn.cell.load_linen_variables(helpers.float32({'params': params}))
+  model.rnn.backward_rnn.cell.load_linen_variables(helpers.float32({'params': params_b}))
+  lengths = jnp.asarray(CELL_LENGTHS)
+  model.train()
+  hidden = nnx.jit(lambda model, x, lengths: model.rnn(x, seq_lengths=lengths))
+  out = hidden(model, jnp.asarray(x, jnp.float32), lengths)
+  _, out_f, _ = ref.run_layer(params, x, mask, 'bn_lstm')
+  _, out_b, _ = ref.run_layer(params_b, ref.reverse_each(x, mask), mask, 'bn_lstm')
+  helpers.assert_close(out, np.concatenate([out_f, ref.reverse_each(out_b, mask)], -1),
+                       rtol=CELL_RTOL, what='bidirectional outputs')
+
+  batches = [_cell_case('bn_lstm', seed)[2:] for seed in (33, 34)]
+  br_nnx.estimate_population_stats(
+      model, [(jnp.asarray(b[0], jnp.float32), lengths) for b in batches])
+  estimate = model.rnn.forward_rnn.cell.linen_variables()['batch_stats']
+  for site in ('recurrent', 'input', 'cell'):
+    records = [ref.minibatch_record(ref.run_layer(params, bx, bm, 'bn_lstm')[2][site],
+                                    False, MAX_LEN) for bx, bm in batches]
+    want = ref.average_records(records)
+    for key in ('mean', 'var', 'count'):
+      helpers.assert_close(estimate[site][key], want[key], rtol=CELL_RTOL, what=site)
+
+  model.eval()
+  long_lengths = (9, 3, 8, 6)
+  long_mask = helpers.prefix_mask(long_lengths, 9, np.float64)
+  long_x = np.random.default_rng(35).normal(size=(4, 9, I)) * long_mask[..., None]
+  before = model.rnn.forward_rnn.cell.linen_variables()['batch_stats']
+  out = hidden(model, jnp.asarray(long_x, jnp.float32), jnp.asarray(long_lengths))
+  lookup = {site: ref.population_lookup(helpers.float64(before[site]), 9) for site in before}
+  _, want, _ = ref.run_layer(params, long_x, long_mask, 'bn_lstm', train=False,
+                             population=lookup)
+  helpers.assert_close(out[..., :CELL_H], want, rtol=CELL_RTOL, what='evaluation')
+  _close(model.rnn.forward_rnn.cell.linen_variables()['batch_stats'], before,
+         'statistics in evaluation')
