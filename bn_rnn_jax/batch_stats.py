@@ -58,6 +58,10 @@ Array = jax.Array
 STATISTICS = ('per_step', 'sequence', 'shared')
 #: The collection a training pass writes its minibatch moments to, when mutable.
 MOMENTS = 'minibatch_moments'
+#: The fewest valid sequences behind a recorded row of per-step statistics (the layers'
+#: and cells' `min_statistics_count`), from the variable-length measurement of the layer
+#: guide (`experiments/analysis/variable_length.py`).
+DEFAULT_MIN_STATISTICS_COUNT = 4
 
 
 def check_statistics(statistics: str) -> None:

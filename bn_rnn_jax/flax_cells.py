@@ -114,7 +114,8 @@ def lstm_cell_step(params: dict[str, Array], cfg: cells.StepConfig, carry: LSTMC
 
   Returns:
     `(carry, h [batch, H], moments)`: h 0 and the state kept on padded steps; in training
-    `{site: (mean [F], var [F], count)}` of the step (count 0 past `max_length`).
+    `{site: (mean [F], var [F], count, full)}` of the step (count 0 past `max_length`;
+    full: the sequences of the batch, the count of a step they all reach).
   """
   if x.ndim != 2:
     raise ValueError(f'A cell takes x_t [batch, features]; got shape {x.shape}.')
@@ -135,20 +136,28 @@ def lstm_cell_step(params: dict[str, Array], cfg: cells.StepConfig, carry: LSTMC
                        for site, value in population.items()}
   inputs['x'] = x
   (c_new, h_new), outputs = cells.lstm_step(params, cfg, (c, h), inputs)
-  moments = {site: (mean, var, jnp.where(t < max_length, count, 0.0))
+  full = jnp.float32(x.shape[0]) if lengths is None else jnp.sum(
+      (jnp.asarray(lengths) > 0).astype(jnp.float32))
+  if cfg.axis_name is not None:
+    full = jax.lax.psum(full, cfg.axis_name)
+  moments = {site: (mean, var, jnp.where(t < max_length, count, 0.0), full)
              for site, (mean, var, count) in outputs['moments'].items()}
   return (LSTMCarry(c_new.astype(c.dtype), h_new.astype(h.dtype), step + 1),
           outputs['h'].astype(h.dtype), moments)
 
 
-def fold_row(stats, t, moments, momentum: Optional[float]):
+def fold_row(stats, t, moments, momentum: Optional[float], min_count: float = 1):
   """`stats` (`{'mean': [R, F], 'var': [R, F], 'count': [R]}`) with step t's `moments`
-  `(mean [F], var [F], count)` folded into row t as `batch_stats.record` folds all rows:
-  the running average (`momentum`), or, with momentum None, the minibatch record."""
+  `(mean [F], var [F], count, full)` folded into row t as `batch_stats.record` folds all
+  rows: the running average (`momentum`; the row weighted by count / full), or, with
+  momentum None, the minibatch record; a row fewer than `min_count` sequences reached
+  is thin (`normalization.minibatch_moments_record`)."""
   t = jnp.asarray(t)
-  row = normalization.minibatch_moments_record(*moments, 1)
+  mean, var, count, full = moments
+  row = normalization.minibatch_moments_record(mean, var, count, 1, min_count)
   old = jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, t, 1), stats)
-  new = row if momentum is None else normalization.update_running_stats(old, row, momentum)
+  new = row if momentum is None else normalization.update_running_stats(
+      old, row, momentum, full_count=full)
   return jax.tree.map(lambda a, r: jax.lax.dynamic_update_slice_in_dim(a, r.astype(a.dtype),
                                                                        t, 0), stats, new)
 
@@ -165,7 +174,8 @@ class NormalizedLSTMCell(nn.RNNCellBase):
     use_running_average: population statistics (True) or batch statistics, folded into
       the running average (False), as in `nn.BatchNorm`; a field, or a call argument
       where the cell is called directly (`nn.RNN` passes none).
-    momentum, epsilon, gamma_init, forget_bias: as `RecurrentLayer`.
+    momentum, epsilon, gamma_init, forget_bias, min_statistics_count: as
+      `RecurrentLayer`.
     recurrent_init, input_init, dtype, axis_name, batch_sums: as `RecurrentLayer`.
   """
   features: int
@@ -183,6 +193,7 @@ class NormalizedLSTMCell(nn.RNNCellBase):
   dtype: Any = jnp.float32
   axis_name: Optional[str] = None
   batch_sums: str = 'auto'
+  min_statistics_count: int = batch_stats.DEFAULT_MIN_STATISTICS_COUNT
 
   @property
   def num_feature_axes(self) -> int:
@@ -305,10 +316,11 @@ class NormalizedLSTMCell(nn.RNNCellBase):
       for site, site_moments in moments.items():
         if site in self.stats and self.is_mutable_collection('batch_stats'):
           self.stats[site].value = fold_row(self.stats[site].value, carry.step[0] - 1,
-                                            site_moments, self.momentum)
+                                            site_moments, self.momentum,
+                                            self.min_statistics_count)
         if site in self.moments:
           self.moments[site].value = fold_row(self.moments[site].value, carry.step[0] - 1,
-                                              site_moments, None)
+                                              site_moments, None, self.min_statistics_count)
     return carry, h
 
 

@@ -71,7 +71,9 @@ class NormalizedLSTMCell(nnx.RNNCellBase):
                gamma_init: Optional[float] = None, forget_bias: float = 0.0,
                recurrent_init: str = 'orthogonal', input_init: str = 'orthogonal',
                dtype: Any = jnp.float32, axis_name: Optional[str] = None,
-               batch_sums: str = 'auto', rngs: nnx.Rngs):
+               batch_sums: str = 'auto',
+               min_statistics_count: int = batch_stats.DEFAULT_MIN_STATISTICS_COUNT,
+               rngs: nnx.Rngs):
     norms = dict(recurrent_norm=recurrent_norm or type(self).recurrent_norm,
                  input_norm=input_norm or type(self).input_norm,
                  cell_norm=cell_norm or type(self).cell_norm)
@@ -89,6 +91,7 @@ class NormalizedLSTMCell(nnx.RNNCellBase):
     self.input_norm = norms['input_norm']
     self.cell_norm = norms['cell_norm']
     self.max_length, self.momentum, self.epsilon = max_length, momentum, epsilon
+    self.min_statistics_count = min_statistics_count
     self.use_running_average = use_running_average
     self.dtype, self.axis_name, self.batch_sums = dtype, axis_name, batch_sums
     self.estimating = False
@@ -195,9 +198,11 @@ class NormalizedLSTMCell(nnx.RNNCellBase):
     for site, site_moments in moments.items():
       if self.estimating:
         record = self.minibatch_moments[site]
-        record.set_value(flax_cells.fold_row(record.get_value(), t, site_moments, None))
+        record.set_value(flax_cells.fold_row(record.get_value(), t, site_moments, None,
+                                             self.min_statistics_count))
       else:
-        new = flax_cells.fold_row(population[site], t, site_moments, self.momentum)
+        new = flax_cells.fold_row(population[site], t, site_moments, self.momentum,
+                                  self.min_statistics_count)
         for key, value in new.items():
           self.batch_stats[site][key][...] = value
     return carry, h

@@ -338,7 +338,8 @@ def record_weights(record: dict[str, Array]) -> Array:
 
 
 def update_running_stats(stats: dict[str, Array], record: dict[str, Array],
-                         momentum: float) -> dict[str, Array]:
+                         momentum: float, full_count: Optional[Array] = None
+                         ) -> dict[str, Array]:
   """Running average of the rows a batch saw, each weighted by its valid count.
 
   Row r moves by `a_r = (1 - momentum) * n_r / max_r' n_r'` towards the batch value
@@ -346,12 +347,14 @@ def update_running_stats(stats: dict[str, Array], record: dict[str, Array],
   average `momentum * old + (1 - momentum) * new`; a row one sequence of 64 reached moves
   64 times less. A row's first update takes the batch value outright, so rows of steps
   reached late in training do not start from the (0, 1) initial values. `count` sums
-  the valid counts.
+  the valid counts. `full_count`: the count of a row the whole batch reached, for a
+  record of some rows only (a cell's one step); default the record's largest.
   """
   weights = record_weights(record)
+  full = jnp.max(weights) if full_count is None else full_count
   seen = weights[:, None] > 0
   first = stats['count'][:, None] <= 0
-  rate = ((1.0 - momentum) * weights / jnp.maximum(jnp.max(weights), 1e-12))[:, None]
+  rate = ((1.0 - momentum) * weights / jnp.maximum(full, 1e-12))[:, None]
   def blend(old, new):
     ema = old + rate * (new - old)
     return jnp.where(seen, jnp.where(first, new, ema), old)

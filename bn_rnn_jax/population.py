@@ -17,6 +17,7 @@ result is a `batch_stats` tree to evaluate with (`train=False`).
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 from typing import Any, Optional, Sequence
 
@@ -38,12 +39,25 @@ def minibatch_moments(model: nn.Module, variables, args: tuple, rngs=None) -> An
   (`model.apply(variables, *args, use_running_average=False, deterministic=True)`: no
   dropout, h0 zeros), with the `MOMENTS` collection mutable (the running averages are
   left alone), and returns that collection: per site `{'mean': [R, F], 'var': [R, F],
-  'count': [R]}`, count 1 on the rows this batch reached. `rngs`: for a model of your
-  own that draws randomness even when deterministic; the library's models draw none.
+  'count': [R]}`, count the valid sequences behind each row this batch reached. A module
+  of your own whose call takes `train` but not Flax's two flags runs with `train=True`.
+  `rngs`: for a model that draws randomness even so; the library's models draw none.
   """
-  _, mutated = model.apply(variables, *args, **modes.BATCH_STATISTICS.kwargs(),
+  _, mutated = model.apply(variables, *args, **_batch_statistics_kwargs(model),
                            mutable=[MOMENTS], rngs=rngs)
   return mutated.get(MOMENTS, {})
+
+
+def _batch_statistics_kwargs(model: nn.Module) -> dict[str, bool]:
+  """How to ask `model` for batch statistics without noise: Flax's two flags where its
+  call takes them (every module of this library), else `train=True` (a module of your
+  own that takes only `train`: its dropout and noise then run as in training)."""
+  parameters = inspect.signature(type(model).__call__).parameters
+  takes_flags = all(name in parameters for name in ('use_running_average', 'deterministic'))
+  takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+  if takes_flags or (takes_any and 'train' not in parameters):
+    return modes.BATCH_STATISTICS.kwargs()
+  return {'train': True}
 
 
 def _is_site(node) -> bool:

@@ -40,9 +40,6 @@ _GATES = {'lstm': 4, 'rnn': 1}
 _INPUT_INITS = {'orthogonal': nn.initializers.orthogonal(),
                 'glorot_uniform': nn.initializers.glorot_uniform()}
 _INITIAL_STATES = ('zeros', 'learned', 'noise')
-#: `RecurrentLayer.min_statistics_count`'s default, from the variable-length measurement
-#: of the layer guide (`experiments/analysis/variable_length.py`).
-DEFAULT_MIN_STATISTICS_COUNT = 4
 
 
 class RecurrentLayer(nn.Module):
@@ -137,7 +134,7 @@ class RecurrentLayer(nn.Module):
   axis_name: Optional[str] = None
   padded_statistics: bool = False
   min_step_count: int = 1
-  min_statistics_count: int = DEFAULT_MIN_STATISTICS_COUNT
+  min_statistics_count: int = batch_stats.DEFAULT_MIN_STATISTICS_COUNT
 
   # ------------------------------------------------------------------ configuration
   def _validate(self, inputs: Array, mask: Optional[Array]) -> None:
