@@ -99,7 +99,8 @@ def average_minibatch_moments(records: Sequence[Any]) -> Any:
 
 
 def thin_rows(records: Sequence[Any]) -> list[str]:
-  """One line per site whose rows some minibatch reached with too few sequences (the
+  """One line per site whose rows rest on one sequence in every minibatch (a variance of
+  0), and one per site whose rows some minibatch reached with too few sequences (the
   layer's `min_statistics_count` or `min_step_count`) and none supported: which rows,
   and how many sequences they rested on. Inference normalises those steps with the
   nearest supported row."""
@@ -108,6 +109,12 @@ def thin_rows(records: Sequence[Any]) -> list[str]:
     if _is_site(nodes[0]):
       counts = np.stack([np.asarray(n['count']) for n in nodes])          # [N, R]
       supported = (counts > 0).any(axis=0)
+      single = np.nonzero(supported & (counts <= 1).all(axis=0))[0]
+      if single.size:
+        lines.append(f"site '{'/'.join(path)}': rows {_ranges(single)} rest on one "
+                     'sequence in every batch: their variance is 0 (inference divides by '
+                     'sqrt(epsilon) there); min_statistics_count=2 uses the last row two '
+                     'sequences supported instead')
       thin = np.nonzero((counts < 0).any(axis=0) & ~supported)[0]
       if thin.size:
         examples = -counts[:, thin][counts[:, thin] < 0]

@@ -242,7 +242,7 @@ def batch_sites(variant):
 
 #: The fewest valid sequences behind a per-step row of population statistics (the
 #: layer's `min_statistics_count` default).
-MIN_STATISTICS_COUNT = 4
+MIN_STATISTICS_COUNT = 1
 
 
 def minibatch_record(site_moments, shared, num_rows, min_count=1,

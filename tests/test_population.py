@@ -141,18 +141,23 @@ def test_unhashable_model_is_a_clear_error(data):
     br.estimate_population_stats(br.StackedRNN('lstm', H), variables, [])
 
 
-def test_thin_rows_fall_back_by_default():
-  """Uneven lengths [6, 2, 2, 2] (the example of a single long sequence): with the
-  default `min_statistics_count` the rows only it reached are not estimated (they would
-  have variance 0), the estimate warns which, and inference there (and past the
-  training length) uses the last row enough sequences supported, as the float64
-  reference of the weighted estimate says."""
+def test_rows_of_one_sequence_are_named_and_fall_back_with_a_threshold():
+  """Uneven lengths [6, 2, 2, 2] (a single long sequence): by default the rows only it
+  reached are estimated with variance 0, and the estimate says so; with
+  `min_statistics_count=2` they are not estimated, the estimate names them, and
+  inference there (and past the training length) uses the last row two sequences
+  supported, as the float64 reference of the weighted estimate says."""
   rng = np.random.default_rng(3)
   lengths, T_MAX = [6, 2, 2, 2], 6
   mask = helpers.prefix_mask(lengths, T_MAX)
   batches = [(rng.normal(size=(4, T_MAX, I)).astype(np.float32), mask) for _ in range(2)]
-  layer = br.make_layer('bn_lstm', H, max_length=T_MAX)
-  variables = layer.init(jax.random.key(0), *batches[0], train=False)
+  default = br.make_layer('bn_lstm', H, max_length=T_MAX)
+  variables = default.init(jax.random.key(0), *batches[0], train=False)
+  with pytest.warns(UserWarning, match=r"site 'cell': rows 2-5 rest on one sequence in "
+                    r'every batch: their variance is 0'):
+    single = br.estimate_population_stats(default, variables, batches)
+  assert not np.asarray(single['cell']['var'])[2:].any()
+  layer = br.make_layer('bn_lstm', H, max_length=T_MAX, min_statistics_count=2)
   with pytest.warns(UserWarning, match=r"site 'recurrent': rows 2-5 rest on 1 sequence"):
     stats = br.estimate_population_stats(layer, variables, batches)
   params = helpers.float64(variables['params'])
@@ -160,7 +165,8 @@ def test_thin_rows_fall_back_by_default():
   for x, m in batches:
     _, _, moments = ref.run_layer(params, np.float64(x), m, 'bn_lstm')
     for site in records:
-      records[site].append(ref.minibatch_record(moments[site], False, T_MAX))
+      records[site].append(ref.minibatch_record(moments[site], False, T_MAX,
+                                                min_statistics=2))
   for site, site_records in records.items():
     want = ref.average_records(site_records)
     np.testing.assert_array_equal(want['count'], [8, 8, 0, 0, 0, 0])
