@@ -15,6 +15,8 @@ The names:
                     (benchmarks/results/rnn_speed_cells_cpu.json)
   trainer_overhead  benchmarks/trainer_overhead.py's tables
                     (benchmarks/results/trainer_overhead_cpu.json)
+  variable_length   batch statistics on variable-length data
+                    (experiments/analysis/variable_length.py; its JSON in results/)
 An unknown name is a one-line error listing the known ones.
 """
 
@@ -108,8 +110,12 @@ def _speed_campaigns() -> dict:
 
 
 def names() -> list[str]:
-  """Every result set this script prints, in the order it prints them."""
-  return list(spec.names()) + ['figures'] + list(BENCHMARKS) + sorted(_speed_campaigns())
+  """Every result set this script prints, in the order it prints them (a campaign still
+  training has none yet)."""
+  from experiments import campaigns  # pylint: disable=g-import-not-at-top
+  done = [n for n in spec.names() if n not in campaigns.IN_PROGRESS]
+  return done + ['figures', 'variable_length'] + list(BENCHMARKS) + sorted(
+      _speed_campaigns())
 
 
 def render(name: str) -> str:
@@ -120,6 +126,10 @@ def render(name: str) -> str:
                      for table in show.available(campaign))
   if name == 'figures':
     return f'## figures\n\n{figures()}\n'
+  if name == 'variable_length':
+    from experiments.analysis import variable_length  # pylint: disable=g-import-not-at-top
+    with open(os.path.join(ROOT, 'experiments', 'results', 'variable_length.json')) as f:
+      return f'## variable_length\n\n{variable_length.table(json.load(f))}\n'
   if name in BENCHMARKS:
     done = subprocess.run([sys.executable, *BENCHMARKS[name]], cwd=ROOT, capture_output=True,
                           text=True, check=False,

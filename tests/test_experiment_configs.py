@@ -63,16 +63,19 @@ def _seq_mnist_rows(config: str, task: str) -> list[Row]:
           'of the training images (their code: 50,000 / 10,000; see seq_mnist.py)'),
       Row(config, None, 'model.hidden_size', 100, f'{s}: "an LSTM with 100 hidden units"'),
       Row(config, None, 'model.num_layers', 1, s),
-      Row(config, None, 'model.recurrent_init', 'identity',
-          f'{s}: "hidden-to-hidden weight matrix ... the identity" (per gate block: ours)'),
-      Row(config, None, 'model.forget_bias', 0.0, f"{OURS} (the authors' code: 1; "
-          'experiments/results/init_options.json)'),
+      Row(config, None, 'model.recurrent_init', 'identity_candidate',
+          f'{s}: "hidden-to-hidden weight matrix ... the identity"; the authors\' code: '
+          'on the candidate block, f, i, o orthogonal'),
+      Row(config, None, 'model.forget_bias', 1.0, "the authors' code (the paper gives "
+          'none; experiments/results/init_options.json)'),
       Row(config, None, 'model.initial_state', 'noise',
           f'{s}: "adding Gaussian noise to the initial hidden states"'),
       Row(config, None, 'model.gamma_init', 0.1, f'{COOIJMANS} sec. 4: gamma 0.1'),
       Row(config, None, 'optimizer.name', 'rmsprop', f'{s}: RMSProp'),
       Row(config, None, 'optimizer.learning_rate', 1e-3, f'{s}: learning rate 1e-3'),
-      Row(config, None, 'optimizer.momentum', 0.9, f'{s}: momentum 0.9'),
+      Row(config, None, 'optimizer.decay', 0.9, f'{s}: "momentum 0.9", the decay rate of '
+          "the authors' RMSProp rule"),
+      Row(config, None, 'optimizer.momentum', 0.0, "the authors' code: no momentum rule"),
       Row(config, None, 'optimizer.clip_norm', 1.0, f'{s}: "gradient clipping at 1"'),
       Row(config, None, 'train.batch_size', 100, f"{COOIJMANS} appendix D grid; the "
           "authors' code: batch_size = 100"),
