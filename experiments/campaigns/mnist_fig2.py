@@ -67,7 +67,7 @@ def get_campaign() -> spec.Campaign:
                  'checkpoint.keep': 1},
       tables={'milestones': milestones}, figure=figure, setup=setup, paper=PAPER,
       expected='about 5.5 h on 2 CPU cores (two runs at a time, one XLA thread each)',
-      tiny={'data.resolution': 14, 'data.num_valid': 200, 'train.num_steps': 4,
+      tiny={'data.resolution': 14, 'data.num_valid': 200, 'train.num_steps': 2,
             'train.batch_size': 16, 'model.hidden_size': 8, 'eval.every': 2,
             'eval.batch_size': 100, 'eval.max_batches': 1, 'eval.population_batches': 1,
             'eval.population_batch_size': 16, 'eval.test_at_end': False,
