@@ -5,10 +5,12 @@ r"""Quickstart: LSTM vs BN-LSTM on 8x8 digits read pixel by pixel, five seeds.
   python -m experiments.campaign report quickstart     # the README's table
   python experiments/quickstart.py --workdir /tmp/quickstart   # the same, for a new user
 
-Expected: about 3.5 minutes on 2 CPU cores (AMD EPYC VM, one XLA thread per run, two runs
-at a time; 3 min 21 s with other jobs loading the machine, load average 4-6); in every seed the BN-LSTM is ahead of the LSTM at step 75 (a quarter of the
-budget). The exact accuracies move between processor families (XLA's CPU kernels differ),
-which is why the claim is made over seeds.
+Expected: about 3.5 minutes on 2 CPU cores (one XLA thread per run, two runs at a time;
+3 min 21 s on an AMD EPYC VM, 3 min 12 s on an Intel Xeon VM); in every seed the BN-LSTM
+is ahead of the LSTM at step 75 (a quarter of the budget), by about two binomial
+standard errors of a gap on the 250 validation digits or more. The exact accuracies move
+between processor families (XLA's CPU kernels differ), which is why the claim is made
+over seeds.
 
 `experiments/configs/quickstart.py` (100 units, batch 64, RMSProp 1e-3, 300 steps,
 validation every 25 steps on the 250 validation images with the papers' population
@@ -37,8 +39,8 @@ def get_campaign() -> spec.Campaign:
       arms=ARMS, seeds=(0, 1, 2, 3, 4), parallel=2,
       tables={'quickstart': table},
       figure=figure, setup=setup,
-      expected='about 3.5 min on 2 CPU cores (AMD EPYC VM; one XLA thread per run, 2 at a '
-               'time; 3 min 21 s at load average 4-6)',
+      expected='about 3.5 min on 2 CPU cores (one XLA thread per run, 2 at a time; '
+               '3 min 12 s on an Intel Xeon VM)',
       tiny={'train.num_steps': 2, 'model.hidden_size': 8, 'eval.population_batches': 1,
             'eval.max_batches': 1})
 
