@@ -156,7 +156,12 @@ def test_tiny_preset_runs_end_to_end(name, tiny_runs):
   for split in config['eval']['splits']:
     assert [r['step'] for r in by_split[split]] == [4], split
     # Training records carry the metrics evaluations derive (bpc, perplexity, fer, ...).
-    assert set(by_split[split][0]) - {'time_s'} <= set(by_split['train'][0])
+    # (Evaluations add the count they scored and the metrics of `eval.compare`.)
+    compared = {k for k in by_split[split][0]
+                if any(k.endswith(f'_{kind}') for kind in config['eval']['compare'])}
+    assert by_split[split][0]['count'] > 0
+    assert set(by_split[split][0]) - {'time_s', 'count'} - compared <= set(
+        by_split['train'][0])
     evaluated = re.search(rf'evaluated {split}: (\d+) batches', run['log'])
     assert evaluated and 1 <= int(evaluated.group(1)) <= 2, run['log'][-3000:]
   assert ('test' in by_split) == config['eval']['test_at_end']
