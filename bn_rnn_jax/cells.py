@@ -35,6 +35,16 @@ Params = dict[str, Array]
 NORM_KINDS = (None, 'batch', 'layer')
 
 
+def batch_sites(hidden_size: int, gates: int, recurrent_norm: Optional[str],
+                input_norm: Optional[str], cell_norm: Optional[str]) -> dict[str, int]:
+  """`{site: features}` of the batch-normalised terms, in the order recurrent, input,
+  cell: `G*H` for W_h h and W_x x, H for the cell c_t."""
+  width = {'recurrent': gates * hidden_size, 'input': gates * hidden_size,
+           'cell': hidden_size}
+  kinds = {'recurrent': recurrent_norm, 'input': input_norm, 'cell': cell_norm}
+  return {site: width[site] for site, kind in kinds.items() if kind == 'batch'}
+
+
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
   """Static settings of a step function (hashable, so it can close over a jitted scan).

@@ -51,8 +51,6 @@ from bn_rnn_jax import normalization
 
 Array = jax.Array
 
-_INPUT_INITS = {'orthogonal': nn.initializers.orthogonal(),
-                'glorot_uniform': nn.initializers.glorot_uniform()}
 #: The collections a cell's statistics live in: the running averages and the minibatch
 #: moments of the population estimate pass (`population.minibatch_moments`).
 STATISTICS_COLLECTIONS = ('batch_stats', batch_stats.MOMENTS)
@@ -201,11 +199,8 @@ class NormalizedLSTMCell(nn.RNNCellBase):
 
   def _sites(self) -> dict[str, int]:
     """`{site: features}` of the batch-normalised sites."""
-    width = {'recurrent': 4 * self.features, 'input': 4 * self.features,
-             'cell': self.features}
-    kinds = {'recurrent': self.recurrent_norm, 'input': self.input_norm,
-             'cell': self.cell_norm}
-    return {site: width[site] for site, kind in kinds.items() if kind == 'batch'}
+    return cells.batch_sites(self.features, 4, self.recurrent_norm, self.input_norm,
+                             self.cell_norm)
 
   def _validate(self) -> None:
     for name in ('recurrent_norm', 'input_norm', 'cell_norm'):
@@ -215,8 +210,8 @@ class NormalizedLSTMCell(nn.RNNCellBase):
     if self.features <= 0 or self.max_length <= 0:
       raise ValueError(f'features ({self.features}) and max_length ({self.max_length}) '
                        'must be positive.')
-    if self.input_init not in _INPUT_INITS:
-      raise ValueError(f'input_init must be one of {sorted(_INPUT_INITS)}; got '
+    if self.input_init not in initializers.INPUT_INITS:
+      raise ValueError(f'input_init must be one of {sorted(initializers.INPUT_INITS)}; got '
                        f'{self.input_init!r}.')
 
   @nn.nowrap
@@ -254,25 +249,12 @@ class NormalizedLSTMCell(nn.RNNCellBase):
     return LSTMCarry(zeros, zeros, jnp.zeros((input_shape[0],), jnp.int32))
 
   def _params(self, input_size: int) -> dict[str, Array]:
-    width = 4 * self.features
-    gamma = nn.initializers.constant(self.gamma_init)
-    params = {
-        'input_kernel': self.param('input_kernel', _INPUT_INITS[self.input_init],
-                                   (input_size, width)),
-        'recurrent_kernel': self.param(
-            'recurrent_kernel', initializers.recurrent_initializer(self.recurrent_init),
-            (self.features, width)),
-        'bias': self.param('bias', initializers.gate_bias(4, self.features, 0,
-                                                          self.forget_bias), (width,)),
-    }
-    if self.input_norm is not None:
-      params['input_scale'] = self.param('input_scale', gamma, (width,))
-    if self.recurrent_norm is not None:
-      params['recurrent_scale'] = self.param('recurrent_scale', gamma, (width,))
-    if self.cell_norm is not None:
-      params['cell_scale'] = self.param('cell_scale', gamma, (self.features,))
-      params['cell_bias'] = self.param('cell_bias', nn.initializers.zeros, (self.features,))
-    return params
+    specs = initializers.layer_parameters(
+        input_size, self.features, recurrent_norm=self.recurrent_norm,
+        input_norm=self.input_norm, cell_norm=self.cell_norm, gamma_init=self.gamma_init,
+        forget_bias=self.forget_bias, recurrent_init=self.recurrent_init,
+        input_init=self.input_init)
+    return {name: self.param(name, init, shape) for name, (init, shape) in specs.items()}
 
   def _check_statistics(self, train: bool) -> None:
     """The statistics must be reachable here, and writable in training (a scan sees a

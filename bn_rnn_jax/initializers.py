@@ -17,9 +17,15 @@ does not say what that means for a gated cell; `recurrent_init` names the choice
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+
+#: W_x's initialisers by name (`input_init`).
+INPUT_INITS = {'orthogonal': nn.initializers.orthogonal(),
+               'glorot_uniform': nn.initializers.glorot_uniform()}
 
 
 def _check_blocks(shape):
@@ -94,3 +100,31 @@ def gate_bias(num_gates: int, hidden_size: int, forget_gate: int | None = None,
       bias = bias.at[start:start + hidden_size].set(forget_bias)
     return bias
   return init
+
+
+def layer_parameters(input_size: int, hidden_size: int, *, cell: str = 'lstm',
+                     recurrent_norm: Optional[str] = None, input_norm: Optional[str] = None,
+                     cell_norm: Optional[str] = None, gamma_init: float = 0.1,
+                     forget_bias: float = 0.0, recurrent_init: str = 'orthogonal',
+                     input_init: str = 'orthogonal') -> dict[str, tuple[Any, tuple]]:
+  """`{name: (initializer, shape)}` of a recurrent layer's (or cell's) parameters, in the
+  order they are created: W_x `[I, G*H]`, W_h `[H, G*H]`, the bias `[G*H]`, and the
+  scales (and the cell's shift) of its normalised terms. One layout for
+  `RecurrentLayer`, the Linen cells and the NNX cells, so their variables map 1:1."""
+  gates = 4 if cell == 'lstm' else 1
+  width = gates * hidden_size
+  gamma = nn.initializers.constant(gamma_init)
+  params = {
+      'input_kernel': (INPUT_INITS[input_init], (input_size, width)),
+      'recurrent_kernel': (recurrent_initializer(recurrent_init), (hidden_size, width)),
+      'bias': (gate_bias(gates, hidden_size, 0 if cell == 'lstm' else None, forget_bias),
+               (width,)),
+  }
+  if input_norm is not None:
+    params['input_scale'] = (gamma, (width,))
+  if recurrent_norm is not None:
+    params['recurrent_scale' if cell == 'lstm' else 'scale'] = (gamma, (width,))
+  if cell_norm is not None:
+    params['cell_scale'] = (gamma, (hidden_size,))
+    params['cell_bias'] = (nn.initializers.zeros, (hidden_size,))
+  return params

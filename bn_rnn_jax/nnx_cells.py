@@ -21,7 +21,6 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
-from flax import linen as nn
 from flax import nnx
 
 from bn_rnn_jax import batch_stats
@@ -33,8 +32,6 @@ from bn_rnn_jax import normalization
 Array = jax.Array
 LSTMCarry = flax_cells.LSTMCarry
 
-_INPUT_INITS = {'orthogonal': nn.initializers.orthogonal(),
-                'glorot_uniform': nn.initializers.glorot_uniform()}
 _PARAMS = ('input_kernel', 'recurrent_kernel', 'bias', 'input_scale', 'recurrent_scale',
            'cell_scale', 'cell_bias')
 
@@ -83,8 +80,8 @@ class NormalizedLSTMCell(nnx.RNNCellBase):
     if min(in_features, hidden_features, max_length) <= 0:
       raise ValueError(f'in_features ({in_features}), hidden_features ({hidden_features}) '
                        f'and max_length ({max_length}) must be positive.')
-    if input_init not in _INPUT_INITS:
-      raise ValueError(f'input_init must be one of {sorted(_INPUT_INITS)}; got '
+    if input_init not in initializers.INPUT_INITS:
+      raise ValueError(f'input_init must be one of {sorted(initializers.INPUT_INITS)}; got '
                        f'{input_init!r}.')
     self.in_features, self.hidden_features = in_features, hidden_features
     self.recurrent_norm = norms['recurrent_norm']
@@ -95,24 +92,15 @@ class NormalizedLSTMCell(nnx.RNNCellBase):
     self.use_running_average = use_running_average
     self.dtype, self.axis_name, self.batch_sums = dtype, axis_name, batch_sums
     self.estimating = False
-    width = 4 * hidden_features
-    gamma = nn.initializers.constant(type(self).gamma_init if gamma_init is None
-                                     else gamma_init)
     key = rngs.params()
-    inits = {
-        'input_kernel': (_INPUT_INITS[input_init], (in_features, width)),
-        'recurrent_kernel': (initializers.recurrent_initializer(recurrent_init),
-                             (hidden_features, width)),
-        'bias': (initializers.gate_bias(4, hidden_features, 0, forget_bias), (width,)),
-        'input_scale': (gamma, (width,)) if self.input_norm else None,
-        'recurrent_scale': (gamma, (width,)) if self.recurrent_norm else None,
-        'cell_scale': (gamma, (hidden_features,)) if self.cell_norm else None,
-        'cell_bias': (nn.initializers.zeros, (hidden_features,)) if self.cell_norm else None,
-    }
-    for name, init in inits.items():
-      if init is not None:
-        setattr(self, name, nnx.Param(init[0](jax.random.fold_in(key, _PARAMS.index(name)),
-                                              init[1], jnp.float32)))
+    specs = initializers.layer_parameters(
+        in_features, hidden_features, recurrent_norm=self.recurrent_norm,
+        input_norm=self.input_norm, cell_norm=self.cell_norm,
+        gamma_init=type(self).gamma_init if gamma_init is None else gamma_init,
+        forget_bias=forget_bias, recurrent_init=recurrent_init, input_init=input_init)
+    for name, (init, shape) in specs.items():
+      setattr(self, name, nnx.Param(init(jax.random.fold_in(key, _PARAMS.index(name)),
+                                         shape, jnp.float32)))
     self.batch_stats = nnx.data({
         site: jax.tree.map(nnx.BatchStat, normalization.init_population_stats(
             max_length, features)) for site, features in self._sites().items()})
@@ -122,11 +110,8 @@ class NormalizedLSTMCell(nnx.RNNCellBase):
     return 1
 
   def _sites(self) -> dict[str, int]:
-    width = {'recurrent': 4 * self.hidden_features, 'input': 4 * self.hidden_features,
-             'cell': self.hidden_features}
-    kinds = {'recurrent': self.recurrent_norm, 'input': self.input_norm,
-             'cell': self.cell_norm}
-    return {site: width[site] for site, kind in kinds.items() if kind == 'batch'}
+    return cells.batch_sites(self.hidden_features, 4, self.recurrent_norm, self.input_norm,
+                             self.cell_norm)
 
   def _params(self) -> dict[str, Array]:
     return {name: getattr(self, name)[...] for name in _PARAMS if hasattr(self, name)}
