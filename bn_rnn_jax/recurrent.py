@@ -37,8 +37,6 @@ from bn_rnn_jax import sequence
 Array = jax.Array
 
 _GATES = {'lstm': 4, 'rnn': 1}
-_INPUT_INITS = {'orthogonal': nn.initializers.orthogonal(),
-                'glorot_uniform': nn.initializers.glorot_uniform()}
 _INITIAL_STATES = ('zeros', 'learned', 'noise')
 
 
@@ -150,8 +148,8 @@ class RecurrentLayer(nn.Module):
     if self.initial_state not in _INITIAL_STATES:
       raise ValueError(f'initial_state must be one of {_INITIAL_STATES}; got '
                        f'{self.initial_state!r}.')
-    if self.input_init not in _INPUT_INITS:
-      raise ValueError(f'input_init must be one of {sorted(_INPUT_INITS)}; got '
+    if self.input_init not in initializers.INPUT_INITS:
+      raise ValueError(f'input_init must be one of {sorted(initializers.INPUT_INITS)}; got '
                        f'{self.input_init!r}.')
     if self.hidden_size <= 0 or self.max_length <= 0:
       raise ValueError(f'hidden_size ({self.hidden_size}) and max_length '
@@ -200,39 +198,22 @@ class RecurrentLayer(nn.Module):
   def _rows(self, site: str) -> int:
     return batch_stats.num_rows(site, self.statistics, self.max_length)
 
-  def _batch_sites(self) -> tuple[str, ...]:
-    kinds = {'recurrent': self.recurrent_norm, 'input': self.input_norm,
-             'cell': self.cell_norm}
-    return tuple(site for site, kind in kinds.items() if kind == 'batch')
+  def _batch_sites(self) -> dict[str, int]:
+    """`{site: features}` of the batch-normalised terms (`cells.batch_sites`)."""
+    return cells.batch_sites(self.hidden_size, _GATES[self.cell], self.recurrent_norm,
+                             self.input_norm, self.cell_norm)
 
   def _site_features(self, site: str) -> int:
-    return self.hidden_size if site == 'cell' else _GATES[self.cell] * self.hidden_size
+    return self._batch_sites()[site]
 
   # ------------------------------------------------------------------ parameters
   def _params(self, input_size: int) -> dict[str, Array]:
-    gates = _GATES[self.cell]
-    width = gates * self.hidden_size
-    gamma = nn.initializers.constant(self.gamma_init)
-    params = {
-        'input_kernel': self.param('input_kernel', _INPUT_INITS[self.input_init],
-                                   (input_size, width)),
-        'recurrent_kernel': self.param(
-            'recurrent_kernel', initializers.recurrent_initializer(self.recurrent_init),
-            (self.hidden_size, width)),
-        'bias': self.param('bias', initializers.gate_bias(
-            gates, self.hidden_size, 0 if self.cell == 'lstm' else None, self.forget_bias),
-            (width,)),
-    }
-    if self.input_norm is not None:
-      params['input_scale'] = self.param('input_scale', gamma, (width,))
-    if self.recurrent_norm is not None:
-      name = 'recurrent_scale' if self.cell == 'lstm' else 'scale'
-      params[name] = self.param(name, gamma, (width,))
-    if self.cell_norm is not None:
-      params['cell_scale'] = self.param('cell_scale', gamma, (self.hidden_size,))
-      params['cell_bias'] = self.param('cell_bias', nn.initializers.zeros,
-                                       (self.hidden_size,))
-    return params
+    specs = initializers.layer_parameters(
+        input_size, self.hidden_size, cell=self.cell, recurrent_norm=self.recurrent_norm,
+        input_norm=self.input_norm, cell_norm=self.cell_norm, gamma_init=self.gamma_init,
+        forget_bias=self.forget_bias, recurrent_init=self.recurrent_init,
+        input_init=self.input_init)
+    return {name: self.param(name, init, shape) for name, (init, shape) in specs.items()}
 
   def initial_carry(self, batch_size: int, deterministic: bool, dtype=jnp.float32):
     """Zeros, a learned vector, or zeros plus Gaussian noise on h_0 (unless
@@ -424,15 +405,12 @@ class RecurrentLayer(nn.Module):
   def _record_moments(self, stats, moments) -> None:
     """Fold this minibatch's moments into the population statistics (`batch_stats`)."""
     for site, (mean, var, count) in moments.items():
-      min_count = 1
-      if self.min_step_count > 1 and self._per_step_training_statistics(site):
-        # Steps that fell back on the population rows trained with no moments of theirs.
-        min_count = self.min_step_count
+      # Steps that fell back on the population rows trained with no moments of theirs.
+      guard = self.min_step_count if self._per_step_training_statistics(site) else 1
+      min_count = 1   # the fewest sequences a recorded row rests on
       if self._rows(site) == 1 and mean.ndim == 2:
         # Shared over time: average the per-step moments, weighting steps by valid count.
-        count = jnp.where(count >= min_count, count, 0.0)
-        min_count = 1
-        count = jnp.broadcast_to(count, mean.shape[:1])
+        count = jnp.broadcast_to(jnp.where(count >= guard, count, 0.0), mean.shape[:1])
         total = jnp.sum(count)
         weights = (count / jnp.maximum(total, 1.0))[:, None]
         mean = jnp.sum(mean * weights, axis=0)
@@ -440,10 +418,10 @@ class RecurrentLayer(nn.Module):
         count = total
       elif mean.ndim == 2:
         count = jnp.broadcast_to(count, mean.shape[:1])
-        if not self.padded_statistics:
-          # Rows too few sequences supported are recorded thin
-          # (`normalization.minibatch_moments_record`).
-          min_count = max(min_count, self.min_statistics_count)
+        # Rows too few sequences supported are recorded thin
+        # (`normalization.minibatch_moments_record`); padded statistics count the batch.
+        min_count = guard if self.padded_statistics else max(guard,
+                                                            self.min_statistics_count)
       batch_stats.record(self, stats[site], site, mean, var, count, self.momentum, min_count)
 
 

@@ -145,9 +145,9 @@ class Trainer:
     what it reads: every few seconds while it runs, and at the end.
     """
     start = last_log = time.time()
+    kind = kind or self.config.eval.population_stats
     stats = self.population_stats(state, kind)
-    step = self.p_batch_eval_step if (
-        kind or self.config.eval.population_stats) == 'batch' else self.p_eval_step
+    step = self.p_batch_eval_step if kind == 'batch' else self.p_eval_step
     totals, count, carry, batches = None, 0.0, None, 0
     if max_batches is None:
       max_batches = self.config.eval.max_batches
@@ -174,11 +174,10 @@ class Trainer:
     self.evaluated_count = int(count)
     return self.task.finalize({k: v / max(count, 1.0) for k, v in totals.items()})
 
-  def _statistics_text(self, state: TrainState, kind: Optional[str]) -> str:
+  def _statistics_text(self, state: TrainState, kind: str) -> str:
     """What the evaluation normalised with, for its log line."""
     if not jax.tree.leaves(state.batch_stats):
       return 'no batch statistics'
-    kind = kind or self.config.eval.population_stats
     if kind == 'running':
       return 'population statistics: the running average'
     if kind == 'batch':

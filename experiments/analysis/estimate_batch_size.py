@@ -75,7 +75,7 @@ def batch_statistics_accuracy(trainer: loop.Trainer, state) -> float:
 
 
 def estimate(trainer: loop.Trainer, variables, num_batches: int, size: int,
-             rng: np.random.RandomState, key) -> dict:
+             rng: np.random.RandomState) -> dict:
   """The papers' estimate (`population.estimate_population_stats`) from `num_batches`
   random training batches of `size` examples."""
   inputs = trainer.dataset.splits['train']['inputs']
@@ -113,22 +113,20 @@ def run(output_dir: str, mnist_dir: Optional[str], num_steps: int = 300,
   result = {'batch_statistics': batch_statistics_accuracy(trainer, state),
             'estimates': {}, 'site_from_small': {}}
   rng = np.random.RandomState(seed)
-  key = jax.random.PRNGKey(seed + 1)
   largest = None
   for num_batches, multiple in settings:
     size = int(round(multiple * batch_size))
     label = f'{num_batches} x {size}'
     scores = []
-    for draw in range(draws):
-      stats = estimate(trainer, variables, num_batches, size, rng,
-                       jax.random.fold_in(key, len(result['estimates']) * 100 + draw))
+    for _ in range(draws):
+      stats = estimate(trainer, variables, num_batches, size, rng)
       scores.append(accuracy(trainer, state, stats))
       if num_batches * size >= (largest[0] if largest else 0):
         largest = (num_batches * size, stats)
     result['estimates'][label] = scores
     logging.info('%s: %s', label, scores)
 
-  small = estimate(trainer, variables, 10, batch_size, rng, jax.random.fold_in(key, 999))
+  small = estimate(trainer, variables, 10, batch_size, rng)
   layer = 'layer_0'
   for site in largest[1]['rnn'][layer]:
     mixed = jax.tree.map(lambda a: a, largest[1])

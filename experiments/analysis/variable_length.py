@@ -78,11 +78,10 @@ def arms(min_counts, guards) -> dict[str, tuple[str, dict]]:
 def old_estimate(model, variables, batches):
   """The estimate of earlier releases: every reached row of every minibatch weighted 1."""
   records = [population.minibatch_moments(model, variables, args) for args in batches]
-  def unweight(site):
-    if isinstance(site, dict) and set(site) == {'mean', 'var', 'count'}:
-      return {**site, 'count': (site['count'] != 0).astype(jnp.float32)}
-    return {k: unweight(v) for k, v in site.items()}
-  return population.average_minibatch_moments([unweight(r) for r in records])
+  def unweight(path, leaf):
+    return (leaf != 0).astype(jnp.float32) if path[-1].key == 'count' else leaf
+  return population.average_minibatch_moments(
+      [jax.tree_util.tree_map_with_path(unweight, r) for r in records])
 
 
 def train_arm(variant: str, fields: dict, seed: int, steps: int, hidden: int,
