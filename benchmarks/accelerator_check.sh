@@ -13,7 +13,7 @@
 # --target $SITE` (default /tmp/site), and $SITE goes on PYTHONPATH after the repository.
 # No network and no data files are needed.
 #
-# Stages, in order ($STAGES, default "env tests speed overhead"):
+# Stages, in the order given ($STAGES, default "env tests speed profile hoist overhead"):
 #   env       device, jax / jaxlib / flax / CUDA / cuDNN versions, whether cuDNN's LSTM
 #             runs, the packages above                       -> env.json
 #   tests     the suite's core tier on the default device: pytest -m "not slow", the data
@@ -21,11 +21,18 @@
 #             full precision (JAX_DEFAULT_MATMUL_PRECISION=highest unless set: the tests
 #             compare with a float64 reference; TF32 products would not pass), GPU memory
 #             allocated on demand. Tests written for 8 CPU devices or the CPU's policy
-#             fail on one GPU; the XML says which             -> tests.xml
+#             fail on one GPU; the XML says which. $TEST_TIMEOUT (seconds) bounds the
+#             stage                                          -> tests.xml
 #   speed     rnn_speed.py at shapes a-d ($SHAPES), float32 and bfloat16, one JSON per
-#             shape (batch-sum timings with the first)       -> rnn_speed_<shape>.json
-#   overhead  trainer_overhead.py with the quickstart's population timing
-#                                                            -> trainer_overhead.json
+#             shape (batch-sum timings with the first); $IMPLS (rnn_speed.py's
+#             --impls) picks the implementations             -> rnn_speed_<shape>.json
+#   profile   launch_profile.py: one jax.profiler trace of shape (a) per implementation,
+#             kernels per time step and the gaps between them -> launch_profile_a.json
+#   hoist     rnn_speed.py at $SHAPES with the input term computed in the step
+#             (--hoist false), float32, lstm and bn_lstm: the hoisting choice of the
+#             execution policy                               -> rnn_speed_<shape>_in_step.json
+#   overhead  trainer_overhead.py with the quickstart's population timing, or with
+#             $OVERHEAD_ARGS instead where set               -> trainer_overhead.json
 # and check.log (all output). QUICK=1 runs a check of the script, not numbers: one
 # repetition, shape (d) only, four implementations, two test files, a few loop steps.
 # Each stage's exit status is logged; the script exits 1 if any stage failed. A machine
@@ -43,7 +50,7 @@ wheels=${2:-}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
 site=${SITE:-/tmp/site}
-stages=${STAGES-env tests speed overhead}
+stages=${STAGES-env tests speed profile hoist overhead}
 quick=${QUICK:-0}
 cd "$repo" || exit 2
 exec > >(tee -a "$outdir/check.log") 2>&1
@@ -113,7 +120,7 @@ tests_stage() {
   BN_RNN_JAX_DATA=$empty_root \
   JAX_DEFAULT_MATMUL_PRECISION=${JAX_DEFAULT_MATMUL_PRECISION:-highest} \
   XLA_PYTHON_CLIENT_PREALLOCATE=false \
-    "$python" -m pytest -q -m "not slow" -p no:cacheprovider -rfE \
+    timeout "${TEST_TIMEOUT:-0}" "$python" -m pytest -q -m "not slow" -p no:cacheprovider -rfE \
       --junitxml="$outdir/tests.xml" ${PYTEST_ARGS:-} "${targets[@]}"
   local rc=$?
   rmdir "$empty_root"
@@ -122,6 +129,7 @@ tests_stage() {
 
 speed_stage() {
   local shapes=${SHAPES:-a,b,c,d} impls=() repeats=() sums=--batch_sums rc=0 shape
+  [[ -n "${IMPLS:-}" ]] && impls=(--impls "$IMPLS")
   if (( quick )); then
     shapes=${SHAPES:-d}
     impls=(--impls flax_optimized_lstm,cudnn_lstm,lstm,bn_lstm)
@@ -135,8 +143,28 @@ speed_stage() {
   return $rc
 }
 
+profile_stage() {
+  local traced=(flax_optimized_lstm cudnn_lstm lstm bn_lstm bn_lstm_cell) calls=3
+  (( quick )) && calls=1
+  "$python" benchmarks/launch_profile.py --shape a --traced "$(IFS=,; echo "${traced[*]}")" \
+    --calls $calls --json "$outdir/launch_profile_a.json"
+}
+
+hoist_stage() {
+  local shapes=${SHAPES:-a,b,c,d} repeats=() rc=0 shape
+  (( quick )) && { shapes=${SHAPES:-d}; repeats=(--repeats 1); }
+  for shape in ${shapes//,/ }; do
+    "$python" benchmarks/rnn_speed.py --shapes "$shape" --dtypes float32 --hoist false \
+      --impls flax_optimized_lstm,lstm,bn_lstm "${repeats[@]}" --nobatch_sums \
+      --json "$outdir/rnn_speed_${shape}_in_step.json" || rc=1
+  done
+  return $rc
+}
+
 overhead_stage() {
   local args=(--population --population_repeats 3)
+  # shellcheck disable=SC2206  # OVERHEAD_ARGS is a list of words
+  [[ -n "${OVERHEAD_ARGS:-}" ]] && args=($OVERHEAD_ARGS)
   (( quick )) && args=(--steps_quickstart 4 --steps_mnist 2 --repeats 1)
   "$python" benchmarks/trainer_overhead.py "${args[@]}" --out "$outdir/trainer_overhead.json"
 }
@@ -147,8 +175,9 @@ if [[ -n "$wheels" ]]; then
 fi
 for stage in $stages; do
   case "$stage" in
-    env|tests|speed|overhead) run_stage "$stage" "${stage}_stage" ;;
-    *) echo "unknown stage '$stage' (env, tests, speed, overhead)"; failed+=("$stage") ;;
+    env|tests|speed|profile|hoist|overhead) run_stage "$stage" "${stage}_stage" ;;
+    *) echo "unknown stage '$stage' (env, tests, speed, profile, hoist, overhead)"
+       failed+=("$stage") ;;
   esac
 done
 if (( ${#failed[@]} )); then

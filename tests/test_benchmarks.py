@@ -1,5 +1,6 @@
 """The benchmarks: rnn_speed.py's products-only floor and cuDNN path against NumPy
-float64 versions, its rows per dtype and skip lines, the machine facts every result
+float64 versions, its rows per dtype and skip lines, launch_profile.py's summary of a
+kernel timeline, the machine facts every result
 records, and accelerator_check.sh's first stage run end to end."""
 
 import json
@@ -20,6 +21,7 @@ sys.path.insert(0, BENCHMARKS)
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import cudnn_lstm
 import environment
+import launch_profile
 import machine_facts
 import program_facts
 import rnn_speed
@@ -274,3 +276,28 @@ def test_accelerator_check_usage_and_unknown_stage(tmp_path):
   bad = subprocess.run(['bash', script, str(tmp_path)], env=env, capture_output=True,
                        text=True, check=False)
   assert bad.returncode == 1 and "unknown stage 'bogus'" in bad.stdout
+
+
+def test_launch_profile_summary_of_a_known_timeline():
+  # Kernels (ns): [0, 10], [15, 20], [18, 30] overlapping the second, [40, 45]:
+  # gaps 5 and 10, busy 10 + 15 + 5 of the 45 ns span; 4 kernels over 2 calls of 1 step.
+  events = [(0, 10), (15, 20), (18, 30), (40, 45)]
+  got = launch_profile.summarise(events, calls=2, steps=1)
+  assert got['kernels'] == 4 and got['kernels_per_step'] == 2.0
+  assert got['gap_us'] == pytest.approx(7.5e-3)
+  assert got['busy'] == pytest.approx(30 / 45)
+  assert got['kernel_us'] == pytest.approx(7.5e-3)  # median of 10, 5, 12, 5 ns
+  assert got['ms_per_call'] == pytest.approx(45 / 2 / 1e6)
+  assert launch_profile.summarise([], calls=1, steps=1) == {'device_plane': False}
+
+
+def test_launch_profile_reads_only_the_gpu_streams():
+  event = lambda name, start, end: type('E', (), dict(name=name, start_ns=start, end_ns=end))
+  line = lambda name, *events: type('L', (), dict(name=name, events=list(events)))
+  plane = lambda name, *lines: type('P', (), dict(name=name, lines=list(lines)))
+  profile = type('Profile', (), dict(planes=[
+      plane('/host:CPU', line('Stream #1', event('k', 0, 1))),
+      plane('/device:GPU:0', line('Stream #7(compute)', event('fusion', 5, 9),
+                                  event('MemcpyD2H', 9, 12), event('gemm', 1, 3)),
+            line('XLA Ops', event('fusion', 5, 9)))]))
+  assert launch_profile.kernel_events(profile) == [(1, 3), (5, 9)]

@@ -1,0 +1,143 @@
+r"""Is a recurrent layer's step launch-bound? One `jax.profiler` trace, summarised.
+
+For each implementation (`rnn_speed.py`'s names), the jitted fwd+bwd of a shape is traced
+for `--calls` calls after warm-up. The trace's device plane (`/device:GPU:0`, its `Stream`
+lines) gives every kernel with its start and end; per implementation the JSON records
+
+  kernels_per_step   kernels of one fwd+bwd over the time steps T (forward and backward
+                     together: a step's share of both passes)
+  kernel_us          median kernel duration
+  gap_us             median idle time between one kernel's end and the next one's start
+                     (kernels of all streams merged; overlapping kernels give no gap)
+  busy               the share of the traced span in which some kernel runs
+  ms_per_call        the traced span over the calls
+
+A step whose kernels are short beside the gaps between them (busy well under one half)
+waits on launches, not on arithmetic: fusing the step (fewer, larger kernels) or running
+more examples per kernel would speed it up, faster kernels would not.
+
+Where the trace has no device plane (a CPU run), the rows record `device_plane: false`
+and the host plane's XLA operations are not counted: on a CPU there are no launches.
+
+  python benchmarks/launch_profile.py --shape a --traced flax_optimized_lstm,lstm,bn_lstm \
+      --json OUT.json
+  python benchmarks/launch_profile.py --report OUT.json
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import statistics
+import tempfile
+
+from absl import app
+from absl import flags
+import jax
+
+import machine_facts  # pylint: disable=g-bad-import-order
+import rnn_speed  # pylint: disable=g-bad-import-order
+
+_SHAPE = flags.DEFINE_enum('shape', 'a', list(rnn_speed.SHAPES), 'Shape to trace.')
+_IMPLS = flags.DEFINE_list('traced', [rnn_speed.REFERENCE, rnn_speed.CUDNN, 'lstm', 'bn_lstm',
+                                     rnn_speed.CELL], 'Implementations to trace.')
+_CALLS = flags.DEFINE_integer('calls', 3, 'Traced calls per implementation.')
+# `--json` (write the results) and `--report` (print a saved table) are rnn_speed.py's flags.
+_OUT, _REPORT = rnn_speed._JSON, rnn_speed._REPORT  # pylint: disable=protected-access
+
+NON_KERNELS = ('Memcpy', 'Memset')
+
+
+def kernel_events(profile) -> list[tuple[int, int]]:
+  """`(start_ns, end_ns)` of every kernel on the first GPU plane's streams, sorted."""
+  events = []
+  for plane in profile.planes:
+    if not plane.name.startswith('/device:GPU:'):
+      continue
+    for line in plane.lines:
+      if not line.name.startswith('Stream'):
+        continue
+      events += [(e.start_ns, e.end_ns) for e in line.events
+                 if not e.name.startswith(NON_KERNELS)]
+    break
+  return sorted(events)
+
+
+def summarise(events: list[tuple[int, int]], calls: int, steps: int) -> dict:
+  """The numbers of the module docstring from sorted `(start_ns, end_ns)` kernels."""
+  if not events:
+    return {'device_plane': False}
+  gaps, busy = [], 0
+  current_start, current_end = events[0]
+  for start, end in events[1:]:
+    if start > current_end:
+      gaps.append(start - current_end)
+      busy += current_end - current_start
+      current_start, current_end = start, end
+    else:
+      current_end = max(current_end, end)
+  busy += current_end - current_start
+  span = current_end - events[0][0]
+  return {'device_plane': True, 'kernels': len(events),
+          'kernels_per_step': len(events) / (calls * steps),
+          'kernel_us': statistics.median(e - s for s, e in events) / 1e3,
+          'gap_us': statistics.median(gaps) / 1e3 if gaps else 0.0,
+          'busy': busy / span if span else 1.0,
+          'ms_per_call': span / calls / 1e6}
+
+
+def trace(impl: str, shape: dict, calls: int) -> dict:
+  """The summary of `calls` traced fwd+bwd calls of `impl` at `shape` (float32)."""
+  step, params = rnn_speed._build(impl, shape)  # pylint: disable=protected-access
+  for _ in range(2):
+    jax.block_until_ready(step(params))
+  with tempfile.TemporaryDirectory() as logdir:
+    with jax.profiler.trace(logdir):
+      for _ in range(calls):
+        jax.block_until_ready(step(params))
+    paths = glob.glob(os.path.join(logdir, '**', '*.xplane.pb'), recursive=True)
+    if not paths:
+      return {'device_plane': False, 'error': 'the trace wrote no xplane.pb'}
+    profile = jax.profiler.ProfileData.from_file(paths[0])
+    return summarise(kernel_events(profile), calls, shape['time'])
+
+
+def format_table(saved: dict) -> str:
+  lines = ['| impl | kernels / step | kernel µs | gap µs | busy | ms / call |',
+           '|---|---:|---:|---:|---:|---:|']
+  for row in saved['rows']:
+    if not row.get('device_plane'):
+      lines.append(f"| {row['impl']} | no device plane | | | | |")
+      continue
+    lines.append(f"| {row['impl']} | {row['kernels_per_step']:.1f} | {row['kernel_us']:.1f} "
+                 f"| {row['gap_us']:.1f} | {row['busy']:.2f} | {row['ms_per_call']:.1f} |")
+  return '\n'.join(lines)
+
+
+def main(argv):
+  del argv
+  if _REPORT.value:
+    with open(_REPORT.value) as f:
+      print(format_table(json.load(f)))
+    return
+  facts = machine_facts.machine()
+  shape = rnn_speed.SHAPES[_SHAPE.value]
+  cudnn_unavailable = rnn_speed.cudnn_lstm.unavailable_reason()
+  rows, skipped = [], []
+  for impl in _IMPLS.value:
+    reason = rnn_speed.skip_reason(impl, 'float32', cudnn_unavailable)
+    if reason:
+      skipped.append(reason)
+      continue
+    rows.append({'impl': impl, **trace(impl, shape, _CALLS.value)})
+  saved = {'machine': facts, 'shape': _SHAPE.value, 'calls': _CALLS.value,
+           'skipped': skipped, 'rows': rows}
+  print(format_table(saved))
+  if _OUT.value:
+    with open(_OUT.value, 'w') as f:
+      json.dump(saved, f, indent=1)
+
+
+if __name__ == '__main__':
+  app.run(main)
