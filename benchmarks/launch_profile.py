@@ -10,8 +10,11 @@ lines) gives every kernel with its start and end; per implementation the JSON re
   gap_us             median idle time between one kernel's end and the next one's start
                      (kernels of all streams merged; overlapping kernels give no gap)
   busy               the share of the traced span in which some kernel runs
-  ms_per_call        the traced span over the calls
+  ms_per_call        the traced span over the calls (tracing slows the calls: read
+                     rnn_speed.py's untraced times for speed)
 
+and the table adds each time step's kernel time and idle time (`ms_per_call` split by
+`busy`, over T).
 A step whose kernels are short beside the gaps between them (busy well under one half)
 waits on launches, not on arithmetic: fusing the step (fewer, larger kernels) or running
 more examples per kernel would speed it up, faster kernels would not.
@@ -104,14 +107,19 @@ def trace(impl: str, shape: dict, calls: int) -> dict:
 
 
 def format_table(saved: dict) -> str:
-  lines = ['| impl | kernels / step | kernel µs | gap µs | busy | ms / call |',
-           '|---|---:|---:|---:|---:|---:|']
+  """The JSON's rows, with each step's kernel time and idle time (from `busy`)."""
+  steps = rnn_speed.SHAPES[saved['shape']]['time']
+  lines = ['| impl | kernels / step | kernel µs (median) | gap µs (median) | busy | '
+           'µs / step: kernels | µs / step: idle |',
+           '|---|---:|---:|---:|---:|---:|---:|']
   for row in saved['rows']:
     if not row.get('device_plane'):
-      lines.append(f"| {row['impl']} | no device plane | | | | |")
+      lines.append(f"| {row['impl']} | no device plane | | | | | |")
       continue
+    per_step = row['ms_per_call'] * 1e3 / steps
     lines.append(f"| {row['impl']} | {row['kernels_per_step']:.1f} | {row['kernel_us']:.1f} "
-                 f"| {row['gap_us']:.1f} | {row['busy']:.2f} | {row['ms_per_call']:.1f} |")
+                 f"| {row['gap_us']:.1f} | {row['busy']:.2f} | {per_step * row['busy']:.0f} "
+                 f"| {per_step * (1 - row['busy']):.0f} |")
   return '\n'.join(lines)
 
 

@@ -28,8 +28,8 @@ Which one is faster depends on H / B (measured on a 2-core CPU with
 accumulators at every step; this one stores and rereads `[B, G*H]` cotangents per step
 instead. With a small H / B the accumulators stay in cache and the autodiff path wins;
 with a large one (H1000 at B64, H650 at B32) this one does. `RecurrentLayer(backward=
-'auto')` picks it on CPU for LSTM layers with H >= 8 B (`policy.py`); accelerators keep
-the autodiff path until measured.
+'auto')` picks it on CPU for LSTM layers with H >= 8 B, and on a GPU for LSTM layers
+without batch norm (`policy.py`, measured there too); TPUs keep the autodiff path.
 
 Batch moments are outputs without a gradient (the cells stop it), so they take no part
 in the backward pass; forward-mode differentiation (`jax.jvp`) of this path is not

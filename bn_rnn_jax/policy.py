@@ -5,35 +5,46 @@ same outputs, statistics and gradients (the tests force each one on CPU and comp
 Each layer field takes a value or 'auto'; `resolve` turns 'auto' into the backend's
 choice once per call, for the layer's size and per-device batch:
 
-  | choice | CPU | GPU, TPU |
-  |---|---|---|
-  | `hoist_input` | in the step (False) | hoisted (True) |
-  | `remat` | with batch norm: 'full' up to H128, 'dots' above; else 'none' | 'none' |
-  | `backward` | 'layer' for LSTMs with H >= 8 B; else 'scan' | 'scan' |
-  | `batch_sums` | 'contraction' | 'reduce' |
+  | choice | CPU | GPU | TPU |
+  |---|---|---|---|
+  | `hoist_input` | in the step (False) | hoisted (True) | hoisted (True) |
+  | `remat` | with batch norm: 'full' up to H128, 'dots' above; else 'none' | with batch norm: 'dots'; else 'none' | 'none' |
+  | `backward` | 'layer' for LSTMs with H >= 8 B; else 'scan' | 'layer' for LSTMs without batch norm; else 'scan' | 'scan' |
+  | `batch_sums` | 'contraction' | 'reduce' | 'reduce' |
+
+The CPU and GPU columns are set from `benchmarks/rnn_speed.py` runs (docs/speed.md has
+both tables); the TPU column is reasoned, not measured.
 
 Why, per choice:
 - `hoist_input`: W_x x for all steps as one large product before the scan (as cuDNN
   does) or inside each step. On CPU the hoisted `[T, B, G*H]` block costs memory traffic
   that the in-step product avoids: a hoisted plain LSTM ran 1.2-1.5x slower than Flax's
-  in-loop `OptimizedLSTMCell`, the in-step one matched it. Accelerators favour the one
-  large product. Sequence-wise input statistics need every step's input term before the
-  scan, so those layers always hoist.
+  in-loop `OptimizedLSTMCell`, the in-step one matched it. On a GPU the hoisted product
+  was as fast or faster (BN-LSTM at B64 H1000: 1.08x Flax's time hoisted, 1.20x in the
+  step). Sequence-wise input statistics need every step's input term before the scan,
+  so those layers always hoist.
 - `remat` (what the backward pass recomputes instead of storing per step): on CPU a
   batch-normalised step at H <= 128 is cheaper to recompute whole ('full': one more
   `[B, H] x [H, G*H]` product) than to store and reload its pointwise intermediates;
   above it, storing the matmul outputs ('dots') was faster at H240 and H1000
-  (`benchmarks/rnn_speed.py`). Accelerators keep everything ('none') until measured.
+  (`benchmarks/rnn_speed.py`). On a GPU, 'dots' was as fast as storing everything or
+  faster at H100 and H1000, in float32 and bfloat16, with 30-40 % less peak memory; TPUs
+  keep everything ('none') until measured.
 - `backward`: the autodiff of `lax.scan` ('scan') adds `h^T dz` into the `[H, G*H]`
   weight gradient at every step; the whole-layer pass of `layer_vjp` ('layer') stores
   `[B, G*H]` cotangents and forms the weight gradients in one product after the reverse
   scan, so it gains as H / B grows: on CPU it was faster for LSTMs at B64 H1000 and B32
-  H650, slower at B64 H100 and B40 H240. The tanh RNN and accelerators were not measured
-  and keep 'scan'.
+  H650, slower at B64 H100 and B40 H240. On a GPU it was faster for plain LSTMs at both
+  B64 H100 and B64 H1000 (0.80 and 0.72 of Flax's time against 0.87 and 0.83); for the
+  BN-LSTM it was slower than the autodiff with 'dots' at H100 and equal at H1000
+  (float32), with 1.7x the peak memory. It defines no forward-mode
+  derivative (`jax.jvp`): a layer that needs one takes `backward='scan'`. The tanh RNN
+  and TPUs were not measured and keep 'scan'.
 - `batch_sums` (the sums over the batch of the moments and of batch norm's backward
   pass): XLA's CPU reduction over the batch axis slows several times once the kept part
   passes about 32K elements (a `[64, 800]` sum per scan step took 5-9x a contraction with
-  ones), so CPU contracts with ones; other backends fuse the reduction with its producer.
+  ones), so CPU contracts with ones; on a GPU the two ran equally fast at every size
+  measured, and other backends reduce.
 """
 
 from __future__ import annotations
@@ -102,14 +113,15 @@ def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
 
     >>> import dataclasses
     >>> from bn_rnn_jax import policy
-    >>> for backend in ('cpu', 'gpu'):
+    >>> for backend in ('cpu', 'gpu', 'tpu'):
     ...   choices = policy.resolve(
     ...       cell='lstm', hidden_size=1000, batch=64, batch_norm=True, sequence_input=False,
     ...       hoist_input=None, remat='auto', backward='auto', batch_sums='auto',
     ...       backend=backend)
     ...   print(backend, dataclasses.astuple(choices))
     cpu (False, 'dots', 'layer', 'contraction')
-    gpu (True, 'none', 'scan', 'reduce')
+    gpu (True, 'dots', 'scan', 'reduce')
+    tpu (True, 'none', 'scan', 'reduce')
   """
   backend = backend or jax.default_backend()
   cpu = backend == 'cpu'
@@ -123,15 +135,17 @@ def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
   else:
     raise ValueError(f'hoist_input must be None ({AUTO!r}), True or False; got '
                      f'{hoist_input!r}.')
+  gpu = backend in ('gpu', 'cuda', 'rocm')
   _choice('remat', remat, REMAT_MODES)
   if remat == AUTO:
     if cpu and batch_norm:
       remat = 'full' if hidden_size <= FULL_REMAT_MAX_HIDDEN else 'dots'
     else:
-      remat = 'none'
+      remat = 'dots' if gpu and batch_norm else 'none'
   _choice('backward', backward, BACKWARD_PASSES)
   if backward == AUTO:
     wide = hidden_size >= LAYER_BACKWARD_MIN_HIDDEN_PER_EXAMPLE * batch
-    backward = 'layer' if cpu and cell == 'lstm' and wide else 'scan'
+    layer = (cpu and wide) or (gpu and not batch_norm)
+    backward = 'layer' if cell == 'lstm' and layer else 'scan'
   return ExecutionPolicy(hoist_input=hoist, remat=remat, backward=backward,
                          batch_sums=batch_sums_for(backend, batch_sums))

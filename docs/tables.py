@@ -257,8 +257,10 @@ def machine(path: str) -> str:
   cores = m.get('cores') or m.get('cpu_count')
   load = m.get('load_average_1_5_15_min') or m.get('load_average_1_5_15_min_at_start')
   versions = m.get('versions') or {'jax': m.get('jax')}
+  backend = m.get('backend', 'cpu')
+  device = f" ({m['device_kind']})" if backend != 'cpu' and m.get('device_kind') else ''
   parts = [f'{processor}' if processor and processor != 'unknown' else 'processor not recorded',
-           f'{cores} cores', f"backend {m.get('backend', 'cpu')}",
+           f'{cores} cores', f'backend {backend}{device}',
            f"`XLA_FLAGS='{m['xla_flags']}'`" if m.get('xla_flags') else 'XLA flags not recorded',
            ', '.join(f'{k} {v}' for k, v in versions.items() if v)]
   if load:
@@ -291,6 +293,11 @@ def speed_targets(path: str = 'benchmarks/results/rnn_speed_cpu.json') -> str:
     out.append([what, label, f'≤ {bound:.2f}', f'{ratio:.2f}',
                 'met' if ratio <= bound else 'not met'])
   return markdown(['target', 'shape', 'bound', 'measured', ''], out)
+
+
+def launch_profile(path: str = 'benchmarks/results/launch_profile_gpu_a.json') -> str:
+  """`benchmarks/launch_profile.py --report`: kernels per time step, and their share."""
+  return _benchmark_module('launch_profile').format_table(_load(path))
 
 
 def trainer_overhead(path: str = 'benchmarks/results/trainer_overhead_cpu.json') -> str:
@@ -337,6 +344,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     'experiments': experiments, 'rnn_speed': rnn_speed, 'batch_sums': batch_sums,
     'speed_targets': speed_targets, 'trainer_overhead': trainer_overhead,
     'machine': machine, 'figures': figures, 'variable_length': variable_length,
+    'launch_profile': launch_profile,
 }
 
 

@@ -10,16 +10,16 @@ The names:
                     also reachable by the name of its JSON (e.g. brown_tagger_speed)
   figures           the numbers of the figures, from the JSONs of `experiments/analysis/`
                     in `experiments/results/figures/`
-  rnn_speed         benchmarks/rnn_speed.py's tables (benchmarks/results/rnn_speed_cpu.json)
-  rnn_speed_cells   its nn.RNN(BNLSTMCell) row beside bn_lstm and Flax, shapes (a), (c)
-                    (benchmarks/results/rnn_speed_cells_cpu.json)
-  trainer_overhead  benchmarks/trainer_overhead.py's tables
-                    (benchmarks/results/trainer_overhead_cpu.json)
+  <benchmark>       each JSON under benchmarks/results/, by its file name without
+                    `.json` and a trailing `_cpu` (rnn_speed, rnn_speed_cells,
+                    rnn_speed_gpu_a, trainer_overhead, launch_profile_gpu_a, ...),
+                    printed by its script's --report
   variable_length   batch statistics on variable-length data
                     (experiments/analysis/variable_length.py; its JSON in results/)
 An unknown name is a one-line error listing the known ones.
 """
 
+import glob
 import json
 import os
 import subprocess
@@ -36,15 +36,25 @@ from experiments.campaign import show  # pylint: disable=g-import-not-at-top,wro
 from experiments.campaign import spec  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FIGURES = os.path.join(ROOT, 'experiments', 'results', 'figures')
-# Benchmark tables, printed by their scripts from the committed JSON.
-BENCHMARKS = {
-    'rnn_speed': ['benchmarks/rnn_speed.py', '--report',
-                  'benchmarks/results/rnn_speed_cpu.json'],
-    'rnn_speed_cells': ['benchmarks/rnn_speed.py', '--report',
-                        'benchmarks/results/rnn_speed_cells_cpu.json'],
-    'trainer_overhead': ['benchmarks/trainer_overhead.py', '--report',
-                         'benchmarks/results/trainer_overhead_cpu.json'],
-}
+# The benchmark scripts that print a table from their JSON (`--report PATH`).
+BENCHMARK_SCRIPTS = ('rnn_speed', 'trainer_overhead', 'launch_profile', 'donation_memory')
+
+
+def benchmarks() -> dict[str, list[str]]:
+  """Each JSON under benchmarks/results/, named as its file without `.json` (and without
+  a trailing `_cpu`): the command that prints its table (the script its name starts
+  with, `--report`)."""
+  out = {}
+  for path in sorted(glob.glob(os.path.join(ROOT, 'benchmarks', 'results', '*.json'))):
+    stem = os.path.basename(path)[:-len('.json')]
+    script = next((s for s in BENCHMARK_SCRIPTS if stem.startswith(s)), None)
+    if script is None:
+      raise ValueError(f'{path}: no benchmark script of {BENCHMARK_SCRIPTS} names it.')
+    name = stem[:-len('_cpu')] if stem.endswith('_cpu') else stem
+    out[name] = [f'benchmarks/{script}.py', '--report', os.path.relpath(path, ROOT)]
+  return out
+
+
 _LIST = flags.DEFINE_bool('list', False, 'Print the names of the result sets and exit.')
 
 
@@ -114,7 +124,7 @@ def names() -> list[str]:
   training has none yet)."""
   from experiments import campaigns  # pylint: disable=g-import-not-at-top
   done = [n for n in spec.names() if n not in campaigns.IN_PROGRESS]
-  return done + ['figures', 'variable_length'] + list(BENCHMARKS) + sorted(
+  return done + ['figures', 'variable_length'] + list(benchmarks()) + sorted(
       _speed_campaigns())
 
 
@@ -130,13 +140,14 @@ def render(name: str) -> str:
     from experiments.analysis import variable_length  # pylint: disable=g-import-not-at-top
     with open(os.path.join(ROOT, 'experiments', 'results', 'variable_length.json')) as f:
       return f'## variable_length\n\n{variable_length.table(json.load(f))}\n'
-  if name in BENCHMARKS:
-    done = subprocess.run([sys.executable, *BENCHMARKS[name]], cwd=ROOT, capture_output=True,
+  commands = benchmarks()
+  if name in commands:
+    done = subprocess.run([sys.executable, *commands[name]], cwd=ROOT, capture_output=True,
                           text=True, check=False,
                           env={**os.environ, 'PYTHONPATH': os.pathsep.join(
                               [ROOT, os.environ.get('PYTHONPATH', '')]).rstrip(os.pathsep)})
     if done.returncode:
-      raise RuntimeError(f'{" ".join(BENCHMARKS[name])} failed: {done.stderr.strip()[-500:]}')
+      raise RuntimeError(f'{" ".join(commands[name])} failed: {done.stderr.strip()[-500:]}')
     return f'## {name}\n\n{done.stdout.strip()}\n'
   campaign = _speed_campaigns()[name]
   return '\n'.join(f'## {campaign.name}: {table}\n\n{show.render(campaign, table)}\n'

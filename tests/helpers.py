@@ -111,13 +111,22 @@ def last_line_without_traceback(stderr: str) -> str:
 
 
 # ----------------------------------------------------------------------------- commands
+def subprocess_env(env=None, **overrides) -> dict:
+  """A child process's environment: `env` (os.environ when None) with this repository
+  first on PYTHONPATH, ahead of what was there (packages a machine adds there), and
+  `overrides` set."""
+  env = dict(os.environ if env is None else env)
+  env['PYTHONPATH'] = os.pathsep.join(p for p in (REPO, env.get('PYTHONPATH')) if p)
+  env.update(overrides)
+  return env
+
+
 def run_python(args, *, env=None, cwd=REPO, timeout=300, one_device=False):
   """`python ARGS` in a fresh process with this repository importable.
 
   `one_device`: without the tests' 8 fake devices, on the CPU, as a user would start it.
   """
-  env = dict(os.environ if env is None else env)
-  env['PYTHONPATH'] = REPO
+  env = subprocess_env(env)
   if one_device:
     env.pop('XLA_FLAGS', None)
     env['JAX_PLATFORMS'] = 'cpu'

@@ -127,7 +127,7 @@ def test_a_stopped_runner_stops_its_runs_without_a_traceback(tmp_path, signum):
   """SIGTERM to the runner, or Ctrl-C (SIGINT to its whole process group, as a terminal
   sends it): the runs stop, no traceback anywhere, no run left behind."""
   runs_dir = str(tmp_path / 'runs')
-  env = dict(os.environ, PYTHONPATH=helpers.REPO)
+  env = helpers.subprocess_env()
   env.pop('XLA_FLAGS', None)
   proc = subprocess.Popen(
       [sys.executable, '-m', 'experiments.campaign', 'run', 'quickstart', '--tiny',

@@ -491,7 +491,7 @@ def _main(args, cwd, env):
 @pytest.mark.slow
 def test_config_argument_typo_and_missing_data_root_are_one_line(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != input_pipeline.ENV_VAR}
-  env['PYTHONPATH'] = REPO
+  env = helpers.subprocess_env(env)
   config = os.path.join(REPO, 'experiments', 'configs', 'ptb_char.py')
   line = _main(['--config', f'{config}:lstmm', '--workdir', str(tmp_path / 'a')], '/tmp', env)
   assert line == ("error: ptb_char.py:lstmm: 'lstmm' is no variant and no preset; variant "

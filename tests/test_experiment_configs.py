@@ -289,7 +289,7 @@ def test_experiment_config_loads_without_importing_jax(name):
           'heavy = sorted(m for m in ("jax", "flax", "optax", "orbax") if m in sys.modules)\n'
           'print(heavy)\n')
   out = subprocess.run([sys.executable, '-c', code], cwd=helpers.REPO, capture_output=True,
-                       text=True, env={**os.environ, 'PYTHONPATH': helpers.REPO}, check=True)
+                       text=True, env=helpers.subprocess_env(), check=True)
   assert out.stdout.strip() == '[]', out.stdout
 
 

@@ -14,12 +14,13 @@ from experiments import plot
 from experiments import report
 from experiments.campaign import show
 from experiments.campaign import spec
+import helpers
 
 REPO = spec.ROOT
 
 
 def _python(*args):
-  env = {**os.environ, 'PYTHONPATH': REPO}
+  env = helpers.subprocess_env()
   return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True,
                         text=True, timeout=300, check=False)
 
@@ -104,7 +105,8 @@ def test_report_names_every_committed_result():
   assert glob.glob(os.path.join(REPO, 'experiments', 'results', 'figures', '*.json'))
   assert 'figures' in names
   for path in glob.glob(os.path.join(REPO, 'benchmarks', 'results', '*.json')):
-    assert os.path.basename(path)[:-len('_cpu.json')] in names, path
+    stem = os.path.basename(path)[:-len('.json')]
+    assert (stem[:-len('_cpu')] if stem.endswith('_cpu') else stem) in names, path
 
 
 def test_report_prints_a_speed_table_by_its_json_name():

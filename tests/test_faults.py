@@ -63,7 +63,7 @@ def _copy(straight_run, tmp_path, name='copy'):
 
 # ====================================================================== kills
 def _worker(workdir, overrides, *extra, wait=True):
-  env = dict(os.environ, PYTHONPATH=REPO)
+  env = helpers.subprocess_env()
   args = [sys.executable, os.path.join(REPO, 'tests', 'fault_worker.py'), workdir,
           json.dumps(overrides), *map(str, extra)]
   proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE,

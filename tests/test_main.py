@@ -21,7 +21,7 @@ CONFIGS = os.path.join('experiments', 'configs')
 
 def _main(*args, python_flags=()):
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
-  env.update(JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
+  env = helpers.subprocess_env(env, JAX_PLATFORMS='cpu')
   return subprocess.run([sys.executable, *python_flags, 'experiments/main.py', *args],
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
                         check=False)

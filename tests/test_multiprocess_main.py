@@ -25,7 +25,7 @@ FLAGS = ('--config=experiments/configs/quickstart.py:tiny', '--config.train.num_
 
 
 def _env(devices: int) -> dict:
-  env = dict(os.environ, PYTHONPATH=helpers.REPO, JAX_PLATFORMS='cpu')
+  env = helpers.subprocess_env(JAX_PLATFORMS='cpu')
   env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
   return env
 

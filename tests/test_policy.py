@@ -5,10 +5,11 @@ CPU's computes.
 table is tested first). At the shape used here (B=4, H=32: H >= 8 B, so LSTMs take the
 whole-layer backward pass) the CPU's choices are: input term in the step, remat 'full',
 backward 'layer' (LSTMs; the tanh RNN 'scan') and batch sums by contraction with ones.
-GPUs and TPUs resolve every layer to the opposite: hoisted input term, remat 'none', the
-autodiff of the scan and reductions. The tests below take the CPU's choices (forced, so
-that they hold on any backend: on a GPU the same tests compare the two programs there)
-and force each accelerator choice alone, and all four together (what `resolve` gives
+TPUs resolve every layer to the opposite: hoisted input term, remat 'none', the
+autodiff of the scan and reductions; GPUs the same with remat 'dots' for these
+batch-normalised layers. The tests below take the CPU's choices (forced, so that they
+hold on any backend: on a GPU the same tests compare the two programs there) and force
+each TPU choice alone, and the GPU's and the TPU's four together (what `resolve` gives
 for 'gpu' and 'tpu', checked too), on every batch-normalised
 variant (per-step, sequence-wise and shared statistics; a mask with uneven lengths and
 junk in the padding), and compare with the CPU's own policy: outputs, final state,
@@ -64,11 +65,11 @@ RTOL_GRADS = 1e-4
 RTOL_REF_VALUES = 1e-4
 RTOL_REF_GRADS = 2e-4
 
-ACCELERATOR = {'hoist_input': True, 'remat': 'none', 'backward': 'scan',
-               'batch_sums': 'reduce'}
-# Each accelerator choice alone, then all four.
-FORCED = {**{name: {name: value} for name, value in ACCELERATOR.items()},
-          'accelerator': ACCELERATOR}
+# What the accelerators resolve these batch-normalised layers to.
+TPU = {'hoist_input': True, 'remat': 'none', 'backward': 'scan', 'batch_sums': 'reduce'}
+GPU = {**TPU, 'remat': 'dots'}
+# Each TPU choice alone, then each accelerator's four together.
+FORCED = {**{name: {name: value} for name, value in TPU.items()}, 'gpu': GPU, 'tpu': TPU}
 BATCH_VARIANTS = tuple(v for v in variants.VARIANTS if ref.batch_sites(v))
 
 
@@ -210,13 +211,15 @@ CPU_TABLE = {
 
 @pytest.mark.parametrize('backend', ['cpu', 'gpu', 'tpu'])
 def test_resolve_follows_the_table(backend):
-  """CPU: as measured (`policy.py`); GPU and TPU: hoisted, no remat, the autodiff of
-  the scan, reductions, whatever the layer."""
+  """CPU and GPU: as measured (`policy.py`); TPU: hoisted, no remat, the autodiff of the
+  scan, reductions, whatever the layer."""
   for (cell, hidden, batch, batch_norm, sequence_input), cpu in CPU_TABLE.items():
     got = policy.resolve(cell=cell, hidden_size=hidden, batch=batch, batch_norm=batch_norm,
                          sequence_input=sequence_input, hoist_input=None, remat='auto',
                          backward='auto', batch_sums='auto', backend=backend)
-    want = cpu if backend == 'cpu' else Policy(True, 'none', 'scan', 'reduce')
+    gpu = Policy(True, 'dots' if batch_norm else 'none',
+                 'layer' if cell == 'lstm' and not batch_norm else 'scan', 'reduce')
+    want = {'cpu': cpu, 'gpu': gpu, 'tpu': Policy(True, 'none', 'scan', 'reduce')}[backend]
     assert got == want, (backend, cell, hidden, batch, batch_norm, sequence_input)
 
 
@@ -244,7 +247,7 @@ def test_resolve_defaults_to_the_current_backend():
   assert policy.resolve(**fields) == policy.resolve(backend=jax.default_backend(), **fields)
 
 
-def test_cpu_policy_at_this_shape_is_the_opposite_of_the_accelerators():
+def test_cpu_policy_at_this_shape_differs_from_the_accelerators():
   """The shape makes every choice differ from the accelerators' where it can; on a CPU
   the layers' own 'auto' resolves to it."""
   for variant in BATCH_VARIANTS:
@@ -259,16 +262,16 @@ def test_cpu_policy_at_this_shape_is_the_opposite_of_the_accelerators():
 
 def test_every_case_is_run():
   cases = _cases()
-  # 6 variants x 5 forced policies, minus hoisting for the 2 with sequence-wise input
+  # 6 variants x 6 forced policies, minus hoisting for the 2 with sequence-wise input
   # statistics and the backward pass for the 2 tanh RNNs.
-  assert len(cases) == 6 * 5 - 2 - 2
+  assert len(cases) == 6 * 6 - 2 - 2
   assert {name for _, name in cases} == set(FORCED)
 
 
 @pytest.mark.parametrize('backend', ['gpu', 'tpu'])
 @pytest.mark.parametrize('variant', BATCH_VARIANTS)
 def test_forced_accelerator_policy_is_what_accelerators_resolve(variant, backend):
-  assert _resolve(variant, backend) == _policy_of(variant, tuple(ACCELERATOR.items()))
+  assert _resolve(variant, backend) == _policy_of(variant, tuple(FORCED[backend].items()))
 
 
 # The layers' own 'auto' on this CPU, at the shapes of the measurements.
@@ -304,7 +307,7 @@ def test_auto_backward_on_cpu_follows_the_measured_rule():
 
 
 @pytest.mark.parametrize('variant,choice', helpers.core_cases(
-    _cases(), core=[('bn_lstm', 'accelerator'), ('rnn_bn_recurrence', 'accelerator')]))
+    _cases(), core=[('bn_lstm', 'gpu'), ('rnn_bn_recurrence', 'tpu')]))
 def test_forced_choice_matches_cpu_policy(variant, choice):
   got = run(variant, tuple(FORCED[choice].items()))
   assert_same_training_pass(got, run(variant), RTOL_VALUES, RTOL_GRADS)
@@ -312,7 +315,7 @@ def test_forced_choice_matches_cpu_policy(variant, choice):
 
 @pytest.mark.parametrize('variant,choice', helpers.core_cases(
     [(variant, choice) for variant in BATCH_VARIANTS for choice in ('cpu', *FORCED)],
-    core=[('bn_lstm', 'cpu'), ('bn_lstm', 'accelerator')]))
+    core=[('bn_lstm', 'cpu'), ('bn_lstm', 'gpu')]))
 def test_each_policy_matches_the_float64_reference(variant, choice):
   forced = () if choice == 'cpu' else tuple(FORCED[choice].items())
   got = run(variant, forced)
@@ -348,9 +351,9 @@ def test_trainer_step_with_the_accelerator_policy_matches_the_cpu_policy():
   is the gradient times the learning rate) plus a validation pass with population
   statistics give what the CPU's policy gives."""
   policy_cpu, (init_cpu, cpu, metrics_cpu, valid_cpu) = _trainer_step({})
-  policy_acc, (init_acc, acc, metrics_acc, valid_acc) = _trainer_step(ACCELERATOR)
+  policy_acc, (init_acc, acc, metrics_acc, valid_acc) = _trainer_step(GPU)
   assert policy_cpu == policy.ExecutionPolicy(False, 'full', 'layer', 'contraction')
-  assert policy_acc == policy.ExecutionPolicy(**ACCELERATOR)
+  assert policy_acc == policy.ExecutionPolicy(**GPU)
   for a, b in zip(jax.tree.leaves(init_acc.params), jax.tree.leaves(init_cpu.params)):
     np.testing.assert_array_equal(a, b)
   for name, before, after_acc, after_cpu in zip(

@@ -97,7 +97,7 @@ def test_main_stops_cleanly_and_says_how_to_continue(tmp_path):
           '--config.model.hidden_size=8', '--config.eval.population_batches=1',
           '--config.eval.max_batches=1', '--config.train.time_budget_s=1e-9']
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
-  env.update(JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
+  env = helpers.subprocess_env(env, JAX_PLATFORMS='cpu')
   first = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=300, check=False)
   assert first.returncode == 0, first.stderr[-3000:]

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import metric_writer
+import helpers
 import real_data
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,7 +115,7 @@ def tiny_runs(tmp_path_factory):
            'laurent_speech': _write_kaldi(str(data / 'kaldi'))}
   # A fresh process as a user starts it: one CPU device (conftest asks for 8 fake ones).
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
-  env.update(JAX_PLATFORMS='cpu', PYTHONPATH=REPO,
+  env = helpers.subprocess_env(env, JAX_PLATFORMS='cpu',
              JAX_COMPILATION_CACHE_DIR=str(base / 'jax_cache'),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
