@@ -26,7 +26,7 @@ row names its dtype, and its ratios are to Flax in the same dtype and to cuDNN (
 its only dtype). "bf16 dots" counts the products JAX emits with bfloat16 operands, of
 all the fwd+bwd's products (`dot_operands`): Flax's bfloat16 cell runs its backward
 products in bfloat16 too; our layer's whole-layer backward pass (`:layer`) does, but
-under the autodiff of the scan (`:scan`, the accelerators' choice) its `dtype` casts the
+under the autodiff of the scan (`:scan`, the TPU's choice and the GPU's for batch norm) its `dtype` casts the
 forward products only (their outputs are float32, so the backward products take float32
 cotangents). The JSON
 records the machine (`machine_facts.py`: processor, cores, XLA flags, matmul precision,
