@@ -19,6 +19,10 @@ device the same code runs under a 1-device pmap. Multi-host runs call
 `jax.distributed.initialize()` first; each process then feeds its own share of the global
 batch to its local devices, and the psums span all processes' devices.
 
+A mapped function may donate arguments (`device_map(..., donate_argnums=...)`, both
+backends): the train step donates its state, whose buffers then hold the new state and
+are deleted for the caller; `copy_on_devices` makes a copy that outlives the donation.
+
 Layout of arrays under pmap: replicated state has a leading axis of the local device
 count (`replicate`); data (and a carried recurrent state) is split along its batch axis
 into `[devices, batch / devices, ...]` (`shard`).
@@ -31,6 +35,7 @@ import json
 from typing import Any, Callable, Optional, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
@@ -171,16 +176,19 @@ def check_backend(backend: str) -> str:
 
 
 def device_map(fn: Callable, devices: Optional[Sequence[Any]] = None, backend: str = 'pmap',
-               in_axes: Any = 0) -> Callable:
+               in_axes: Any = 0, donate_argnums: Sequence[int] = ()) -> Callable:
   """Map `fn`, written for one device's share, over `devices` with axis name AXIS.
 
   Arguments with in_axes 0 carry a leading device axis (replicated state, data split by
   `shard`); None marks a value passed to every device as it is. Outputs get a leading
-  device axis. Same call and layout for both backends.
+  device axis. The arguments at `donate_argnums` are donated: their device buffers may
+  be reused for the outputs and are deleted by the call, so the caller must not read
+  them again. Same call and layout for both backends.
   """
+  donate_argnums = tuple(donate_argnums)
   if check_backend(backend) == 'pmap':
-    return pmap(fn, devices, in_axes=in_axes)
-  return _shard_map(fn, tuple(devices or jax.local_devices()), in_axes)
+    return pmap(fn, devices, in_axes=in_axes, donate_argnums=donate_argnums)
+  return _shard_map(fn, tuple(devices or jax.local_devices()), in_axes, donate_argnums)
 
 
 def device_mesh(devices: Sequence[Any]) -> jax.sharding.Mesh:
@@ -190,7 +198,8 @@ def device_mesh(devices: Sequence[Any]) -> jax.sharding.Mesh:
   return jax.sharding.Mesh(np.asarray(devices), (AXIS,))
 
 
-def _shard_map(fn: Callable, devices: tuple, in_axes: Any) -> Callable:
+def _shard_map(fn: Callable, devices: tuple, in_axes: Any,
+               donate_argnums: tuple = ()) -> Callable:
   mesh = device_mesh(devices)
 
   def arg_axes(args):
@@ -210,7 +219,7 @@ def _shard_map(fn: Callable, devices: tuple, in_axes: Any) -> Callable:
     return jax.shard_map(per_device, mesh=mesh, in_specs=specs,
                          out_specs=PartitionSpec(AXIS), check_vma=False)(*args)
 
-  return jax.jit(mapped)
+  return jax.jit(mapped, donate_argnums=donate_argnums)
 
 
 def put_sharded(tree: Any, devices: Sequence[Any], backend: str = 'pmap') -> Any:
@@ -233,6 +242,17 @@ def put_sharded(tree: Any, devices: Sequence[Any], backend: str = 'pmap') -> Any
 @functools.lru_cache(maxsize=None)
 def _identity(devices: tuple) -> Callable:
   return pmap(lambda x: x, list(devices))
+
+
+def copy_on_devices(tree: Any, devices: Sequence[Any], backend: str = 'pmap') -> Any:
+  """A copy of a device tree (leading device axis) in new device buffers, placed as the
+  steps' outputs are: it stays valid when `tree` is donated to a step."""
+  return _copier(tuple(devices), check_backend(backend))(tree)
+
+
+@functools.lru_cache(maxsize=None)
+def _copier(devices: tuple, backend: str) -> Callable:
+  return device_map(lambda tree: jax.tree.map(jnp.copy, tree), list(devices), backend)
 
 
 def replicate(tree: Any, devices: Sequence[Any], backend: str = 'pmap') -> Any:
