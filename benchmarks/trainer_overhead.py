@@ -91,9 +91,9 @@ def _cpu() -> float:
   return usage.ru_utime + usage.ru_stime
 
 
-def _timed(fn):
+def _timed(fn, *args):
   wall, cpu = time.perf_counter(), _cpu()
-  fn()
+  fn(*args)
   return time.perf_counter() - wall, _cpu() - cpu
 
 
@@ -127,8 +127,12 @@ def measure(name: str, num_steps: int, repeats: int) -> dict:
   workdir = tempfile.mkdtemp()
   writer = metric_writer.MetricWriter(workdir, enabled=False)
 
-  def bare():
-    state = start
+  def fresh():
+    """A copy of the first state for `bare` and `sync`, made before the clock starts:
+    their steps donate the state they start from (`config.train.donate_state`)."""
+    return (jax.block_until_ready(trainer.copy_state(start)),)
+
+  def bare(state):
     for batch in batches:
       state, metrics = trainer.p_train_step(state, batch)
     jax.block_until_ready((state, metrics))
@@ -136,8 +140,7 @@ def measure(name: str, num_steps: int, repeats: int) -> dict:
   def run_loop():
     loop._Run(trainer, writer, _NoCheckpoints()).run()  # pylint: disable=protected-access
 
-  def sync():
-    state = start
+  def sync(state):
     for step in range(num_steps):
       state, metrics = trainer.p_train_step(state, trainer.train_batch(step))
       metrics = {k: float(v[0]) for k, v in metrics.items()}
@@ -147,12 +150,13 @@ def measure(name: str, num_steps: int, repeats: int) -> dict:
       jax.block_until_ready(trainer.device_batch(step))
 
   kinds = {'bare': bare, 'loop': run_loop, 'sync': sync, 'host': host_work}
-  for fn in kinds.values():  # compile and warm up
-    fn()
+  args = lambda kind: fresh() if kind in ('bare', 'sync') else ()
+  for kind, fn in kinds.items():  # compile and warm up
+    fn(*args(kind))
   times = {kind: [] for kind in kinds}
   for _ in range(repeats):
     for kind, fn in kinds.items():
-      times[kind].append(_timed(fn))
+      times[kind].append(_timed(fn, *args(kind)))
   result = {'shape': _shape(config, trainer), 'data': data, 'steps': num_steps,
             'repeats': repeats}
   for kind, values in times.items():

@@ -110,6 +110,12 @@ def default_config() -> ml_collections.ConfigDict:
   # what it computes (data, model, optimizer, batch, seed) is refused unless this is True;
   # the change is then recorded in <workdir>/config_changes.jsonl (bn_rnn_jax.workdir).
   t.allow_config_change = False
+  # Donate the state to the train step: XLA may write the new state into the old one's
+  # buffers instead of new ones (what that saves: docs/speed.md). The loop then keeps its
+  # last checked state (where a replay after a non-finite step starts) as a device copy
+  # made at each metrics fetch. False: no donation, no copy (the input state stays
+  # readable).
+  t.donate_state = True
 
   config.eval = e = ml_collections.ConfigDict()
   e.every = 500                  # steps between evaluations (and at the last step)

@@ -153,11 +153,15 @@ class _Run:
     re-runs the (deterministic) steps from the last fetched state to the step before it,
     saves that state (checked finite again on the host) and raises FloatingPointError.
     So every checkpoint holds a state checked finite, and a bad state never evicts one.
+  - the step donates the state it is given (`config.train.donate_state`), so the state
+    a replay starts from is kept as a device copy (`Trainer.copy_state`), made at the
+    start and at each fetch: with the running state, two states live on the device.
 
   Attributes (the run's bookkeeping):
     state: the newest device state.
     checked_state, checked_step: the newest state whose steps were all fetched and found
-      finite (where a replay after a non-finite step starts).
+      finite (where a replay after a non-finite step starts); a copy of it when the step
+      donates its state.
     pending: `(step done, device metrics)` of the steps not fetched yet.
     window: the training metrics summed since the last log line.
     best: the best value of `checkpoint.best_metric` so far.
@@ -183,7 +187,7 @@ class _Run:
     self._check_best()
     writer.truncate(self.start)
     self.state = trainer.to_devices(host_state)
-    self.checked_state, self.checked_step = self.state, self.start
+    self._check(self.start)
     self.pending = []
     self.window = metric_writer.MetricWindow(meta['window'], meta['window_steps'])
     self.best = meta['best']
@@ -230,10 +234,15 @@ class _Run:
         self._stop_at(step, m)
       self.window.add(m)
     self.pending.clear()
-    self.checked_state, self.checked_step = self.state, done
+    self._check(done)
+
+  def _check(self, done: int) -> None:
+    """Mark the current state (of step `done`) as checked finite: where a replay starts."""
+    self.checked_state = None  # the old copy goes before the new one is made
+    self.checked_state, self.checked_step = self.trainer.copy_state(self.state), done
 
   def _stop_at(self, bad: int, metrics: dict) -> None:
-    good = self.checked_state
+    good = self.checked_state  # donated by the first replayed step: the run ends here
     for step in range(self.checked_step, bad - 1):  # replay up to the last good step
       good, _ = self.trainer.p_train_step(good, self.trainer.device_batch(step))
     self._save(good, bad - 1)

@@ -62,8 +62,12 @@ class Trainer:
     common = dict(model=self.model, task=self.task)
     device_map = functools.partial(parallel.device_map, devices=self.devices,
                                    backend=self.backend)
+    # With config.train.donate_state the step donates its state (argument 0): the state
+    # passed in is deleted by the call; `copy_state` keeps one that outlives it.
+    self.donates_state = bool(config.train.get('donate_state', True))
     self.p_train_step = device_map(functools.partial(
-        train.train_step, tx=self.tx, carries_state=self.dataset.carries_state, **common))
+        train.train_step, tx=self.tx, carries_state=self.dataset.carries_state, **common),
+        donate_argnums=(0,) if self.donates_state else ())
     self.p_eval_step = device_map(functools.partial(train.eval_step, **common))
     self.p_batch_eval_step = device_map(functools.partial(
         train.eval_step, batch_statistics=True, **common))
@@ -86,7 +90,16 @@ class Trainer:
       carry = parallel.put_sharded(carry, self.devices, self.backend)
     return state.replace(carry=carry)
 
+  def copy_state(self, state: TrainState) -> TrainState:
+    """A device state that stays readable after `state` is passed to `p_train_step`: a
+    copy on the devices when the step donates its state, else `state` itself."""
+    if not self.donates_state:
+      return state
+    return parallel.copy_on_devices(state, self.devices, self.backend)
+
   def to_host(self, state: TrainState) -> TrainState:
+    """Device 0's copy of a device state as host arrays (the carry whole, still split
+    per device); safe to keep after `state` is donated to a step."""
     carry = None if state.carry is None else jax.tree.map(np.asarray, state.carry)
     return parallel.unreplicate(state.replace(carry=None)).replace(carry=carry)
 

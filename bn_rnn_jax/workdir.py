@@ -29,12 +29,13 @@ CHANGES = 'config_changes.jsonl'
 
 #: Fields (or sections, ending in '.') that do not change what a run computes: logging,
 #: evaluation, checkpoint and time cadence, devices and processes, where the data lives,
-#: execution choices of the layers (policy.py), and the override flag itself.
+#: execution choices of the layers (policy.py) and of the train step (donating its state),
+#: and the override flag itself.
 HARMLESS = ('train.log_every', 'train.num_steps', 'train.time_budget_s', 'train.num_devices',
-            'train.allow_config_change', 'eval.', 'checkpoint.every', 'checkpoint.keep',
-            'parallel.', 'distributed.', 'data.root', 'data.tfds_data_dir', 'data.cache_dir',
-            'model.remat', 'model.unroll', 'model.backward', 'model.hoist_input',
-            'model.batch_sums')
+            'train.allow_config_change', 'train.donate_state', 'eval.', 'checkpoint.every',
+            'checkpoint.keep', 'parallel.', 'distributed.', 'data.root', 'data.tfds_data_dir',
+            'data.cache_dir', 'model.remat', 'model.unroll', 'model.backward',
+            'model.hoist_input', 'model.batch_sums')
 
 
 def flat_config(config) -> dict:

@@ -279,11 +279,12 @@ def test_eight_devices_equal_one_with_noise_and_dropout():
     cfg = config.copy_and_resolve_references()
     cfg.train.num_devices = n
     trainer = loop.Trainer(cfg, None, dataset)
-    init = trainer.to_devices(trainer.initial_state())
-    state, metrics = trainer.p_train_step(init, trainer.train_batch(0))
+    init = trainer.initial_state()  # on the host: the step donates its device state
+    state, metrics = trainer.p_train_step(trainer.to_devices(init), trainer.train_batch(0))
     results[n] = trainer.to_host(state), float(metrics['loss'][0])
     if n == 1:  # the randomness matters: another key gives another step
-      other, _ = trainer.p_train_step(init.replace(rng=init.rng + 1), trainer.train_batch(0))
+      other, _ = trainer.p_train_step(trainer.to_devices(init.replace(rng=init.rng + 1)),
+                                      trainer.train_batch(0))
       assert not np.allclose(trainer.to_host(other).params['rnn']['layer_0']['bias'],
                              trainer.to_host(state).params['rnn']['layer_0']['bias'])
   (s8, loss8), (s1, loss1) = results[8], results[1]

@@ -128,6 +128,26 @@ def test_non_finite_loss_stops_and_keeps_last_good_state(tmp_path):
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))
 
 
+def test_replay_after_a_non_finite_step_starts_from_the_checked_copy(tmp_path):
+  """The step donates its state (the default), so the state a replay starts from is a
+  copy: metrics fetched every 6 steps, NaN inputs at step 5; the replay re-runs steps 1
+  to 4 from the copy of the initial state and saves bitwise the state 4 plain steps give."""
+  config = fx.tiny_config('bn_lstm', **{
+      'model.initial_state': 'noise', 'train.num_steps': 7, 'train.log_every': 6,
+      'eval.every': 100, 'checkpoint.every': 100, 'train.num_devices': 2})
+  assert config.train.donate_state
+  dataset = fx.synthetic_dataset(config)
+  with pytest.raises(FloatingPointError, match=r'at step 5 .*last good state \(step 4\)'):
+    loop.train_and_evaluate(config, str(tmp_path), fx.NaNAt(dataset, 4))
+  saved, _ = fx.restore(config, str(tmp_path), dataset)
+  trainer = loop.Trainer(config, None, dataset)
+  state = trainer.to_devices(trainer.initial_state())
+  for step in range(4):
+    state, _ = trainer.p_train_step(state, trainer.train_batch(step))
+  assert int(saved.step) == 4
+  helpers.assert_trees_equal(saved, trainer.to_host(state))
+
+
 # ----------------------------------------------------------------------------- evaluation
 def test_config_errors_are_one_clear_line():
   bad = {'model.hidden_size': -3, 'train.batch_size': 0,

@@ -94,3 +94,56 @@ def test_shard_map_backend_equals_pmap(make_dataset):
     np.testing.assert_allclose(metrics_s[name], metrics_p[name], rtol=1e-6, err_msg=name)
   for name in valid_p:
     np.testing.assert_allclose(valid_s[name], valid_p[name], rtol=1e-6, err_msg=name)
+
+
+# ----------------------------------------------------------------------------- donation
+@pytest.mark.parametrize('backend', ['pmap', 'shard_map'])
+def test_copy_on_devices_outlives_a_donation(backend):
+  devices = jax.local_devices()[:4]
+  tree = {'w': parallel.replicate(np.arange(3, dtype=np.float32), devices, backend),
+          'none': None}
+  kept = parallel.copy_on_devices(tree, devices, backend)
+  double = parallel.device_map(lambda t: jax.tree.map(lambda x: 2 * x, t), devices, backend,
+                               donate_argnums=(0,))
+  doubled = double(tree)
+  assert tree['w'].is_deleted() and not kept['w'].is_deleted()
+  assert kept['w'].sharding == doubled['w'].sharding and kept['none'] is None
+  np.testing.assert_array_equal(parallel.unreplicate(kept)['w'], np.arange(3))
+  np.testing.assert_array_equal(parallel.unreplicate(doubled)['w'], 2 * np.arange(3))
+
+
+def _donation_run(config, dataset, backend, donate, steps=3):
+  """`steps` train steps on 8 devices: `(host state, host metrics of each step, whether
+  the first state's buffers were deleted, the host state a `copy_state` of it holds)`."""
+  config = config.copy_and_resolve_references()
+  config.parallel.backend = backend
+  config.train.num_devices = 8
+  config.train.donate_state = donate
+  trainer = loop.Trainer(config, None, dataset)
+  state = first = trainer.to_devices(trainer.initial_state())
+  kept = trainer.copy_state(first)
+  metrics = []
+  for step in range(steps):
+    state, m = trainer.p_train_step(state, trainer.train_batch(step))
+    metrics.append(m)
+  deleted = [x.is_deleted() for x in jax.tree.leaves(first)]
+  return trainer.to_host(state), jax.device_get(metrics), deleted, trainer.to_host(kept)
+
+
+@pytest.mark.parametrize('backend', ['pmap', 'shard_map'])
+def test_donated_steps_equal_undonated_ones_and_delete_their_input(backend):
+  """With the state donated, k steps end bitwise where they end without (the carried
+  state of a language model included); only the donated run's input is deleted, and the
+  copy kept of it still reads the initial state."""
+  config = fx.tiny_config('bn_lstm', **{'model.initial_state': 'noise',
+                                        'optimizer.name': 'adam'})
+  dataset = fx.LanguageModelDataset()
+  state_on, metrics_on, deleted_on, kept_on = _donation_run(config, dataset, backend, True)
+  state_off, metrics_off, deleted_off, kept_off = _donation_run(config, dataset, backend,
+                                                                False)
+  assert int(state_on.step) == 3 and state_on.carry is not None
+  helpers.assert_trees_equal(state_on, state_off)
+  helpers.assert_trees_equal(metrics_on, metrics_off)
+  assert all(deleted_on) and not any(deleted_off)
+  helpers.assert_trees_equal(kept_on, kept_off)
+  assert int(kept_on.step) == 0

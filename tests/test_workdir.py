@@ -87,7 +87,8 @@ def test_harmless_changes_pass_and_config_json_stays_the_first_launchs(first, tm
     saved = f.read()
   longer = _config(**{'train.num_steps': 6, 'train.log_every': 3, 'eval.every': 3,
                       'checkpoint.every': 3, 'checkpoint.keep': 3,
-                      'train.time_budget_s': 1e6, 'eval.max_batches': 1})
+                      'train.time_budget_s': 1e6, 'eval.max_batches': 1,
+                      'train.donate_state': False})
   loop.train_and_evaluate(longer, run, dataset)
   with open(os.path.join(run, 'config.json'), 'rb') as f:
     assert f.read() == saved

@@ -172,6 +172,7 @@ def fit(trainer: loop.Trainer, state: train.TrainState, num_steps: int,
   Returns `(state, history)`, history = `{'step', 'train_loss', 'train_accuracy',
   'eval_step', 'eval': [{'loss', 'metric'}], 'seconds'}`; the metric is accuracy or bits
   per character. Non-finite losses are recorded (as the papers' unstable runs would be).
+  The step donates `state` (`config.train.donate_state`): use the state returned.
   """
   if num_steps <= 0 or eval_every < 0:
     raise ValueError(f'num_steps ({num_steps}) must be > 0 and eval_every ({eval_every}) '
