@@ -326,6 +326,21 @@ def trainer_overhead(path: str = 'benchmarks/results/trainer_overhead_cpu.json')
   return text
 
 
+def donation_memory(path: str = 'benchmarks/results/donation_memory_cpu.json') -> str:
+  """`benchmarks/donation_memory.py`: the compiled train step's memory with its state
+  donated and not (MB)."""
+  saved = _load(path)
+  c = saved['config']
+  mb = lambda value: f'{value / 1e6:.1f}'
+  rows = [[f"{arm} (B{c['batch']} T{c['length']} H{c['hidden']} {c['variant']})",
+           mb(r['compiled']['argument']), mb(r['compiled']['output']),
+           mb(r['compiled']['alias']), mb(r['compiled']['temp']),
+           mb(r['compiled']['implied_peak']), 'yes' if r['input_deleted'] else 'no']
+          for arm, r in saved['arms'].items()]
+  return markdown(['donation', 'arguments, MB', 'outputs, MB', 'aliased, MB', 'temp, MB',
+                   'peak, MB', 'input deleted'], rows)
+
+
 # ---------------------------------------------------------------------- figures
 def figures() -> str:
   """`python experiments/report.py figures`: the numbers behind each figure."""
@@ -343,6 +358,7 @@ def variable_length(path: str = 'experiments/results/variable_length.json') -> s
 RENDERERS: dict[str, Callable[..., str]] = {
     'experiments': experiments, 'rnn_speed': rnn_speed, 'batch_sums': batch_sums,
     'speed_targets': speed_targets, 'trainer_overhead': trainer_overhead,
+    'donation_memory': donation_memory,
     'machine': machine, 'figures': figures, 'variable_length': variable_length,
     'launch_profile': launch_profile,
 }

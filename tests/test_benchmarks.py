@@ -1,7 +1,7 @@
 """The benchmarks: rnn_speed.py's products-only floor and cuDNN path against NumPy
 float64 versions, its rows per dtype and skip lines, launch_profile.py's summary of a
-kernel timeline, the machine facts every result
-records, and accelerator_check.sh's first stage run end to end."""
+kernel timeline, the machine facts every result records, donation_memory.py's saved
+results and quick mode, and accelerator_check.sh's first stage run end to end."""
 
 import json
 import os
@@ -20,6 +20,7 @@ BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 sys.path.insert(0, BENCHMARKS)
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import cudnn_lstm
+import donation_memory
 import environment
 import launch_profile
 import machine_facts
@@ -301,3 +302,35 @@ def test_launch_profile_reads_only_the_gpu_streams():
                                   event('MemcpyD2H', 9, 12), event('gemm', 1, 3)),
             line('XLA Ops', event('fusion', 5, 9)))]))
   assert launch_profile.kernel_events(profile) == [(1, 3), (5, 9)]
+
+
+def test_donation_memory_report_renders_the_saved_cpu_results():
+  with open(os.path.join(BENCHMARKS, 'results', 'donation_memory_cpu.json')) as f:
+    saved = json.load(f)
+  off, on = saved['arms']['off'], saved['arms']['on']
+  assert on['input_deleted'] and not off['input_deleted']
+  assert off['compiled']['alias'] == 0 < on['compiled']['alias'] <= saved['state_bytes']
+  report = donation_memory.format_report(saved).splitlines()
+  assert report[0].startswith('B64 T100 H1000 bn_lstm')
+  assert report[2].split()[-1] == 'no' and report[3].split()[-1] == 'yes'
+  assert 'not measured' in report[-1]
+
+
+@pytest.mark.parametrize('measure', helpers.core_cases(['auto', 'always'], core=['auto']))
+def test_donation_memory_quick_mode_runs(tmp_path, measure):
+  """`--quick` end to end; `--measure always` also runs the measuring processes (peaks
+  None on the CPU)."""
+  out = tmp_path / 'donation.json'
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, 'donation_memory.py'),
+                           '--quick', f'--measure={measure}', f'--out={out}'], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  saved = json.loads(out.read_text())
+  assert saved['config']['hidden'] == donation_memory.QUICK['hidden']
+  assert saved['arms']['on']['input_deleted'] and not saved['arms']['off']['input_deleted']
+  assert saved['arms']['on']['compiled']['alias'] > 0
+  measured = saved['arms']['on']['measured']
+  if measure == 'always':
+    assert set(measured) == set(donation_memory.KINDS)
+  assert result.stdout.strip() == donation_memory.format_report(saved)
