@@ -13,7 +13,8 @@
 # --target $SITE` (default /tmp/site), and $SITE goes on PYTHONPATH after the repository.
 # No network and no data files are needed.
 #
-# Stages, in the order given ($STAGES, default "env tests speed profile hoist overhead"):
+# Stages, in the order given ($STAGES, default "env tests speed profile hoist donation
+# overhead"):
 #   env       device, jax / jaxlib / flax / CUDA / cuDNN versions, whether cuDNN's LSTM
 #             runs, the packages above                       -> env.json
 #   tests     the suite's core tier on the default device: pytest -m "not slow", the data
@@ -31,6 +32,8 @@
 #   hoist     rnn_speed.py at $SHAPES with the input term computed in the step
 #             (--hoist false), float32, lstm and bn_lstm: the hoisting choice of the
 #             execution policy                               -> rnn_speed_<shape>_in_step.json
+#   donation  donation_memory.py: the train step's device memory with its state donated
+#             and not                                        -> donation_memory.json
 #   overhead  trainer_overhead.py with the quickstart's population timing, or with
 #             $OVERHEAD_ARGS instead where set               -> trainer_overhead.json
 # and check.log (all output). QUICK=1 runs a check of the script, not numbers: one
@@ -50,7 +53,7 @@ wheels=${2:-}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
 site=${SITE:-/tmp/site}
-stages=${STAGES-env tests speed profile hoist overhead}
+stages=${STAGES-env tests speed profile hoist donation overhead}
 quick=${QUICK:-0}
 cd "$repo" || exit 2
 exec > >(tee -a "$outdir/check.log") 2>&1
@@ -161,6 +164,12 @@ hoist_stage() {
   return $rc
 }
 
+donation_stage() {
+  local args=()
+  (( quick )) && args=(--quick)
+  "$python" benchmarks/donation_memory.py "${args[@]}" --out "$outdir/donation_memory.json"
+}
+
 overhead_stage() {
   local args=(--population --population_repeats 3)
   # shellcheck disable=SC2206  # OVERHEAD_ARGS is a list of words
@@ -175,8 +184,8 @@ if [[ -n "$wheels" ]]; then
 fi
 for stage in $stages; do
   case "$stage" in
-    env|tests|speed|profile|hoist|overhead) run_stage "$stage" "${stage}_stage" ;;
-    *) echo "unknown stage '$stage' (env, tests, speed, profile, hoist, overhead)"
+    env|tests|speed|profile|hoist|donation|overhead) run_stage "$stage" "${stage}_stage" ;;
+    *) echo "unknown stage '$stage' (env, tests, speed, profile, hoist, donation, overhead)"
        failed+=("$stage") ;;
   esac
 done

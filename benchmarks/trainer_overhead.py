@@ -105,8 +105,8 @@ def _dataset(config):
   try:
     if os.path.isdir(input_pipeline.resolve_path(config.data, 'mnist_dir')):
       return None, 'mnist'
-  except ValueError:
-    pass  # no data root set
+  except (ValueError, FileNotFoundError):
+    pass  # no data root set, or it is not a folder
   rng = np.random.default_rng(0)
   split = lambda n: (rng.random((n, 784, 1), np.float32), rng.integers(0, 10, n, np.int32))
   splits = {'train': split(55_000), 'valid': split(1_000), 'test': split(1_000)}
