@@ -28,11 +28,7 @@ device, trained on random characters (no data files). For each arm, donation off
             autotuning) is not in their peaks. `--measure always` runs them on any device
             (the plumbing, with None peaks on the CPU), `never` skips them.
 
-On the CPU (benchmarks/results/donation_memory_cpu.json) donation aliases the whole state
-(58 MB) but the temporaries grow by 55 MB: XLA copies donated leaves that are still read
-after the new values are written (its fusions recompute the elementwise optimizer updates
-in several consumers, the finiteness check among them), so the step's peak falls by only
-4 MB of 629.
+docs/speed.md quotes the CPU's and a GPU's results and what they say.
 
 `--quick` runs a 64-unit model on rows of 20 characters, two steps: a check of the
 script (under a minute on 2 CPU cores), not numbers.

@@ -328,17 +328,20 @@ def trainer_overhead(path: str = 'benchmarks/results/trainer_overhead_cpu.json')
 
 def donation_memory(path: str = 'benchmarks/results/donation_memory_cpu.json') -> str:
   """`benchmarks/donation_memory.py`: the compiled train step's memory with its state
-  donated and not (MB)."""
+  donated and not, and where the device keeps statistics, the measured peaks (MB)."""
   saved = _load(path)
   c = saved['config']
   mb = lambda value: f'{value / 1e6:.1f}'
+  measured = lambda r, kind: mb(r['measured'][kind]['peak']) if r.get('measured') else '-'
   rows = [[f"{arm} (B{c['batch']} T{c['length']} H{c['hidden']} {c['variant']})",
            mb(r['compiled']['argument']), mb(r['compiled']['output']),
            mb(r['compiled']['alias']), mb(r['compiled']['temp']),
-           mb(r['compiled']['implied_peak']), 'yes' if r['input_deleted'] else 'no']
+           mb(r['compiled']['implied_peak']), 'yes' if r['input_deleted'] else 'no',
+           measured(r, 'steps'), measured(r, 'loop')]
           for arm, r in saved['arms'].items()]
   return markdown(['donation', 'arguments, MB', 'outputs, MB', 'aliased, MB', 'temp, MB',
-                   'peak, MB', 'input deleted'], rows)
+                   'peak, MB', 'input deleted', 'measured peak, steps', 'measured peak, loop'],
+                  rows)
 
 
 # ---------------------------------------------------------------------- figures
