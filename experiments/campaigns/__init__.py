@@ -8,6 +8,7 @@ NAMES = (
     'quickstart',
     'init_options',
     'mnist_fig2',
+    'pmnist_fig2',
     'ptb_char_256',
     'ptb_char_256_lengths',
     'ptb_word_small',
@@ -19,4 +20,4 @@ NAMES = (
 
 #: Campaigns whose runs are still training: no results JSON yet (`collect` writes it once
 #: every run has finished), so no quoted table.
-IN_PROGRESS = ('mnist_fig2',)
+IN_PROGRESS = ('mnist_fig2', 'pmnist_fig2')

@@ -1,5 +1,5 @@
-r"""Cooijmans et al. Fig. 2 at the paper's shape: 784-step sequential and permuted MNIST,
-LSTM against BN-LSTM, to the iterations where the figure's claim is decided.
+r"""Cooijmans et al. Fig. 2, sequential MNIST at the paper's shape (784 steps): LSTM
+against BN-LSTM for 10k iterations, where the figure's claim is decided.
 
   python -m experiments.campaign run mnist_fig2 --parallel=2 --runs_dir=DIR \
       --set=train.time_budget_s=7200         # in launches of 2 h; the same command resumes
@@ -7,167 +7,14 @@ LSTM against BN-LSTM, to the iterations where the figure's claim is decided.
   python -m experiments.campaign report mnist_fig2     # milestone table + mnist_fig2.png
 
 Expected: on 2 CPU cores (one XLA thread per run, two runs at a time) a training step of
-batch 100 takes about 0.6-0.75 s, so the sequential pair (10k steps) is about 2.5 h and
-the permuted pair (12k steps) about 3 h, plus a validation every 500 steps.
-
-Setup: `experiments/configs/seq_mnist.py` (the authors' code where the paper is silent:
-100 units, RMSProp 1e-3 with decay 0.9 and no momentum, clipping at 1, W_h identity on the
-candidate block, forget bias 1, gamma 0.1, h0 noise 0.1, batch 100; the config says where
-each comes from). One seed per arm. Every 500 steps the 5,000 held-out images are scored
-twice, deterministically (no h0 noise): with batch statistics (each evaluation batch of
-1,000 normalised with its own moments: the curves the authors plotted) and with the
-papers' population estimate (2 training batches of 1,000); the best checkpoint by the
-estimate is tested on the 10,000 test images at the end.
-
-The paper's milestones are read off the authors' plotted validation curves (one point per
-500 iterations): sequential MNIST, BN-LSTM 90 % at about 3.5k iterations and 95 % at about
-8.5k, LSTM 90 % at about 40k; permuted MNIST, BN-LSTM 90 % at about 11k, LSTM at about
-35.5k, neither 95 %.
+batch 100 takes about 0.6-0.75 s on an idle machine, so the pair takes about 2.5 h, plus
+a validation every 500 steps. Setup, statistics and the paper's milestones: `_fig2.py`.
 """
 
-from __future__ import annotations
-
-import math
-from typing import Optional
-
-from experiments import plot
 from experiments.campaign import spec
-from experiments.campaign import tables
-
-TASKS = {'seq': ('sequential MNIST', False, 10_000), 'pmnist': ('permuted MNIST', True, 12_000)}
-VARIANTS = {'lstm': 'LSTM', 'bn_lstm': 'BN-LSTM'}
-THRESHOLDS = (0.5, 0.8, 0.9, 0.95)
-CHECKPOINTS = (2_000, 5_000, 10_000)
-#: Iterations at which the authors' validation curves first pass 90 % and 95 % (None:
-#: not within their 100k iterations).
-PAPER = {'milestones': {
-    'seq_bn_lstm': {'0.9': 3_500, '0.95': 8_500},
-    'seq_lstm': {'0.9': 40_000},
-    'pmnist_bn_lstm': {'0.9': 11_000, '0.95': None},
-    'pmnist_lstm': {'0.9': 35_500, '0.95': None},
-}}
-#: The metrics of a validation record: batch statistics, and the papers' estimate.
-STATISTICS = {'batch': 'accuracy_batch', 'estimate': 'accuracy'}
+from experiments.campaigns import _fig2
 
 
 def get_campaign() -> spec.Campaign:
-  arms = {}
-  for task, (title, permute, steps) in TASKS.items():
-    for variant, name in VARIANTS.items():
-      arms[f'{task}_{variant}'] = spec.Arm(
-          overrides={'model.variant': variant, 'data.permute': permute,
-                     'train.num_steps': steps},
-          label=f'{name}, {title}', tags={'task': task, 'variant': variant})
-  return spec.Campaign(
-      name='mnist_fig2',
-      title="Cooijmans Fig. 2: 784-step sequential and permuted MNIST, LSTM vs BN-LSTM",
-      config='experiments/configs/seq_mnist.py',
-      arms=arms, seeds=(0,), parallel=2,
-      overrides={'eval.every': 500, 'eval.compare': ('batch',), 'checkpoint.every': 500,
-                 'checkpoint.keep': 1},
-      tables={'milestones': milestones}, figure=figure, setup=setup, paper=PAPER,
-      expected='about 5.5 h on 2 CPU cores (two runs at a time, one XLA thread each)',
-      tiny={'data.resolution': 14, 'data.num_valid': 200, 'train.num_steps': 2,
-            'train.batch_size': 16, 'model.hidden_size': 8, 'eval.every': 2,
-            'eval.batch_size': 100, 'eval.max_batches': 1, 'eval.population_batches': 1,
-            'eval.population_batch_size': 16, 'eval.test_at_end': False,
-            'checkpoint.every': 2})
-
-
-def setup(config) -> str:
-  c = config
-  images = (c.eval.max_batches * c.eval.batch_size if c.eval.max_batches
-            else c.data.num_valid)
-  return (f'{c.data.resolution ** 2}-step MNIST, {c.model.hidden_size} units, batch '
-          f'{c.train.batch_size}, {c.optimizer.name} lr {c.optimizer.learning_rate:g} '
-          f'decay {c.optimizer.decay:g} momentum {c.optimizer.momentum:g}, clip '
-          f'{c.optimizer.clip_norm:g}, W_h {c.model.recurrent_init}, forget bias '
-          f'{c.model.forget_bias:g}, gamma {c.model.gamma_init:g}, h0 noise '
-          f'{c.model.initial_state_noise:g}, seed {c.seed}; validation every '
-          f'{c.eval.every} steps on {images} images with batch statistics and with the '
-          f"papers' estimate ({c.eval.population_batches} batches of "
-          f'{c.eval.population_batch_size or c.train.batch_size})')
-
-
-def _curve(records, metric: str) -> tuple[list[int], list[float]]:
-  found = [r for r in tables.split(records, 'valid') if metric in r]
-  return [r['step'] for r in found], [r[metric] for r in found]
-
-
-def standard_error(accuracy: Optional[float], images: int) -> Optional[float]:
-  """The binomial standard error of an accuracy measured on `images` images."""
-  if accuracy is None or not images:
-    return None
-  return math.sqrt(accuracy * (1.0 - accuracy) / images)
-
-
-def _images(result: dict) -> int:
-  """How many images each validation scored (from the setup line `collect` stored)."""
-  words = result.get('setup', '').split(' images with')[0].split()
-  return int(words[-1]) if words and words[-1].isdigit() else 0
-
-
-def milestones(result: dict) -> str:
-  """Per run and statistics: the first validation step past 50/80/90/95 % and the
-  accuracy at 2k/5k/10k steps, the paper's milestones beside."""
-  paper = result['spec']['paper'].get('milestones', {})
-  images = _images(result)
-  header = (['run', 'statistics'] + [f'{t:.0%} at' for t in THRESHOLDS] +
-            [f'acc@{s // 1000}k' for s in CHECKPOINTS] + ['last step', 'paper 90 % / 95 %'])
-  rows = []
-  for arm, runs in tables.runs_by_arm(result).items():
-    for run in runs:
-      for statistics, metric in STATISTICS.items():
-        steps, values = _curve(run['records'], metric)
-        row = [tables.label(result, arm), statistics]
-        row += [_step(tables.first_past(steps, values, t, above=True)) for t in THRESHOLDS]
-        row += [tables.fmt(dict(zip(steps, values)).get(s)) for s in CHECKPOINTS]
-        row.append(str(steps[-1]) if steps else tables.DASH)
-        theirs = paper.get(arm, {})
-        row.append(' / '.join(_paper_step(theirs, k) for k in ('0.9', '0.95')))
-        rows.append(row)
-  error = standard_error(0.9, images)
-  every = result['spec']['overrides'].get('eval.every')
-  note = (f'\n\nA step is the first validation (every {every} steps) past the threshold; '
-          f'"–" = not reached; "?" = not read off the paper\'s curve. Each accuracy is on '
-          f'{images} images: its binomial standard error is ±{error:.4f} at 90 %.'
-          if error is not None else '')
-  return tables.markdown(header, rows) + note + f"\n\n{result['setup']}."
-
-
-def _step(step: Optional[int]) -> str:
-  return tables.DASH if step is None else f'{step:,}'
-
-
-def _paper_step(theirs: dict, key: str) -> str:
-  if key not in theirs:
-    return '?'
-  return 'not in 100k' if theirs[key] is None else f'~{theirs[key]:,}'
-
-
-def figure(result: dict, output: str) -> None:
-  """The four validation curves (batch statistics solid, the estimate dashed), with the
-  paper's 90 % / 95 % milestones within the plotted range as crosses."""
-  colors = {'seq_lstm': 'tab:blue', 'seq_bn_lstm': 'tab:red',
-            'pmnist_lstm': 'tab:cyan', 'pmnist_bn_lstm': 'tab:orange'}
-  paper = result['spec']['paper'].get('milestones', {})
-  series, markers = [], []
-  for arm, runs in tables.runs_by_arm(result).items():
-    for run in runs:
-      for statistics, metric in STATISTICS.items():
-        steps, values = _curve(run['records'], metric)
-        series.append((f'{tables.label(result, arm)} ({statistics})', steps, values,
-                       dict(color=colors.get(arm), linestyle='-' if statistics == 'batch'
-                            else '--', alpha=0.9)))
-      for key in ('0.9', '0.95'):
-        step = paper.get(arm, {}).get(key)
-        if step is not None:
-          markers.append((None, [step], [float(key)],
-                          dict(color=colors.get(arm), marker='x', markersize=9,
-                               linestyle='none')))
-  # Milestones far past our last step (the LSTM's, at 35-40k) are in the table only.
-  last = max((max(xs) for _, xs, _, _ in series if len(xs)), default=0)
-  series += [m for m in markers if m[1][0] <= 1.2 * last]
-  plot.plot_curves(series, output, ylabel='validation accuracy', ylim=(0.0, 1.0),
-                   title="784-step MNIST (x: the paper's 90 % / 95 % milestones)",
-                   legend_size=7)
+  return _fig2.campaign('seq', expected='about 2.5 h on 2 CPU cores (two runs at a time, '
+                        'one XLA thread each, an idle machine)')

@@ -46,7 +46,8 @@ Choices the paper leaves open, taken from the authors' released code:
 `config.model.variant`: 'lstm', 'bn_lstm', 'ln_lstm', 'bn_input_only' (or any name in
 `bn_rnn_jax.variants.VARIANTS`). The paper trains for far longer than a CPU allows
 (their curves run to 100k steps on a GPU); `num_steps` here is a GPU-sized budget. The
-`mnist_fig2` campaign trains both models to the steps where Fig. 2's claim is decided.
+`mnist_fig2` and `pmnist_fig2` campaigns train both models to the steps where Fig. 2's
+claim is decided.
 """
 
 from bn_rnn_jax import config as config_lib

@@ -1,0 +1,21 @@
+r"""Cooijmans et al. Fig. 2, permuted MNIST at the paper's shape (784 steps, one fixed
+permutation of the pixels): LSTM against BN-LSTM for 12k iterations, where the figure's
+claim is decided.
+
+  python -m experiments.campaign run pmnist_fig2 --parallel=2 --runs_dir=DIR \
+      --set=train.time_budget_s=7200         # in launches of 2 h; the same command resumes
+  python -m experiments.campaign collect pmnist_fig2 --runs_dir=DIR
+  python -m experiments.campaign report pmnist_fig2    # milestone table + pmnist_fig2.png
+
+Expected: on 2 CPU cores (one XLA thread per run, two runs at a time) a training step of
+batch 100 takes about 0.6-0.75 s on an idle machine, so the pair takes about 3 h, plus a
+validation every 500 steps. Setup, statistics and the paper's milestones: `_fig2.py`.
+"""
+
+from experiments.campaign import spec
+from experiments.campaigns import _fig2
+
+
+def get_campaign() -> spec.Campaign:
+  return _fig2.campaign('pmnist', expected='about 3 h on 2 CPU cores (two runs at a time, '
+                        'one XLA thread each, an idle machine)')
