@@ -20,6 +20,7 @@ from bn_rnn_jax import parallel
 from bn_rnn_jax import loop
 from experiments.analysis import common
 from experiments.analysis import estimate_batch_size
+from experiments.analysis import estimate_noise
 from experiments.analysis import gamma_sensitivity
 from experiments.analysis import gradient_flow
 from experiments.analysis import laurent_appendix
@@ -302,3 +303,20 @@ def test_estimate_batch_size_digits(tmp_path, permute):
     # 64 examples in batches of 16: accuracies are multiples of 1/64.
     assert abs(value * 64 - round(value * 64)) < 1e-3
   assert saved['length'] == 64
+
+
+@pytest.mark.slow
+def test_estimate_noise_digits(tmp_path):
+  """Both estimates on the same batches, each arm's draws recorded; without noise the
+  estimate is the library's (`estimate_population_stats`)."""
+  estimate_noise.run(str(tmp_path), None, num_steps=3, batch_size=16, hidden_size=8,
+                     valid_examples=32, draws=2, estimate_batch=32)
+  saved = _read_json(tmp_path, 'estimate_noise')
+  assert set(saved['accuracy']) == {'estimate without noise', 'estimate with h0 noise'}
+  assert all(len(v) == 2 and all(0.0 <= a <= 1.0 for a in v)
+             for v in saved['accuracy'].values())
+  assert 0.0 <= saved['batch_statistics'] <= 1.0
+  assert set(saved['largest_relative_variance_change']) >= {
+      'rnn/layer_0/recurrent', 'rnn/layer_0/input', 'rnn/layer_0/cell'}
+  # The noise reaches the recurrent term's statistics.
+  assert saved['largest_relative_variance_change']['rnn/layer_0/recurrent'] > 0.0
