@@ -57,7 +57,7 @@ class Classifier(nnx.Module):
     self.head = nnx.Linear(H, C, rngs=rngs)
 
   def __call__(self, x, mask=None):
-    carries, _ = self.rnn(x, mask)
+    carries, _ = self.rnn(x, mask, return_carry=True)
     return self.head(models.last_hidden(carries[-1]))
 
 
