@@ -140,6 +140,13 @@ class StackedRNN(nn.Module):
 
   def _layer(self, name: Optional[str]) -> nn.Module:
     """One layer (one direction): of the variant named `variant`, or the factory's."""
+    if isinstance(self.variant, nn.Module) or not (isinstance(self.variant, str)
+                                                   or callable(self.variant)):
+      got = (f'a {type(self.variant).__name__} instance' if isinstance(self.variant, nn.Module)
+             else repr(self.variant))
+      raise ValueError('StackedRNN.variant must be a name in VARIANTS or a layer factory, '
+                       'factory(hidden_size, name=...) -> module (a module class, or a '
+                       f'functools.partial of one); got {got}.')
     if isinstance(self.variant, str):
       return variants.make_layer(self.variant, self.hidden_size, name=name,
                                  **self.layer_options)

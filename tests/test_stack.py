@@ -119,6 +119,14 @@ def test_a_layer_factory_stacks_a_layer_of_ones_own(data):
   assert logits.shape == (B, 3)
 
 
+def test_a_variant_that_is_no_name_nor_factory_is_a_one_line_error(data):
+  x, mask = data
+  for variant, got in ((GRULayer(H), 'a GRULayer instance'), (3, '3')):
+    with pytest.raises(ValueError, match='a name in VARIANTS or a layer factory') as error:
+      br.StackedRNN(variant, H).init(jax.random.key(0), x, mask, train=False)
+    assert helpers.one_line(error).endswith(f'got {got}.')
+
+
 def test_a_partial_of_the_layer_is_the_variant_of_that_name(data):
   """A factory takes the stack's `layer_options` as keywords, as `make_layer` does."""
   x, mask = data
