@@ -1,4 +1,4 @@
-"""The two ways to sum over the batch (`RecurrentLayer.batch_sums`), timed per scan step.
+"""The two ways to sum over the batch (`policy.Execution.batch_sums`), timed per scan step.
 
 Per scan step, `jnp.sum(x, axis=0)` ('reduce') against `ones @ x` ('contraction') for
 `[B, F]` blocks of the sizes the layers sum at every step. XLA's CPU reduction over the

@@ -72,6 +72,7 @@ import numpy as np
 from flax import linen as nn
 
 from bn_rnn_jax import flax_cells
+from bn_rnn_jax import policy
 from bn_rnn_jax import stack
 from bn_rnn_jax import variants
 import batch_sum_speed  # pylint: disable=g-bad-import-order
@@ -110,9 +111,9 @@ _BATCH_SUMS = flags.DEFINE_bool('batch_sums', True,
                                  'Also time the two batch sums (batch_sum_speed.py).')
 _JSON = flags.DEFINE_string('json', None, 'Write the results to this path.')
 _REPORT = flags.DEFINE_string('report', None, 'Print the table of this JSON and exit.')
-_UNROLL = flags.DEFINE_integer('unroll', None, 'Override RecurrentLayer.unroll.')
+_UNROLL = flags.DEFINE_integer('unroll', None, 'Override the layers\' execution unroll.')
 _HOIST = flags.DEFINE_enum('hoist', None, ['true', 'false'],
-                           'Override RecurrentLayer.hoist_input (default: the layer\'s auto).')
+                           'Override the layers\' execution hoist_input (default: auto).')
 
 
 class FlaxLSTM(nn.Module):
@@ -160,18 +161,19 @@ def lengths_and_mask(shape: dict):
 
 def _layer(impl: str, shape: dict, dtype: str = 'float32') -> nn.Module:
   variant, *rest = impl.split(':')
-  overrides = {'dtype': DTYPES[dtype]}
+  settings = {}   # the layer's `execution` (policy.Execution)
   if rest:
-    overrides['backward'] = rest[0]
+    settings['backward'] = rest[0]
   if len(rest) > 1:
-    overrides['remat'] = rest[1]
+    settings['remat'] = rest[1]
   if flags.FLAGS.is_parsed():  # the command line's overrides (none when imported)
     if _UNROLL.value is not None:
-      overrides['unroll'] = _UNROLL.value
+      settings['unroll'] = _UNROLL.value
     if _HOIST.value is not None:
-      overrides['hoist_input'] = _HOIST.value == 'true'
+      settings['hoist_input'] = _HOIST.value == 'true'
   make = lambda: variants.make_layer(variant, shape['hidden'], max_length=shape['time'],
-                                      **overrides)
+                                      dtype=DTYPES[dtype],
+                                      execution=policy.Execution(**settings))
   if shape['bidirectional']:
     return stack.Bidirectional(make(), make())
   return make()
@@ -273,8 +275,8 @@ def _build(impl: str, shape: dict, dtype: str = 'float32'):
     model = _layer(impl, shape, dtype)
     variables = model.init(jax.random.key(1), x, mask, train=True)
     def loss_fn(params):
-      (_, y), _ = model.apply({**variables, 'params': params}, x, mask, train=True,
-                              mutable=['batch_stats'])
+      y, _ = model.apply({**variables, 'params': params}, x, mask, train=True,
+                         mutable=['batch_stats'], return_carry=False)
       return jnp.mean(jnp.square(y.astype(jnp.float32)))
   step = jax.jit(jax.value_and_grad(loss_fn))
   return step, variables['params']

@@ -7,7 +7,7 @@ devices with exact cross-device moments.
 The public names below load on first use, so that `from bn_rnn_jax import config` (what
 experiment configs import) does not import JAX.
 
-  Layers     RecurrentLayer, make_layer, VARIANTS, LayerOptions, StackedRNN,
+  Layers     RecurrentLayer, make_layer, VARIANTS, LayerOptions, Execution, StackedRNN,
              Bidirectional, MaskedBatchNorm, reverse_valid
   Cells      BNLSTMCell, BNInputLSTMCell, LNLSTMCell, NormalizedLSTMCell (for Flax's
              nn.RNN / nn.Bidirectional), scan_collections
@@ -26,6 +26,7 @@ __version__ = '0.2.0'
 _NAMES = {
     'RecurrentLayer': 'recurrent',
     'make_layer': 'variants', 'VARIANTS': 'variants', 'LayerOptions': 'variants',
+    'Execution': 'policy',
     'StackedRNN': 'stack', 'Bidirectional': 'stack',
     'MaskedBatchNorm': 'batch_stats',
     'BNLSTMCell': 'flax_cells', 'BNInputLSTMCell': 'flax_cells', 'LNLSTMCell': 'flax_cells',
@@ -39,11 +40,11 @@ _NAMES = {
     'default_config': 'config',
     'train_and_evaluate': 'loop', 'Trainer': 'trainer',
 }
-_MODULES = ('batch_stats', 'cells', 'checkpoint', 'config', 'export', 'flax_cells',
-            'initializers', 'input_pipeline', 'layer_vjp', 'loop', 'metric_writer', 'models',
-            'modes', 'nnx', 'nnx_cells', 'normalization', 'optim', 'parallel', 'policy',
-            'population', 'recurrent', 'sequence', 'stack', 'tasks', 'train', 'trainer',
-            'variants', 'workdir')
+_MODULES = ('batch_stats', 'cells', 'checkpoint', 'compat', 'config', 'export',
+            'flax_cells', 'initializers', 'input_pipeline', 'layer_vjp', 'loop',
+            'metric_writer', 'models', 'modes', 'nnx', 'nnx_cells', 'normalization', 'optim',
+            'parallel', 'policy', 'population', 'recurrent', 'sequence', 'stack', 'tasks',
+            'train', 'trainer', 'variants', 'workdir')
 
 __all__ = sorted(_NAMES) + list(_MODULES)
 

@@ -76,11 +76,30 @@ def sequence_wise_input(statistics: str) -> bool:
   return statistics != 'per_step'
 
 
+def per_step_rows(site: str, statistics: str) -> bool:
+  """Whether a recurrent layer's `site` keeps one population row per step under
+  `statistics` (else one row)."""
+  if site == 'input':
+    return not sequence_wise_input(statistics)
+  return statistics != 'shared'
+
+
 def num_rows(site: str, statistics: str, max_length: int) -> int:
   """R, the population rows of a recurrent layer's `site` under `statistics`."""
-  if site == 'input':
-    return 1 if sequence_wise_input(statistics) else max_length
-  return 1 if statistics == 'shared' else max_length
+  return max_length if per_step_rows(site, statistics) else 1
+
+
+def statistics_length(module: nn.Module, max_length: Optional[int], sites,
+                      length: int) -> int:
+  """T_max, the rows of a module's per-step statistics: `max_length`, or when it is None
+  the rows its `sites` (the per-step ones) were made with, which is the time length of
+  the input they were first made for (`init`'s); `length` when none is made yet."""
+  if max_length is not None:
+    return max_length
+  for site in sites:
+    if module.has_variable('batch_stats', site):
+      return module.get_variable('batch_stats', site)['count'].shape[0]
+  return length
 
 
 _UNTRAINED_ALLOWED = contextvars.ContextVar('untrained_statistics_allowed', default=False)
@@ -202,14 +221,15 @@ class MaskedBatchNorm(nn.Module):
     statistics: for x `[batch, time, F]` with a mask `[batch, time]`: 'per_step' (one
       row per step, `max_length` rows; inference past the last trained row reuses it) or
       'sequence' (one row over batch and valid steps). x `[batch, F]` has one row.
-    max_length, momentum, epsilon, gamma_init, axis_name: as `RecurrentLayer`.
+    max_length, momentum, epsilon, gamma_init, axis_name: as `RecurrentLayer` (None:
+      T_max is the time length of `init`'s x).
     batch_sums: how the batch sums run (`policy.batch_sums_for`).
 
   Call: `(x, mask | None, train=... | use_running_average=...)` -> x normalised
   (float32).
   """
   statistics: str = 'per_step'
-  max_length: int = 1000
+  max_length: Optional[int] = None
   momentum: float = 0.99
   epsilon: float = normalization.DEFAULT_EPSILON
   gamma_init: float = 0.1
@@ -229,7 +249,9 @@ class MaskedBatchNorm(nn.Module):
                        f'{x.shape}.')
     features = x.shape[-1]
     per_step = x.ndim == 3 and self.statistics == 'per_step'
-    stats = site_variable(self, 'stats', self.max_length if per_step else 1, features,
+    max_length = statistics_length(self, self.max_length, ['stats'] if per_step else [],
+                                   x.shape[1] if per_step else 1)
+    stats = site_variable(self, 'stats', max_length if per_step else 1, features,
                           batch_statistics=batch)
     scale = self.param('scale', nn.initializers.constant(self.gamma_init), (features,))
     bias = self.param('bias', nn.initializers.zeros, (features,))
@@ -240,7 +262,7 @@ class MaskedBatchNorm(nn.Module):
         mean, var = stats.value['mean'][0], stats.value['var'][0]       # [F]
       return normalization.normalize(x, mean, var, scale, bias, self.epsilon)
     if per_step:
-      normalization.check_length(x.shape[1], self.max_length, 'document')
+      normalization.check_length(x.shape[1], max_length, 'document')
     reduce_axes = (0, 1) if x.ndim == 3 and not per_step else (0,)
     y, mean, var, count = normalization.batch_norm(
         x, scale, bias, mask=None if mask is None else mask[..., None],

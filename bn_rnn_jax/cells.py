@@ -16,6 +16,9 @@ Parameter names (all float32 unless a compute dtype is set):
   cell_scale, cell_bias [H]    gamma_c, beta_c (LSTM cell normalised)
   scale             [H]        gamma of tanh-RNN BN inside the recurrence (bias = beta)
 with G = 4 for the LSTM and 1 for the tanh RNN.
+
+`rematerialized` and `pack_moments` wrap a step for the layer's scan (`jax.checkpoint`;
+its sites' moments as one flat output, `unpack_moments` undoes it over all steps).
 """
 
 from __future__ import annotations
@@ -317,3 +320,41 @@ def rnn_cell(params: Params, cfg: StepConfig, carry: Array, terms: dict[str, Arr
       moments['recurrent'] = recurrent_moments
   h = jnp.tanh(pre)
   return _keep_padded(mask, h, h_prev), {'h': _zero_padded(mask, h), 'moments': moments}
+
+def rematerialized(step, remat: str):
+  """`step` under `jax.checkpoint` as `remat` says ('none': as it is)."""
+  if remat == 'none':
+    return step
+  policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if remat == 'dots' else None
+  return jax.checkpoint(step, prevent_cse=False, policy=policy)
+
+
+def pack_moments(step, sites: tuple[str, ...]):
+  """Wrap a step so that it emits its sites' moments as one flat `[sum 2F]` vector.
+
+  One scan output instead of six stacked arrays (and no per-step counts, which the layer
+  derives from the mask) trims the kernels each scanned step runs.
+  """
+  def packed(carry, inputs):
+    carry, outputs = step(carry, inputs)
+    return carry, packed_outputs(outputs, sites)
+  return packed
+
+
+def packed_outputs(outputs, sites: tuple[str, ...]):
+  """A step's outputs with its sites' moments packed as in `pack_moments`."""
+  flat = [v for site in sites for v in outputs['moments'][site][:2]]
+  return {'h': outputs['h'], 'moments': jnp.concatenate(flat) if flat else None}
+
+
+def unpack_moments(packed: Optional[Array], sites: tuple[str, ...], features, counts):
+  """Inverse of `pack_moments` over all steps: `{site: (mean [T, F], var [T, F],
+  count [T])}`; `features`: `{site: F}`."""
+  moments, offset = {}, 0
+  for site in sites:
+    width = features[site]
+    mean = packed[:, offset:offset + width]
+    var = packed[:, offset + width:offset + 2 * width]
+    moments[site] = (mean, var, counts)
+    offset += 2 * width
+  return moments

@@ -20,7 +20,8 @@ training writes each step's row (the collection is carried from step to step),
 evaluation only reads it (broadcast). `scan_collections(module)` gives the arguments for
 the collections `module`'s apply may write:
 
-  nn.RNN(BNLSTMCell(H, use_running_average=not train), **scan_collections(self))
+  nn.RNN(BNLSTMCell(H, max_length=T, use_running_average=not train),
+         **scan_collections(self))
 
 A cell that cannot reach its statistics, or has to record them where it cannot, raises.
 
@@ -46,6 +47,7 @@ from flax import linen as nn
 
 from bn_rnn_jax import batch_stats
 from bn_rnn_jax import cells
+from bn_rnn_jax import compat
 from bn_rnn_jax import initializers
 from bn_rnn_jax import normalization
 
@@ -167,8 +169,10 @@ class NormalizedLSTMCell(nn.RNNCellBase):
   Attributes:
     features: H, the hidden size.
     recurrent_norm, input_norm, cell_norm: None | 'batch' | 'layer' on W_h h, W_x x, c_t.
-    max_length: T_max, the rows of the per-step statistics; inference past the last
-      trained row reuses it.
+    max_length: T_max, the rows of the per-step statistics (`[T_max, F]` per site);
+      inference past the last trained row reuses it. Required with batch statistics: a
+      cell makes them before it sees a sequence (None, deprecated, is the previous
+      release's 1000 rows, with a DeprecationWarning).
     use_running_average: population statistics (True) or batch statistics, folded into
       the running average (False), as in `nn.BatchNorm`; a field, or a call argument
       where the cell is called directly (`nn.RNN` passes none).
@@ -180,7 +184,7 @@ class NormalizedLSTMCell(nn.RNNCellBase):
   recurrent_norm: Optional[str] = None
   input_norm: Optional[str] = None
   cell_norm: Optional[str] = None
-  max_length: int = 1000
+  max_length: Optional[int] = None
   use_running_average: Optional[bool] = None
   momentum: float = 0.99
   epsilon: float = normalization.DEFAULT_EPSILON
@@ -202,12 +206,20 @@ class NormalizedLSTMCell(nn.RNNCellBase):
     return cells.batch_sites(self.features, 4, self.recurrent_norm, self.input_norm,
                              self.cell_norm)
 
+  @nn.nowrap
+  def _max_length(self) -> Optional[int]:
+    """T_max of the statistics (`compat.cell_max_length`; a cell without batch-normalised
+    sites has none)."""
+    if not self._sites():
+      return self.max_length
+    return compat.cell_max_length(self.max_length, type(self).__name__)
+
   def _validate(self) -> None:
     for name in ('recurrent_norm', 'input_norm', 'cell_norm'):
       if getattr(self, name) not in cells.NORM_KINDS:
         raise ValueError(f'{name} must be one of {cells.NORM_KINDS}; got '
                          f'{getattr(self, name)!r}.')
-    if self.features <= 0 or self.max_length <= 0:
+    if self.features <= 0 or (self.max_length is not None and self.max_length <= 0):
       raise ValueError(f'features ({self.features}) and max_length ({self.max_length}) '
                        'must be positive.')
     if self.input_init not in initializers.INPUT_INITS:
@@ -217,7 +229,7 @@ class NormalizedLSTMCell(nn.RNNCellBase):
   @nn.nowrap
   def _fresh(self, collection: str):
     return {site: self.variable(collection, site, normalization.init_population_stats,
-                                self.max_length, width)
+                                self._max_length(), width)
             for site, width in self._sites().items()}
 
   def setup(self):
@@ -293,7 +305,8 @@ class NormalizedLSTMCell(nn.RNNCellBase):
         cell_norm=self.cell_norm, train=train, epsilon=self.epsilon,
         axis_name=self.axis_name, compute_dtype=self.dtype, batch_sums=self.batch_sums)
     population = {site: v.value for site, v in self.stats.items()}
-    carry, h, moments = lstm_cell_step(params, cfg, carry, x, population, self.max_length)
+    carry, h, moments = lstm_cell_step(params, cfg, carry, x, population,
+                                       self._max_length())
     if train and not self.is_initializing():
       for site, site_moments in moments.items():
         if site in self.stats and self.is_mutable_collection('batch_stats'):

@@ -4,7 +4,10 @@ tagger (Laurent et al. sec. 5.1) and Attentive Reader (Cooijmans et al. sec. 5.4
 Modules only; losses and metrics live in `tasks.py`, training in `train.py`. Each model
 takes `layer_options` (`variants.LayerOptions`, or a dict), the `RecurrentLayer` fields
 of its recurrent stack. Each model's call takes `train=` or Flax's pair
-`use_running_average=` / `deterministic=` (`modes.py`), as its layers do.
+`use_running_average=` / `deterministic=` (`modes.py`), as its layers do. The
+classifier, the tagger and the reader return logits; the language model returns logits,
+or `(carries, logits)` with `return_carry=True` (the state carried across truncated-BPTT
+segments), as the layers return outputs or `(carry, outputs)`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bn_rnn_jax import batch_stats
+from bn_rnn_jax import compat
 from bn_rnn_jax import modes
 from bn_rnn_jax import stack
 from bn_rnn_jax import variants
@@ -71,7 +75,8 @@ class SequenceClassifier(nn.Module):
     carries, _ = stack.StackedRNN(
         variant=self.variant, hidden_size=self.hidden_size, num_layers=self.num_layers,
         dropout_rate=self.dropout_rate, bidirectional=self.bidirectional,
-        layer_options=self.layer_options, name='rnn')(inputs, mask, **mode)
+        layer_options=self.layer_options, name='rnn')(inputs, mask, **mode,
+                                                      return_carry=True)
     features = final_hidden(carries[-1], self.bidirectional)
     return nn.Dense(self.num_classes, name='classifier')(features)
 
@@ -89,7 +94,8 @@ class LanguageModel(nn.Module):
   is asked to predict.
 
   Call: `(tokens [B, T] int, mask [B, T] | None, train=..., initial_carries=None,
-  first_step=0)` -> `(final_carries, logits [B, T, vocab_size])`. Pass the returned
+  first_step=0, return_carry=False)` -> `logits [B, T, vocab_size]`, or with
+  `return_carry=True` `(final_carries, logits)`, a carry per layer. Pass the returned
   carries back in to carry state across truncated-BPTT segments (Zaremba et al. 2014).
   `step` runs one symbol at a time (sampling; `experiments/sample.py`).
   """
@@ -109,7 +115,8 @@ class LanguageModel(nn.Module):
   def __call__(self, tokens: Array, mask: Optional[Array] = None, *,
                train: Optional[bool] = None, use_running_average: Optional[bool] = None,
                deterministic: Optional[bool] = None,
-               initial_carries: Optional[Sequence[Any]] = None, first_step=0):
+               initial_carries: Optional[Sequence[Any]] = None, first_step=0,
+               return_carry: Optional[bool] = None):
     mode = modes.resolve(train, use_running_average, deterministic).kwargs()
     if tokens.ndim != 2:
       raise ValueError(f'LanguageModel expects tokens [batch, time]; got {tokens.shape}.')
@@ -121,8 +128,10 @@ class LanguageModel(nn.Module):
         variant=self.variant, hidden_size=self.hidden_size, num_layers=self.num_layers,
         dropout_rate=self.dropout_rate, layer_options=self.layer_options,
         name='rnn')(x, mask, **mode, initial_carries=initial_carries,
-                    first_step=first_step)
-    return carries, nn.Dense(self.vocab_size, name='softmax')(h)
+                    first_step=first_step, return_carry=True)
+    logits = nn.Dense(self.vocab_size, name='softmax')(h)
+    return compat.returned(carries, logits, return_carry, 'LanguageModel',
+                           self.is_initializing())
 
   def step(self, carries: Optional[Sequence[Any]], tokens: Array, t,
            mask: Optional[Array] = None):
@@ -133,7 +142,8 @@ class LanguageModel(nn.Module):
     if tokens.ndim != 1:
       raise ValueError(f'LanguageModel.step expects tokens [batch]; got {tokens.shape}.')
     carries, logits = self(tokens[:, None], None if mask is None else mask[:, None],
-                           train=False, initial_carries=carries, first_step=t)
+                           train=False, initial_carries=carries, first_step=t,
+                           return_carry=True)
     return carries, logits[:, 0]
 
 
@@ -201,10 +211,10 @@ class SequenceTagger(nn.Module):
       x = inputs
       if self.input_projection is not None:
         x = nn.Dense(self.input_projection, kernel_init=kernel_init, name='projection')(x)
-    _, h = stack.StackedRNN(
+    h = stack.StackedRNN(
         variant=self.variant, hidden_size=self.hidden_size, num_layers=self.num_layers,
         dropout_rate=self.dropout_rate, bidirectional=self.bidirectional,
-        layer_options=self.layer_options, name='rnn')(x, mask, **mode)
+        layer_options=self.layer_options, name='rnn')(x, mask, **mode, return_carry=False)
     return nn.Dense(self.num_classes, kernel_init=kernel_init, name='softmax')(h)
 
 
@@ -285,8 +295,10 @@ class AttentiveReader(nn.Module):
     if statistics is None:
       return lambda x, mask, **mode: x
     o = self.layer_options
-    keep = {k: o[k] for k in ('max_length', 'momentum', 'epsilon', 'axis_name', 'gamma_init',
-                              'batch_sums') if o.get(k) is not None}
+    keep = {k: o[k] for k in ('max_length', 'momentum', 'epsilon', 'axis_name',
+                              'gamma_init') if o.get(k) is not None}
+    if 'execution' in o:
+      keep['batch_sums'] = o['execution'].batch_sums
     return batch_stats.MaskedBatchNorm(statistics=statistics, name=name, **keep)
 
   @nn.compact
@@ -313,8 +325,10 @@ class AttentiveReader(nn.Module):
         stack.StackedRNN, variant=spec['layer'], hidden_size=self.hidden_size,
         num_layers=self.num_layers, dropout_rate=self.dropout_rate,
         bidirectional=spec.get('bidirectional', False), layer_options=options)
-    _, y_d = encoder(name='document_encoder')(x_d, document_mask, **mode)  # [B, T, D]
-    query_carries, _ = encoder(name='query_encoder')(x_q, query_mask, **mode)
+    y_d = encoder(name='document_encoder')(x_d, document_mask, **mode,
+                                           return_carry=False)              # [B, T, D]
+    query_carries, _ = encoder(name='query_encoder')(x_q, query_mask, **mode,
+                                                     return_carry=True)
     u = final_hidden(query_carries[-1], spec.get('bidirectional', False))     # [B, D]
     width = y_d.shape[-1]
 

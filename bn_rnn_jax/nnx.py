@@ -46,7 +46,7 @@ layer guide, docs/guide/layers.md, runs a small one), with `tx = optax.adam(1e-3
       self.head = nnx.Linear(100, 10, rngs=rngs)
 
     def __call__(self, x, mask=None):               # x [batch, time, 1]
-      (_, h), _ = self.rnn(x, mask)
+      (_, h), _ = self.rnn(x, mask, return_carry=True)
       return self.head(h)                           # [batch, 10]
 
   model = Classifier(nnx.Rngs(0))
@@ -70,6 +70,7 @@ initial values and finds the same parameters, statistics and evaluation outputs.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Iterable, Mapping
 
 import jax
@@ -79,6 +80,7 @@ from flax.nnx import bridge
 from flax.nnx.bridge import variables as bridge_variables
 
 from bn_rnn_jax import batch_stats
+from bn_rnn_jax import compat
 from bn_rnn_jax import modes
 from bn_rnn_jax import nnx_cells
 from bn_rnn_jax import population
@@ -174,8 +176,9 @@ class FromLinen(bridge.ToNNX):
     else:
       collection, mode = 'batch_stats', modes.TRAIN
       rngs = {name: self.to_nnx__rngs[name]() for name in RNG_STREAMS}
-    outputs, mutated = self.to_nnx__module.apply(
-        variables, *args, **mode.kwargs(), rngs=rngs, mutable=[collection], **kwargs)
+    with (compat.outputs_discarded() if self._estimating else contextlib.nullcontext()):
+      outputs, mutated = self.to_nnx__module.apply(
+          variables, *args, **mode.kwargs(), rngs=rngs, mutable=[collection], **kwargs)
     if self._estimating:
       self.minibatch_moments = MinibatchMoments(mutated.get(collection, {}))
     elif collection in mutated:

@@ -25,6 +25,7 @@ from flax import nnx
 
 from bn_rnn_jax import batch_stats
 from bn_rnn_jax import cells
+from bn_rnn_jax import compat
 from bn_rnn_jax import flax_cells
 from bn_rnn_jax import initializers
 from bn_rnn_jax import normalization
@@ -48,7 +49,9 @@ class NormalizedLSTMCell(nnx.RNNCellBase):
     in_features: I, the features of `x_t [batch, I]`.
     hidden_features: H.
     recurrent_norm, input_norm, cell_norm: None | 'batch' | 'layer' on W_h h, W_x x, c_t.
-    max_length: T_max, the rows of the per-step statistics.
+    max_length: T_max, the rows of the per-step statistics (`[T_max, F]` per site).
+      Required with batch statistics: a cell makes them before it sees a sequence (None,
+      deprecated, is the previous release's 1000 rows, with a DeprecationWarning).
     use_running_average: population (True, `model.eval()`) or batch statistics (False,
       `model.train()`).
     momentum, epsilon, gamma_init, forget_bias: as `RecurrentLayer`.
@@ -62,7 +65,7 @@ class NormalizedLSTMCell(nnx.RNNCellBase):
 
   def __init__(self, in_features: int, hidden_features: int, *,
                recurrent_norm: Optional[str] = None, input_norm: Optional[str] = None,
-               cell_norm: Optional[str] = None, max_length: int = 1000,
+               cell_norm: Optional[str] = None, max_length: Optional[int] = None,
                use_running_average: bool = False, momentum: float = 0.99,
                epsilon: float = normalization.DEFAULT_EPSILON,
                gamma_init: Optional[float] = None, forget_bias: float = 0.0,
@@ -77,7 +80,7 @@ class NormalizedLSTMCell(nnx.RNNCellBase):
     for name, kind in norms.items():
       if kind not in cells.NORM_KINDS:
         raise ValueError(f'{name} must be one of {cells.NORM_KINDS}; got {kind!r}.')
-    if min(in_features, hidden_features, max_length) <= 0:
+    if min(in_features, hidden_features, 1 if max_length is None else max_length) <= 0:
       raise ValueError(f'in_features ({in_features}), hidden_features ({hidden_features}) '
                        f'and max_length ({max_length}) must be positive.')
     if input_init not in initializers.INPUT_INITS:
@@ -87,6 +90,8 @@ class NormalizedLSTMCell(nnx.RNNCellBase):
     self.recurrent_norm = norms['recurrent_norm']
     self.input_norm = norms['input_norm']
     self.cell_norm = norms['cell_norm']
+    if self._sites():
+      max_length = compat.cell_max_length(max_length, type(self).__name__)
     self.max_length, self.momentum, self.epsilon = max_length, momentum, epsilon
     self.min_statistics_count = min_statistics_count
     self.use_running_average = use_running_average

@@ -2,8 +2,9 @@
 
 Four choices change how `RecurrentLayer` computes, never what: every combination gives the
 same outputs, statistics and gradients (the tests force each one on CPU and compare).
-Each layer field takes a value or 'auto'; `resolve` turns 'auto' into the backend's
-choice once per call, for the layer's size and per-device batch:
+A layer holds them as one value, `Execution` (`RecurrentLayer(execution=...)`), each a
+value or 'auto'; `resolve` turns 'auto' into the backend's choice once per call, for the
+layer's size and per-device batch:
 
   | choice | CPU | GPU | TPU |
   |---|---|---|---|
@@ -50,7 +51,7 @@ Why, per choice:
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Union
 
 import jax
 
@@ -81,6 +82,61 @@ def _choice(name: str, value, allowed: tuple) -> None:
     raise ValueError(f'{name} must be {AUTO!r} or one of {allowed}; got {value!r}.')
 
 
+@dataclasses.dataclass(frozen=True)
+class Execution:
+  """How a `RecurrentLayer` runs, never what it computes: the settings `resolve` turns
+  into an `ExecutionPolicy`, each 'auto' (the backend's choice; the module docstring says
+  why) or a value that forces it. Frozen and hashable, so that a layer holding one can
+  be a static argument of `jax.jit`.
+
+  Attributes:
+    hoist_input: True: W_x x (and its normalisation) for all steps before the scan, one
+      large product; False: inside each step. Sequence-wise input statistics always
+      hoist (False is then an error).
+    remat: what the backward pass recomputes instead of storing per step: 'none';
+      'dots' (store the matmul outputs, recompute the pointwise math and
+      normalisations); 'full' (store only the carry: least memory, for long
+      sequences). The same for both backward passes (with 'layer', what its forward
+      scan stores).
+    unroll: steps per scan iteration (`lax.scan(unroll=)`), a positive int; no backend
+      chooses it, so it has no 'auto'.
+    backward: how the gradient of the scan is formed: 'scan' (the autodiff of
+      `lax.scan`) or 'layer' (the whole-layer backward pass of `layer_vjp`: a reverse
+      scan of the per-step cotangents, then one product per weight gradient). Both
+      compute the same gradients; 'layer' defines no forward-mode derivative
+      (`jax.jvp`, `jax.hessian`): pass 'scan' for those.
+    batch_sums: how the sums over the batch run: 'reduce' or 'contraction' (with ones).
+      The same values either way.
+
+  Example:
+    >>> from bn_rnn_jax import policy
+    >>> policy.Execution(remat='full', backward='scan').backward
+    'scan'
+    >>> policy.Execution(hoist_input=None)
+    Traceback (most recent call last):
+    ValueError: hoist_input must be 'auto', True or False; got None.
+  """
+  hoist_input: Union[str, bool] = AUTO
+  remat: str = AUTO
+  unroll: int = 1
+  backward: str = AUTO
+  batch_sums: str = AUTO
+
+  def __post_init__(self):
+    if self.hoist_input != AUTO and not isinstance(self.hoist_input, bool):
+      raise ValueError(f'hoist_input must be {AUTO!r}, True or False; got '
+                       f'{self.hoist_input!r}.')
+    _choice('remat', self.remat, REMAT_MODES)
+    _choice('backward', self.backward, BACKWARD_PASSES)
+    _choice('batch_sums', self.batch_sums, BATCH_SUMS)
+    if not isinstance(self.unroll, int) or self.unroll < 1:
+      raise ValueError(f'unroll must be a positive int; got {self.unroll!r}.')
+
+
+#: The settings of `Execution`, by name.
+EXECUTION_FIELDS = tuple(field.name for field in dataclasses.fields(Execution))
+
+
 def batch_sums_for(backend: str, batch_sums: str = AUTO) -> str:
   """'reduce' or 'contraction', with 'auto' resolved for `backend`."""
   _choice('batch_sums', batch_sums, BATCH_SUMS)
@@ -90,8 +146,8 @@ def batch_sums_for(backend: str, batch_sums: str = AUTO) -> str:
 
 
 def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
-            sequence_input: bool, hoist_input, remat: str, backward: str,
-            batch_sums: str, backend: Optional[str] = None) -> ExecutionPolicy:
+            sequence_input: bool, execution: Execution = Execution(),
+            backend: Optional[str] = None) -> ExecutionPolicy:
   """The policy of one layer call.
 
   Args:
@@ -100,8 +156,7 @@ def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
     batch: the per-device batch of this call.
     batch_norm: whether any site of the layer is batch-normalised.
     sequence_input: whether the input term has sequence-wise statistics (must hoist).
-    hoist_input, remat, backward, batch_sums: the layer's fields ('auto' or a value;
-      `hoist_input` also takes None for 'auto').
+    execution: the layer's settings (`Execution`; each 'auto' is decided here).
     backend: `jax.default_backend()` when None.
 
   Returns:
@@ -116,8 +171,7 @@ def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
     >>> for backend in ('cpu', 'gpu', 'tpu'):
     ...   choices = policy.resolve(
     ...       cell='lstm', hidden_size=1000, batch=64, batch_norm=True, sequence_input=False,
-    ...       hoist_input=None, remat='auto', backward='auto', batch_sums='auto',
-    ...       backend=backend)
+    ...       execution=policy.Execution(), backend=backend)
     ...   print(backend, dataclasses.astuple(choices))
     cpu (False, 'dots', 'layer', 'contraction')
     gpu (True, 'dots', 'scan', 'reduce')
@@ -125,7 +179,9 @@ def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
   """
   backend = backend or jax.default_backend()
   cpu = backend == 'cpu'
-  if hoist_input is None or hoist_input == AUTO:
+  hoist_input, remat = execution.hoist_input, execution.remat
+  backward, batch_sums = execution.backward, execution.batch_sums
+  if hoist_input == AUTO:
     hoist = sequence_input or not cpu
   elif isinstance(hoist_input, bool):
     if sequence_input and not hoist_input:
@@ -133,8 +189,7 @@ def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
                        'they need every step\'s input term before the scan.')
     hoist = hoist_input
   else:
-    raise ValueError(f'hoist_input must be None ({AUTO!r}), True or False; got '
-                     f'{hoist_input!r}.')
+    raise ValueError(f'hoist_input must be {AUTO!r}, True or False; got {hoist_input!r}.')
   gpu = backend in ('gpu', 'cuda', 'rocm')
   _choice('remat', remat, REMAT_MODES)
   if remat == AUTO:

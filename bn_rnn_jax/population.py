@@ -27,6 +27,7 @@ import numpy as np
 from flax import linen as nn
 
 from bn_rnn_jax import batch_stats
+from bn_rnn_jax import compat
 from bn_rnn_jax import modes
 
 MOMENTS = batch_stats.MOMENTS
@@ -43,8 +44,9 @@ def minibatch_moments(model: nn.Module, variables, args: tuple, rngs=None) -> An
   of your own whose call takes `train` but not Flax's two flags runs with `train=True`.
   `rngs`: for a model that draws randomness even so; the library's models draw none.
   """
-  _, mutated = model.apply(variables, *args, **_batch_statistics_kwargs(model),
-                           mutable=[MOMENTS], rngs=rngs)
+  with compat.outputs_discarded():
+    _, mutated = model.apply(variables, *args, **_batch_statistics_kwargs(model),
+                             mutable=[MOMENTS], rngs=rngs)
   return mutated.get(MOMENTS, {})
 
 
@@ -183,7 +185,8 @@ def estimate_population_stats(model: nn.Module, variables, batches,
     >>> batches = [(jnp.full((3, 5, 2), float(i)),) for i in range(4)]   # [batch, time, 2]
     >>> variables = layer.init(jax.random.key(0), *batches[0], train=False)
     >>> stats = br.estimate_population_stats(layer, variables, batches)
-    >>> _, outputs = layer.apply({**variables, 'batch_stats': stats}, *batches[0], train=False)
+    >>> outputs = layer.apply({**variables, 'batch_stats': stats}, *batches[0], train=False,
+    ...                       return_carry=False)
     >>> stats['cell']['mean'].shape, outputs.shape
     ((5, 4), (3, 5, 4))
   """

@@ -13,12 +13,17 @@ scan (`batch_stats.record`); in inference it gathers each step's population rows
 feeds them to the scan as inputs. Nothing in the loop updates a `[T_max, F]` array, and
 nothing in it differs between one device and many but a psum (`axis_name`).
 `RecurrentLayer.step` runs one step at a time, with the population rows of that step.
+
+A call returns the outputs, or `(carry, outputs)` with `return_carry=True`, as
+`flax.linen.RNN`; how it runs (hoisted input term, remat, backward pass, batch sums,
+unroll) is one value, `execution` (`policy.Execution`). The spellings of the previous
+release still work, with a DeprecationWarning (`compat.py`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import warnings
 from typing import Any, Optional
 
 import jax
@@ -27,6 +32,7 @@ from flax import linen as nn
 
 from bn_rnn_jax import batch_stats
 from bn_rnn_jax import cells
+from bn_rnn_jax import compat
 from bn_rnn_jax import initializers
 from bn_rnn_jax import layer_vjp
 from bn_rnn_jax import modes
@@ -54,8 +60,12 @@ class RecurrentLayer(nn.Module):
       frame-wise), 'sequence' (the input term over batch and valid steps, Laurent eq.
       20-21; the recurrent and cell terms per step) or 'shared' (one population row per
       site: Cooijmans' ablation).
-    max_length: T_max, the rows of per-step statistics. Training on a longer sequence is
-      an error; inference past the longest trained length reuses its last row.
+    max_length: T_max, the rows of per-step statistics (`[T_max, F]` per site). None:
+      the time length of the input they are made for, `init`'s. A row of a BN-LSTM
+      holds 18 H floats (mean and variance of 9 H features): 1000 rows at H=1000 are
+      18M floats, against 4.2M parameters. Training on a longer sequence is an error
+      (`normalization.check_length`); inference past the longest trained length reuses
+      its last row.
     momentum: running-average momentum of the population statistics.
     epsilon: variance epsilon.
     gamma_init: initial gamma of every normalisation (0.1, Cooijmans sec. 4).
@@ -67,22 +77,13 @@ class RecurrentLayer(nn.Module):
       on h_0 in training, from the 'noise' rng stream: it keeps the recurrent term's batch
       variance off zero while the inputs are constant, e.g. black rows of MNIST).
     initial_state_noise: standard deviation of that noise.
-    hoist_input: compute W_x x (and its normalisation) for all steps before the scan (one
-      large product) instead of inside each step; None = the backend's choice
-      (`policy.py`). Sequence-wise input statistics always hoist.
-    remat: what the backward pass recomputes instead of storing per step: 'none';
-      'dots' (store the matmul outputs, recompute the pointwise math and normalisations);
-      'full' (store only the carry: least memory, for long sequences); 'auto' = the
-      backend's choice for this layer's size (`policy.py`). The same for both backward
-      passes (with 'layer', what its forward scan stores).
-    unroll: steps per scan iteration (`lax.scan(unroll=)`).
-    backward: how the gradient of the scan is formed: 'scan' (the autodiff of
-      `lax.scan`), 'layer' (the whole-layer backward pass of `layer_vjp`: a reverse scan
-      of the per-step cotangents, then one product per weight gradient) or 'auto' (the
-      backend's choice, `policy.py`). Both compute the same gradients; 'layer' defines no
-      forward-mode derivative (`jax.jvp`, `jax.hessian`): pass 'scan' for those.
-    batch_sums: how the sums over the batch run: 'reduce', 'contraction' or 'auto'
-      (`policy.py`). The same values either way.
+    execution: how the layer runs, never what it computes (`policy.Execution`: hoisted
+      input term, remat, backward pass, batch sums, unroll; 'auto' = the backend's
+      choice, `policy.resolve`).
+    hoist_input, remat, unroll, backward, batch_sums: deprecated, the previous
+      release's spelling of `execution`'s settings (`hoist_input=None` for 'auto'); one
+      set to another value than its default overrides `execution`'s, with a
+      DeprecationWarning.
     dtype: compute dtype of the matmuls (e.g. jnp.bfloat16); statistics stay float32.
     axis_name: device axis name (pmap / shard_map) for cross-device batch moments.
     padded_statistics: count padded entries in the batch moments, as the implementation
@@ -114,7 +115,7 @@ class RecurrentLayer(nn.Module):
   input_norm: Optional[str] = None
   cell_norm: Optional[str] = None
   statistics: str = 'per_step'
-  max_length: int = 1000
+  max_length: Optional[int] = None
   momentum: float = 0.99
   epsilon: float = normalization.DEFAULT_EPSILON
   gamma_init: float = 0.1
@@ -123,6 +124,7 @@ class RecurrentLayer(nn.Module):
   input_init: str = 'orthogonal'
   initial_state: str = 'zeros'
   initial_state_noise: float = 0.1
+  execution: policy_lib.Execution = policy_lib.Execution()
   hoist_input: Optional[bool] = None
   remat: str = 'auto'
   unroll: int = 1
@@ -151,7 +153,7 @@ class RecurrentLayer(nn.Module):
     if self.input_init not in initializers.INPUT_INITS:
       raise ValueError(f'input_init must be one of {sorted(initializers.INPUT_INITS)}; got '
                        f'{self.input_init!r}.')
-    if self.hidden_size <= 0 or self.max_length <= 0:
+    if self.hidden_size <= 0 or (self.max_length is not None and self.max_length <= 0):
       raise ValueError(f'hidden_size ({self.hidden_size}) and max_length '
                        f'({self.max_length}) must be positive.')
     if not 0.0 <= self.momentum < 1.0:
@@ -169,42 +171,42 @@ class RecurrentLayer(nn.Module):
       raise ValueError('min_step_count guards masked per-step statistics; with '
                        'padded_statistics=True every step averages the whole batch.')
 
-  def _remat_field(self) -> str:
-    """`remat` as a string; booleans were an earlier spelling ('full' / 'none')."""
-    if isinstance(self.remat, bool):
-      new = 'full' if self.remat else 'none'
-      warnings.warn(f'remat={self.remat} is deprecated; use remat={new!r}.',
-                    DeprecationWarning, stacklevel=3)
-      return new
-    return self.remat
+  def execution_settings(self) -> policy_lib.Execution:
+    """`execution`, with the deprecated fields that are set merged in (`compat.py`)."""
+    old = {name: getattr(self, name) for name in compat.OLD_EXECUTION_DEFAULTS}
+    return compat.merge_execution(self.execution, old, 'RecurrentLayer')
 
   def execution_policy(self, batch) -> policy_lib.ExecutionPolicy:
     """How this layer runs on the current backend for a per-device `batch`
-    (`policy.resolve`, with this layer's fields); a symbolic batch (`jax.export`) cannot
+    (`policy.resolve` of `execution_settings()`); a symbolic batch (`jax.export`) cannot
     be compared with H, so `backward='auto'` is the autodiff of the scan there."""
-    backward = self.backward
+    return self._resolve(batch, self.execution_settings())
+
+  def _resolve(self, batch, execution: policy_lib.Execution) -> policy_lib.ExecutionPolicy:
     if not isinstance(batch, int):
-      batch, backward = 1, 'scan' if backward == policy_lib.AUTO else backward
+      batch = 1
+      if execution.backward == policy_lib.AUTO:
+        execution = dataclasses.replace(execution, backward='scan')
     return policy_lib.resolve(
         cell=self.cell, hidden_size=self.hidden_size, batch=batch,
-        batch_norm=bool(self._batch_sites()),
-        sequence_input=self._sequence_input(), hoist_input=self.hoist_input,
-        remat=self._remat_field(), backward=backward, batch_sums=self.batch_sums)
+        batch_norm=bool(self._batch_sites()), sequence_input=self._sequence_input(),
+        execution=execution)
 
   def _sequence_input(self) -> bool:
     """Whether the input term is batch-normalised with sequence-wise statistics."""
     return self.input_norm == 'batch' and batch_stats.sequence_wise_input(self.statistics)
 
-  def _rows(self, site: str) -> int:
-    return batch_stats.num_rows(site, self.statistics, self.max_length)
+  def _max_length(self, length: int) -> int:
+    """T_max: `max_length`, or the rows the statistics were made with (`length`, the
+    input's, when they are being made)."""
+    per_step = [site for site in self._batch_sites()
+                if batch_stats.per_step_rows(site, self.statistics)]
+    return batch_stats.statistics_length(self, self.max_length, per_step, length)
 
   def _batch_sites(self) -> dict[str, int]:
     """`{site: features}` of the batch-normalised terms (`cells.batch_sites`)."""
     return cells.batch_sites(self.hidden_size, _GATES[self.cell], self.recurrent_norm,
                              self.input_norm, self.cell_norm)
-
-  def _site_features(self, site: str) -> int:
-    return self._batch_sites()[site]
 
   # ------------------------------------------------------------------ parameters
   def _params(self, input_size: int) -> dict[str, Array]:
@@ -238,7 +240,8 @@ class RecurrentLayer(nn.Module):
   @nn.compact
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
                train: Optional[bool] = None, use_running_average: Optional[bool] = None,
-               deterministic: Optional[bool] = None, initial_carry=None, first_step=0):
+               deterministic: Optional[bool] = None, initial_carry=None, first_step=0,
+               return_carry: Optional[bool] = None):
     """Run the layer.
 
     Args:
@@ -256,10 +259,14 @@ class RecurrentLayer(nn.Module):
       first_step: inference only: the time index of `inputs[:, 0]` in the sequence, an
         int or an int scalar array; step t of `inputs` uses the population row of
         `first_step + t` (a continuation of a sequence run in pieces).
+      return_carry: False: return the outputs; True: `(final_carry, outputs)`. None
+        (deprecated) is the previous release's `(final_carry, outputs)`, with a
+        DeprecationWarning; the next release returns the outputs, as `nn.RNN`.
 
     Returns:
-      `(final_carry, outputs)`: the state after each sequence's last valid step, and
-      `[batch, time, hidden]` outputs (zeros at padded steps).
+      `outputs [batch, time, hidden]` (zeros at padded steps), or `(final_carry,
+      outputs)` with `return_carry=True`: the state after each sequence's last valid
+      step, `(c, h)` (LSTM) or `h` (RNN), each `[batch, hidden]`.
     """
     self._validate(inputs, mask)
     mode = modes.resolve(train, use_running_average, deterministic)
@@ -273,14 +280,15 @@ class RecurrentLayer(nn.Module):
       # any product or moment; `where`, since NaN * 0 is NaN.
       inputs = jnp.where(mask[..., None] > 0, inputs, jnp.zeros_like(inputs))
     batch, length, input_size = inputs.shape
-    run = self.execution_policy(batch)
+    execution = self.execution_settings()
+    run = self._resolve(batch, execution)
     sites = self._batch_sites()
+    max_length = self._max_length(length)
     if train and sites:
-      normalization.check_length(length, self.max_length)
-    stats = {site: batch_stats.site_variable(self, site, self._rows(site),
-                                             self._site_features(site),
-                                             batch_statistics=train)
-             for site in sites}
+      normalization.check_length(length, max_length)
+    stats = {site: batch_stats.site_variable(
+        self, site, batch_stats.num_rows(site, self.statistics, max_length), features,
+        batch_statistics=train) for site, features in sites.items()}
     params = self._params(input_size)
     # The state is float32, or float64 when the inputs or weights are (under x64).
     state_dtype = jnp.promote_types(
@@ -313,18 +321,19 @@ class RecurrentLayer(nn.Module):
     loop_sites = tuple(site for site in sites if site not in moments) if train else ()
     if run.backward == 'layer':
       final_carry, ys = self._scan_with_layer_backward(params, cfg, carry, xs, loop_sites,
-                                                       run.remat)
+                                                       run.remat, execution.unroll)
     else:
       step = functools.partial(
           cells.lstm_step if self.cell == 'lstm' else cells.rnn_step, params, cfg)
-      step = _rematerialized(_pack_moments(step, loop_sites), run.remat)
-      final_carry, ys = jax.lax.scan(step, carry, xs, unroll=self.unroll)
+      step = cells.rematerialized(cells.pack_moments(step, loop_sites), run.remat)
+      final_carry, ys = jax.lax.scan(step, carry, xs, unroll=execution.unroll)
 
     if train and sites and not self.is_initializing():
       counts = self._step_counts(batch, length, mask_tm)
-      moments.update(_unpack_moments(ys['moments'], loop_sites, self._site_features, counts))
+      moments.update(cells.unpack_moments(ys['moments'], loop_sites, sites, counts))
       self._record_moments(stats, moments)
-    return final_carry, jnp.swapaxes(ys['h'], 0, 1)
+    return compat.returned(final_carry, jnp.swapaxes(ys['h'], 0, 1), return_carry,
+                           'RecurrentLayer', self.is_initializing())
 
   def step(self, carry, x: Array, t, mask: Optional[Array] = None):
     """One inference step, `layer.apply(variables, carry, x_t, t, method='step')`:
@@ -336,16 +345,17 @@ class RecurrentLayer(nn.Module):
       raise ValueError(f'RecurrentLayer.step expects x [batch, features]; got {x.shape}.')
     sequence.check_time_index(t, 'RecurrentLayer.step: t (the time index of x)')
     carry, outputs = self(x[:, None], None if mask is None else mask[:, None], train=False,
-                          initial_carry=carry, first_step=t)
+                          initial_carry=carry, first_step=t, return_carry=True)
     return carry, outputs[:, 0]
 
-  def _scan_with_layer_backward(self, params, cfg, carry, xs, loop_sites, remat: str):
+  def _scan_with_layer_backward(self, params, cfg, carry, xs, loop_sites, remat: str,
+                                unroll: int):
     """`lax.scan` of the step with the whole-layer backward pass (`layer_vjp`)."""
     cell_fn = cells.lstm_cell if self.cell == 'lstm' else cells.rnn_cell
 
     def cell(pointwise_params, carry, terms, inputs):
       carry, outputs = cell_fn(pointwise_params, cfg, carry, terms, inputs)
-      return carry, _packed_outputs(outputs, loop_sites)
+      return carry, cells.packed_outputs(outputs, loop_sites)
 
     def terms_fn(params, carry, inputs):
       return cells.step_terms(params, cfg, carry, inputs)
@@ -353,7 +363,7 @@ class RecurrentLayer(nn.Module):
     # The input and recurrent terms meet as a plain sum (no separate normalisation).
     tied = self.input_norm is None and (self.cell == 'rnn' or self.recurrent_norm is None)
     return layer_vjp.scan_layer(cell, terms_fn, params, carry, xs, compute_dtype=self.dtype,
-                                mode=remat, unroll=self.unroll, tied_terms=tied)
+                                mode=remat, unroll=unroll, tied_terms=tied)
 
   def _step_counts(self, batch: int, length: int, mask_tm: Optional[Array]) -> Array:
     """`[T]` global number of valid sequences at each step."""
@@ -408,7 +418,7 @@ class RecurrentLayer(nn.Module):
       # Steps that fell back on the population rows trained with no moments of theirs.
       guard = self.min_step_count if self._per_step_training_statistics(site) else 1
       min_count = 1   # the fewest sequences a recorded row rests on
-      if self._rows(site) == 1 and mean.ndim == 2:
+      if stats[site].value['count'].shape[0] == 1 and mean.ndim == 2:
         # Shared over time: average the per-step moments, weighting steps by valid count.
         count = jnp.broadcast_to(jnp.where(count >= guard, count, 0.0), mean.shape[:1])
         total = jnp.sum(count)
@@ -424,40 +434,3 @@ class RecurrentLayer(nn.Module):
                                                             self.min_statistics_count)
       batch_stats.record(self, stats[site], site, mean, var, count, self.momentum, min_count)
 
-
-def _rematerialized(step, remat: str):
-  """`step` under `jax.checkpoint` as `remat` says ('none': as it is)."""
-  if remat == 'none':
-    return step
-  policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if remat == 'dots' else None
-  return jax.checkpoint(step, prevent_cse=False, policy=policy)
-
-
-def _pack_moments(step, sites: tuple[str, ...]):
-  """Wrap a step so that it emits its sites' moments as one flat `[sum 2F]` vector.
-
-  One scan output instead of six stacked arrays (and no per-step counts, which the layer
-  derives from the mask) trims the kernels each scanned step runs.
-  """
-  def packed(carry, inputs):
-    carry, outputs = step(carry, inputs)
-    return carry, _packed_outputs(outputs, sites)
-  return packed
-
-
-def _packed_outputs(outputs, sites: tuple[str, ...]):
-  """A step's outputs with its sites' moments packed as in `_pack_moments`."""
-  flat = [v for site in sites for v in outputs['moments'][site][:2]]
-  return {'h': outputs['h'], 'moments': jnp.concatenate(flat) if flat else None}
-
-
-def _unpack_moments(packed: Optional[Array], sites: tuple[str, ...], features, counts):
-  """Inverse of `_pack_moments` over all steps: `{site: (mean [T, F], var [T, F], count [T])}`."""
-  moments, offset = {}, 0
-  for site in sites:
-    width = features(site)
-    mean = packed[:, offset:offset + width]
-    var = packed[:, offset + width:offset + 2 * width]
-    moments[site] = (mean, var, counts)
-    offset += 2 * width
-  return moments

@@ -3,16 +3,28 @@
 A unidirectional stack also runs one step at a time (`StackedRNN.step`, with each layer's
 population rows of that step); a bidirectional one refuses, since its backward direction
 starts from the end of the sequence.
+
+Both return the outputs, or `(carry, outputs)` with `return_carry=True`, as
+`flax.linen.RNN` (`RecurrentLayer`; `compat.py` for the previous release's default).
+`StackedRNN` builds its layers from a variant name or from a *layer factory*: any
+callable `factory(hidden_size, name=..., **layer_options) -> module`, e.g.
+`functools.partial(RecurrentLayer, cell='rnn', max_length=100)` or a module class of
+your own. The module is called as a `RecurrentLayer` is: `layer(inputs [B, T, I], mask
+[B, T] | None, *, use_running_average=, deterministic=, return_carry=True)` ->
+`(carry, outputs [B, T, H])`, and also with `initial_carry=` and `first_step=` where the
+stack carries state or steps (`StackedRNN.step`). A Flax cell runs in a stack through
+such a module around `nn.RNN` (the layer guide has one).
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from bn_rnn_jax import compat
 from bn_rnn_jax import modes
 from bn_rnn_jax import sequence
 from bn_rnn_jax import variants
@@ -26,8 +38,9 @@ class Bidirectional(nn.Module):
   concatenates their outputs.
 
   Call: `(inputs [B, T, I], mask [B, T] | None, train=... | use_running_average=...,
-  deterministic=...)` (`modes.py`) -> `((forward_carry, backward_carry), outputs
-  [B, T, 2H])`.
+  deterministic=... (`modes.py`), return_carry=False)` -> `outputs [B, T, 2H]`, or with
+  `return_carry=True` `((forward_carry, backward_carry), outputs)`. Each direction is
+  called with `return_carry=True` (a `RecurrentLayer`, or a module that answers as one).
   """
   forward_layer: nn.Module
   backward_layer: nn.Module
@@ -35,14 +48,16 @@ class Bidirectional(nn.Module):
   @nn.compact
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
                train: Optional[bool] = None, use_running_average: Optional[bool] = None,
-               deterministic: Optional[bool] = None):
+               deterministic: Optional[bool] = None, return_carry: Optional[bool] = None):
     mode = modes.resolve(train, use_running_average, deterministic).kwargs()
+    mode['return_carry'] = True
     forward_carry, forward_out = self.forward_layer(inputs, mask, **mode)
     backward_carry, backward_out = self.backward_layer(
         sequence.reverse_valid(inputs, mask), mask, **mode)
     outputs = jnp.concatenate([forward_out, sequence.reverse_valid(backward_out, mask)],
                               axis=-1)
-    return (forward_carry, backward_carry), outputs
+    return compat.returned((forward_carry, backward_carry), outputs, return_carry,
+                           'Bidirectional', self.is_initializing())
 
   def step(self, *args, **kwargs):
     del args, kwargs
@@ -58,19 +73,24 @@ class StackedRNN(nn.Module):
   connections (each layer's input and the stack's output).
 
   Attributes:
-    variant: a name in `variants.VARIANTS`.
+    variant: a name in `variants.VARIANTS`, or a layer factory (the module docstring):
+      `factory(hidden_size, name=..., **layer_options)` builds each layer (each
+      direction).
     hidden_size: units per layer (per direction).
     num_layers: depth.
     dropout_rate: dropout between layers, before the first and after the last.
     bidirectional: wrap each layer in `Bidirectional`.
     layer_options: `RecurrentLayer` field overrides (`variants.LayerOptions`; a dict is
-      converted), e.g. `{'max_length': 784, 'axis_name': 'batch'}`.
+      converted), e.g. `{'max_length': 784, 'axis_name': 'batch'}`; passed to a factory
+      as keyword arguments.
 
   Call: `(inputs [B, T, I], mask [B, T] | None, train=... | use_running_average=...,
-  deterministic=... (`modes.py`), initial_carries=None, first_step=0)` -> `(final_carries: list per layer, outputs [B, T, H or 2H])`;
-  `first_step` as `RecurrentLayer` (inference, unidirectional).
+  deterministic=... (`modes.py`), initial_carries=None, first_step=0,
+  return_carry=False)` -> `outputs [B, T, H or 2H]`, or with `return_carry=True`
+  `(final_carries, outputs)`, a carry per layer; `initial_carries` (one per layer) and
+  `first_step` as `RecurrentLayer`'s `initial_carry` and `first_step` (unidirectional).
   """
-  variant: str
+  variant: Union[str, Callable[..., nn.Module]]
   hidden_size: int
   num_layers: int = 1
   dropout_rate: float = 0.0
@@ -86,7 +106,8 @@ class StackedRNN(nn.Module):
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
                train: Optional[bool] = None, use_running_average: Optional[bool] = None,
                deterministic: Optional[bool] = None,
-               initial_carries: Optional[Sequence[Any]] = None, first_step=0):
+               initial_carries: Optional[Sequence[Any]] = None, first_step=0,
+               return_carry: Optional[bool] = None):
     mode = modes.resolve(train, use_running_average, deterministic)
     if self.num_layers <= 0:
       raise ValueError(f'num_layers must be positive; got {self.num_layers}.')
@@ -96,26 +117,40 @@ class StackedRNN(nn.Module):
       raise ValueError('initial_carries are for unidirectional stacks (carried state).')
     if self.bidirectional and not (isinstance(first_step, int) and first_step == 0):
       raise ValueError(_NO_BIDIRECTIONAL_STEP)
-    options = dict(self.layer_options)
-    axis_name = options.get('axis_name')
+    axis_name = self.layer_options.get('axis_name')
     carries = []
     x = inputs
     for index in range(self.num_layers):
       x = self._dropout(x, mode.deterministic, axis_name)
       if self.bidirectional:
-        layer = Bidirectional(variants.make_layer(self.variant, self.hidden_size, **options),
-                              variants.make_layer(self.variant, self.hidden_size, **options),
-                              name=f'layer_{index}')
-        carry, x = layer(x, mask, **mode.kwargs())
+        layer = Bidirectional(self._layer(None), self._layer(None), name=f'layer_{index}')
+        carry, x = layer(x, mask, **mode.kwargs(), return_carry=True)
       else:
-        layer = variants.make_layer(self.variant, self.hidden_size, **options,
-                                    name=f'layer_{index}')
-        start = None if initial_carries is None else initial_carries[index]
-        carry, x = layer(x, mask, **mode.kwargs(), initial_carry=start,
-                         first_step=first_step)
+        # Carried state and steps only where asked, so that a factory's layer need not
+        # take them otherwise.
+        extra = {'return_carry': True}
+        if initial_carries is not None:
+          extra['initial_carry'] = initial_carries[index]
+        if not (isinstance(first_step, int) and first_step == 0):
+          extra['first_step'] = first_step
+        carry, x = self._layer(f'layer_{index}')(x, mask, **mode.kwargs(), **extra)
       carries.append(carry)
     x = self._dropout(x, mode.deterministic, axis_name)
-    return carries, x
+    return compat.returned(carries, x, return_carry, 'StackedRNN', self.is_initializing())
+
+  def _layer(self, name: Optional[str]) -> nn.Module:
+    """One layer (one direction): of the variant named `variant`, or the factory's."""
+    if isinstance(self.variant, nn.Module) or not (isinstance(self.variant, str)
+                                                   or callable(self.variant)):
+      got = (f'a {type(self.variant).__name__} instance' if isinstance(self.variant, nn.Module)
+             else repr(self.variant))
+      raise ValueError('StackedRNN.variant must be a name in VARIANTS or a layer factory, '
+                       'factory(hidden_size, name=...) -> module (a module class, or a '
+                       f'functools.partial of one); got {got}.')
+    if isinstance(self.variant, str):
+      return variants.make_layer(self.variant, self.hidden_size, name=name,
+                                 **self.layer_options)
+    return self.variant(self.hidden_size, name=name, **self.layer_options)
 
   def step(self, carries: Optional[Sequence[Any]], x: Array, t, mask: Optional[Array] = None):
     """One inference step of every layer: `(carries, x_t [B, I], t)` -> `(carries, h_t
@@ -125,7 +160,7 @@ class StackedRNN(nn.Module):
     if x.ndim != 2:
       raise ValueError(f'StackedRNN.step expects x [batch, features]; got {x.shape}.')
     carries, outputs = self(x[:, None], None if mask is None else mask[:, None], train=False,
-                            initial_carries=carries, first_step=t)
+                            initial_carries=carries, first_step=t, return_carry=True)
     return carries, outputs[:, 0]
 
   def _dropout(self, x: Array, deterministic: bool, axis_name: Optional[str]) -> Array:

@@ -149,7 +149,7 @@ def _build_language_model(config, model_kwargs, layer_options):
 
 def _apply_language_model(model, variables, batch, *, train, carry, **kwargs):
   return apply_model(model, variables, (batch['inputs'], batch.get('mask')), train, kwargs,
-                     initial_carries=carry)
+                     initial_carries=carry, return_carry=True)
 
 
 def _language_model_sums(logits, batch):

@@ -30,9 +30,11 @@ import numpy as np
 import optax
 from jax import lax
 
+from bn_rnn_jax import compat
 from bn_rnn_jax import config as config_lib
 from bn_rnn_jax import modes
 from bn_rnn_jax import parallel
+from bn_rnn_jax import policy
 from bn_rnn_jax import population
 from bn_rnn_jax import tasks
 from bn_rnn_jax import variants
@@ -67,12 +69,17 @@ class TrainState:
 
 # ====================================================================== construction
 def layer_options(config, train_length: int) -> variants.LayerOptions:
-  """The `RecurrentLayer` fields of `config.model`, with T_max and the device axis."""
+  """The `RecurrentLayer` fields of `config.model`, with T_max and the device axis; the
+  execution keys (`model.remat`, `model.unroll`, ...) as one `policy.Execution`."""
   max_length = config.model.max_length or train_length
   if train_length > max_length:
     raise ValueError(f'Training sequences have T={train_length} steps but '
                      f'config.model.max_length={max_length} (T_max) is smaller.')
-  return variants.LayerOptions(config_lib.layer_fields(config), max_length=max_length,
+  fields = config_lib.layer_fields(config)
+  settings = {name: fields.pop(name) for name in policy.EXECUTION_FIELDS if name in fields}
+  execution = compat.merge_execution(policy.Execution(), settings, 'config.model',
+                                     deprecated=False)
+  return variants.LayerOptions(fields, execution=execution, max_length=max_length,
                                axis_name=AXIS)
 
 

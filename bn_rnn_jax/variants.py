@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import warnings
 from typing import Any, Iterator, Mapping
 
+from bn_rnn_jax import compat
 from bn_rnn_jax import recurrent
 
 #: The papers' layers by name: `{name: RecurrentLayer fields}` (the table above).
@@ -47,25 +47,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(recurrent.RecurrentLayer)
                     if f.name not in ('parent', 'name'))
-# Spellings of earlier releases: (stats_per_step, input_statistics) -> statistics.
-_OLD_STATISTICS = {(True, 'frame'): 'per_step', (True, 'sequence'): 'sequence',
-                   (False, 'sequence'): 'shared'}
-
-
-def _upgrade(fields: dict[str, Any]) -> dict[str, Any]:
-  """Old field spellings, translated with a DeprecationWarning (or a one-line error)."""
-  if 'stats_per_step' not in fields and 'input_statistics' not in fields:
-    return fields
-  fields = dict(fields)
-  key = (fields.pop('stats_per_step', True), fields.pop('input_statistics', 'frame'))
-  if key not in _OLD_STATISTICS:
-    raise ValueError(f'stats_per_step={key[0]} with input_statistics={key[1]!r} has no '
-                     f"'statistics' value; use statistics='per_step', 'sequence' or "
-                     "'shared'.")
-  warnings.warn(f"stats_per_step / input_statistics are replaced by statistics="
-                f"{_OLD_STATISTICS[key]!r}.", DeprecationWarning, stacklevel=3)
-  fields['statistics'] = _OLD_STATISTICS[key]
-  return fields
 
 
 def check_fields(fields: Mapping[str, Any]) -> None:
@@ -82,14 +63,16 @@ def check_fields(fields: Mapping[str, Any]) -> None:
 class LayerOptions(Mapping[str, Any]):
   """`RecurrentLayer` field overrides, immutable and hashable.
 
-  `LayerOptions(max_length=784, remat='full')`; reads like a dict (`options['remat']`,
-  `dict(options)`, `options.get('axis_name')`). A field not given keeps the variant's (or
-  the layer's) default.
+  `LayerOptions(max_length=784, execution=policy.Execution(remat='full'))`; reads like a
+  dict (`options['max_length']`, `dict(options)`, `options.get('axis_name')`). A field
+  not given keeps the variant's (or the layer's) default. The execution fields of the
+  previous release (`remat=` ...) are merged into `execution`, with a DeprecationWarning
+  (`compat.py`).
   """
   items_: tuple[tuple[str, Any], ...] = ()
 
   def __init__(self, mapping: Mapping[str, Any] = (), /, **fields):
-    fields = _upgrade({**dict(mapping), **fields})
+    fields = compat.upgrade_layer_fields({**dict(mapping), **fields}, 'LayerOptions')
     check_fields(fields)
     object.__setattr__(self, 'items_', tuple(sorted(fields.items())))
 
@@ -132,6 +115,6 @@ def make_layer(variant: str, hidden_size: int, **fields) -> recurrent.RecurrentL
   if variant not in VARIANTS:
     raise ValueError(f'Unknown RNN variant {variant!r}; choose one of {sorted(VARIANTS)}.')
   name = fields.pop('name', None)
-  fields = _upgrade({**VARIANTS[variant], **fields})
+  fields = compat.upgrade_layer_fields({**VARIANTS[variant], **fields}, 'make_layer')
   check_fields(fields)
   return recurrent.RecurrentLayer(hidden_size=hidden_size, name=name, **fields)

@@ -109,12 +109,13 @@ def _axes(task: str, batch: dict) -> dict:
 
 def inference(run: Run) -> Callable[..., Any]:
   """`f(inputs[, mask]) -> logits`: the task's model in inference, variables baked in."""
-  infer = export_lib.inference_function(run.model, run.variables)
-  language_model = run.trainer.dataset.task == 'language_model'
+  # A language model returns its carries too when asked; here, the logits alone.
+  outputs = ({'return_carry': False} if run.trainer.dataset.task == 'language_model'
+             else {})
+  infer = export_lib.inference_function(run.model, run.variables, **outputs)
 
   def logits(inputs, mask=None):
-    out = infer(inputs, mask)
-    return out[1] if language_model else out    # a language model also returns carries
+    return infer(inputs, mask)
   return logits
 
 

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bn_rnn_jax import policy
 import reference
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,6 +59,18 @@ def float64(tree):
 def float32(tree):
   """Every leaf as a float32 JAX array (the library's compute dtype)."""
   return jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), tree)
+
+
+# ----------------------------------------------------------------------------- layers
+def with_execution(fields):
+  """`RecurrentLayer` fields with the execution settings among them (`hoist_input`,
+  `remat`, `unroll`, `backward`, `batch_sums`; `hoist_input` None = 'auto') gathered
+  into one `execution=policy.Execution(...)`, as the layer takes them."""
+  fields = dict(fields)
+  settings = {name: fields.pop(name) for name in policy.EXECUTION_FIELDS if name in fields}
+  if settings.get('hoist_input', policy.AUTO) is None:
+    settings['hoist_input'] = policy.AUTO
+  return {**fields, 'execution': policy.Execution(**settings)} if settings else fields
 
 
 # ----------------------------------------------------------------------------- assertions

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import models
+from bn_rnn_jax import policy
 from bn_rnn_jax import tasks
 from bn_rnn_jax import loop
 from bn_rnn_jax.input_pipeline import reading
@@ -26,7 +27,7 @@ def tiny_reader(arrays, variant, max_length=None):
   return models.AttentiveReader(
       vocab_size=len(arrays['vocab']), num_entities=int(arrays['num_entities']),
       variant=variant, hidden_size=4, embed_size=3,
-      layer_options=dict(max_length=max_length, remat='none'))
+      layer_options=dict(max_length=max_length, execution=policy.Execution(remat='none')))
 
 
 # ====================================================================== model
@@ -241,7 +242,8 @@ def test_a_question_drawn_twice_keeps_bn_e_star_gradients_finite(cloze_arrays):
     model = models.AttentiveReader(
         vocab_size=len(cloze_arrays['vocab']), num_entities=int(cloze_arrays['num_entities']),
         variant='bn_e_star', hidden_size=4, embed_size=3, layer_options=dict(
-            max_length=MAX_LENGTH, remat='none', min_step_count=min_step_count))
+            max_length=MAX_LENGTH, execution=policy.Execution(remat='none'),
+            min_step_count=min_step_count))
     variables = model.init(jax.random.PRNGKey(1), inputs, train=False)
     def loss(p):
       out, _ = model.apply({**variables, 'params': p}, inputs, train=True,

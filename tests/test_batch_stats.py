@@ -43,6 +43,11 @@ def _modules():
 MODULES = {name: (module, args) for name, module, args in _modules()}
 
 
+def _outputs(module):
+  """The call keywords that ask `module` for its outputs alone (a layer or a stack)."""
+  return {} if isinstance(module, batch_stats.MaskedBatchNorm) else {'return_carry': False}
+
+
 @pytest.fixture(params=helpers.core_cases(sorted(MODULES), core=['masked_batch_norm']))
 def case(request):
   module, args = MODULES[request.param]
@@ -63,7 +68,8 @@ def test_train_without_mutable_batch_stats_raises(case):
 
 def test_train_with_mutable_batch_stats_updates_them(case):
   module, args, variables = case
-  _, updated = module.apply(variables, *args, train=True, mutable=['batch_stats'])
+  _, updated = module.apply(variables, *args, train=True, mutable=['batch_stats'],
+                            **_outputs(module))
   counts = [np.asarray(leaf) for path, leaf in
             jax.tree_util.tree_flatten_with_path(updated['batch_stats'])[0]
             if path[-1].key == 'count']
@@ -76,7 +82,7 @@ def test_the_estimate_pass_needs_only_the_moments_collection(case):
   explicit opt-out of check 1, and it leaves the running averages alone."""
   module, args, variables = case
   _, mutated = module.apply(variables, *args, train=True,
-                            mutable=[batch_stats.MOMENTS])
+                            mutable=[batch_stats.MOMENTS], **_outputs(module))
   assert set(mutated) == {batch_stats.MOMENTS}
   estimate = population.estimate_population_stats(module, variables, [args, args])
   assert not batch_stats.untrained_sites(estimate)
@@ -98,14 +104,15 @@ def test_untrained_sites_names_them_before_a_jitted_evaluation(case):
   module, args, variables = case
   untrained = batch_stats.untrained_sites(variables['batch_stats'])
   assert untrained and all(isinstance(path, str) for path in untrained)
-  _, updated = module.apply(variables, *args, train=True, mutable=['batch_stats'])
+  _, updated = module.apply(variables, *args, train=True, mutable=['batch_stats'],
+                            **_outputs(module))
   assert batch_stats.untrained_sites(updated['batch_stats']) == []
 
 
 def test_opting_out_evaluates_with_mean_0_variance_1(case):
   module, args, variables = case
   with batch_stats.allow_untrained_statistics():
-    out = module.apply(variables, *args, train=False)
+    out = module.apply(variables, *args, train=False, **_outputs(module))
   assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(out))
   with pytest.raises(ValueError, match='no training batch reached'):  # scoped to the block
     module.apply(variables, *args, train=False)
@@ -120,8 +127,9 @@ def test_message_names_the_site_of_a_nested_layer():
 
 def test_trained_statistics_evaluate_without_error(case):
   module, args, variables = case
-  _, updated = module.apply(variables, *args, train=True, mutable=['batch_stats'])
-  out = module.apply({**variables, **updated}, *args, train=False)
+  _, updated = module.apply(variables, *args, train=True, mutable=['batch_stats'],
+                            **_outputs(module))
+  out = module.apply({**variables, **updated}, *args, train=False, **_outputs(module))
   assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(out))
 
 
@@ -131,8 +139,8 @@ def test_layers_without_batch_statistics_need_neither():
   layer = variants.make_layer('ln_lstm', H)
   variables = layer.init(jax.random.key(0), X, train=False)
   assert set(variables) == {'params'}
-  trained = layer.apply(variables, jnp.asarray(X), train=True)
-  inferred = layer.apply(variables, jnp.asarray(X), train=False)
+  trained = layer.apply(variables, jnp.asarray(X), train=True, return_carry=True)
+  inferred = layer.apply(variables, jnp.asarray(X), train=False, return_carry=True)
   helpers.assert_trees_equal(trained, inferred)
 
 

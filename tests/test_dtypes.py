@@ -26,7 +26,7 @@ def data():
 
 
 def _float64_layer(variant, backward):
-  return br.make_layer(variant, H, max_length=T, backward=backward)
+  return br.make_layer(variant, H, max_length=T, execution=br.Execution(backward=backward))
 
 
 @functools.cache
@@ -60,8 +60,8 @@ def test_float64_end_to_end(variant, backward):
     params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), variables['params'])
 
     def loss(p, x):
-      (_, y), _ = layer.apply({**variables, 'params': p}, x, mask, train=True,
-                              mutable=['batch_stats'])
+      y, _ = layer.apply({**variables, 'params': p}, x, mask, train=True,
+                         mutable=['batch_stats'], return_carry=False)
       return jnp.sum(y * W64), y
     (_, out), (g_params, g_x) = jax.jit(jax.value_and_grad(
         loss, argnums=(0, 1), has_aux=True))(params, jnp.asarray(x))
@@ -79,8 +79,9 @@ def test_bfloat16_compute_keeps_float32_statistics(data):
   layer32 = br.make_layer('bn_lstm', H, max_length=T)
   layer16 = br.make_layer('bn_lstm', H, max_length=T, dtype=jnp.bfloat16)
   variables = layer32.init(jax.random.key(0), x, mask, train=True)
-  (_, y32), stats32 = layer32.apply(variables, x, mask, train=True, mutable=['batch_stats'])
-  (_, y16), stats16 = layer16.apply(variables, x, mask, train=True, mutable=['batch_stats'])
+  run = lambda layer: layer.apply(variables, x, mask, train=True, mutable=['batch_stats'],
+                                 return_carry=False)
+  (y32, stats32), (y16, stats16) = run(layer32), run(layer16)
   assert y16.dtype == jnp.float32
   for leaf in jax.tree.leaves(stats16):
     assert leaf.dtype == jnp.float32

@@ -72,8 +72,9 @@ def unshard(a):
 
 
 def _layer(variant, hoist, axis_name=None, backward='scan'):
-  return variants.make_layer(variant, H, max_length=T + 2, momentum=0.9,
-                              hoist_input=hoist, axis_name=axis_name, backward=backward)
+  return variants.make_layer(variant, H, max_length=T + 2, momentum=0.9, axis_name=axis_name,
+                              **helpers.with_execution(dict(hoist_input=hoist,
+                                                            backward=backward)))
 
 
 def _params(variant):
@@ -85,7 +86,8 @@ def _params(variant):
 def _loss_fn(layer):
   def loss(params, stats, x, mask, w):
     (carry, out), new = layer.apply({'params': params, 'batch_stats': stats}, x, mask,
-                                    train=True, mutable=['batch_stats', 'minibatch_moments'])
+                                    train=True, mutable=['batch_stats', 'minibatch_moments'],
+                                    return_carry=True)
     return jnp.sum(out * w) / NUM_VALID, (out, carry, new)
   return jax.value_and_grad(loss, argnums=(0, 2), has_aux=True)
 

@@ -116,15 +116,16 @@ def test_reloaded_model_runs_any_batch_and_length(tmp_path):
   rng = np.random.default_rng(0)
   x = rng.normal(size=(5, 4, 3)).astype(np.float32)
   variables = layer.init(jax.random.key(0), x, train=False)
-  _, updated = layer.apply(variables, x, train=True, mutable=['batch_stats'])
-  infer = export.inference_function(layer, {**variables, **updated})
-  exported = export.export(lambda x: infer(x)[1],
+  _, updated = layer.apply(variables, x, train=True, mutable=['batch_stats'],
+                           return_carry=False)
+  infer = export.inference_function(layer, {**variables, **updated}, return_carry=False)
+  exported = export.export(infer,
                            export.symbolic_specs((x,), [('batch', 'time', None)]))
   path = str(tmp_path / 'layer.jax')
   export.save(exported, path)
   inputs = [(rng.normal(size=shape).astype(np.float32),) for shape in ((5, 4, 3), (2, 9, 3))]
   for (got,), (x_k,) in zip(export.run_in_fresh_process(path, inputs), inputs):
-    np.testing.assert_allclose(got, infer(x_k)[1], rtol=export_command.RTOL,
+    np.testing.assert_allclose(got, infer(x_k), rtol=export_command.RTOL,
                                atol=export_command.ATOL)
   assert export.load(path).in_avals[0].shape[2] == 3
 

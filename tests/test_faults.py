@@ -361,11 +361,12 @@ def test_junk_in_the_padding_reaches_nothing(variant):
   def everything(x):
     def loss(params, x):
       (carry, out), mutated = layer.apply({**variables, 'params': params}, x, mask,
-                                          train=True, mutable=['batch_stats'])
+                                          train=True, mutable=['batch_stats'],
+                                          return_carry=True)
       return jnp.sum(out * w), (carry, out, mutated)
     grads, aux = jax.grad(loss, argnums=(0, 1), has_aux=True)(variables['params'], x)
     with batch_stats.allow_untrained_statistics():  # fresh statistics, on purpose
-      _, eval_out = layer.apply(variables, x, mask, train=False)
+      eval_out = layer.apply(variables, x, mask, train=False, return_carry=False)
     return grads, aux, eval_out
 
   clean = everything(x)

@@ -54,10 +54,11 @@ class _Layers(nn.Module):
 
   @nn.compact
   def __call__(self, x):
+    run = dict(train=False, return_carry=False)
     variants.make_layer('bn_lstm', H, max_length=4, forget_bias=1.0,
-                         recurrent_init='identity', name='bn_lstm')(x, train=False)
-    variants.make_layer('rnn_bn_recurrence', H, max_length=4, name='rnn')(x, train=False)
-    variants.make_layer('ln_lstm', H, name='ln_lstm')(x, train=False)
+                         recurrent_init='identity', name='bn_lstm')(x, **run)
+    variants.make_layer('rnn_bn_recurrence', H, max_length=4, name='rnn')(x, **run)
+    variants.make_layer('ln_lstm', H, name='ln_lstm')(x, **run)
 
 
 @functools.cache

@@ -118,7 +118,8 @@ def test_logits_and_carried_state_match_reference(variant, embed):
   vs = {**variables, 'params': params}
   # One compiled function for every segment (zero carries = a fresh start).
   apply = jax.jit(lambda v, t, m, c: model.apply(v, t, m, train=True, initial_carries=c,
-                                                 mutable=['batch_stats'])[0])
+                                                 mutable=['batch_stats'],
+                                                 return_carry=True)[0])
 
   # Segment 1 from the zero state, segment 2 from segment 1's final state.
   carries, logits = apply(vs, tokens, mask, zero_carries(BATCH))
@@ -147,11 +148,12 @@ def test_inference_reuses_last_population_row_past_training_length():
       tokens)
   params = perturb(variables['params'], 2)
   _, updated = jax.jit(lambda v, t: model.apply(v, t, None, train=True,
-                                                mutable=['batch_stats']))(
+                                                mutable=['batch_stats'],
+                                                return_carry=False))(
       {**variables, 'params': params}, tokens)
   stats = updated['batch_stats']
   long_tokens = np.random.default_rng(3).integers(0, VOCAB, size=(2, 3 * LENGTH))
-  _, logits = jax.jit(lambda v, t: model.apply(v, t, None, train=False))(
+  logits = jax.jit(lambda v, t: model.apply(v, t, None, train=False, return_carry=False))(
       {'params': params, 'batch_stats': stats}, long_tokens)
   population = []
   for index in range(2):

@@ -57,7 +57,7 @@ class Classifier(nnx.Module):
     self.head = nnx.Linear(H, C, rngs=rngs)
 
   def __call__(self, x, mask=None):
-    carries, _ = self.rnn(x, mask)
+    carries, _ = self.rnn(x, mask, return_carry=True)
     return self.head(models.last_hidden(carries[-1]))
 
 
@@ -178,7 +178,7 @@ def test_step_through_the_wrapped_stack(trained):
   _, _, model, _ = trained
   x, mask, _ = VALID
   model.eval()
-  carries, outputs = model.rnn(x, mask)
+  carries, outputs = model.rnn(x, mask, return_carry=True)
   step_carries = None
   for t in range(T):
     step_carries, out = model.rnn.step(step_carries, x[:, t], t, mask[:, t])

@@ -34,7 +34,8 @@ def _trained(module, train_args, seed=0):
   """Variables after two training batches (so the running averages are not fresh)."""
   variables = module.init(jax.random.key(seed), *train_args, train=False)
   apply = jax.jit(lambda v, *args: module.apply(v, *args, train=True,
-                                                mutable=['batch_stats'])[1])
+                                                mutable=['batch_stats'],
+                                                return_carry=True)[1])
   for _ in range(2):
     variables = {**variables, **apply(variables, *train_args)}
   return variables
@@ -67,7 +68,8 @@ def test_layer_step_equals_the_whole_sequence(variant, masked):
   x_train, mask_train = _data(0, T_TRAIN, TRAIN_LENGTHS, masked)
   variables = _trained(layer, (x_train, mask_train))
   x, mask = _data(1, T_EVAL, EVAL_LENGTHS, masked)
-  whole = jax.jit(lambda v, x, m: layer.apply(v, x, m, train=False))(variables, x, mask)
+  whole = jax.jit(lambda v, x, m: layer.apply(v, x, m, train=False, return_carry=True))(
+      variables, x, mask)
   stepped = _step_through(layer, variables, x, mask)
   _assert_step_equals_whole(stepped, whole)
 
@@ -92,7 +94,8 @@ def test_stack_step_equals_the_whole_sequence(variant):
   x_train, mask_train = _data(2, T_TRAIN, TRAIN_LENGTHS, True)
   variables = _trained(rnn, (x_train, mask_train))
   x, mask = _data(3, T_EVAL, EVAL_LENGTHS, True)
-  whole = jax.jit(lambda v, x, m: rnn.apply(v, x, m, train=False))(variables, x, mask)
+  whole = jax.jit(lambda v, x, m: rnn.apply(v, x, m, train=False, return_carry=True))(
+      variables, x, mask)
   _assert_step_equals_whole(_step_through(rnn, variables, x, mask), whole)
 
 
@@ -115,7 +118,8 @@ def test_language_model_steps_in_a_scan_equal_the_whole_sequence():
     carries, rest = jax.lax.scan(body, carries, (jnp.arange(1, T_EVAL), tokens[:, 1:].T))
     return carries, jnp.concatenate([first[:, None], jnp.swapaxes(rest, 0, 1)], axis=1)
 
-  whole = jax.jit(lambda v, t: model.apply(v, t, None, train=False))(variables, tokens)
+  whole = jax.jit(lambda v, t: model.apply(v, t, None, train=False, return_carry=True))(
+      variables, tokens)
   _assert_step_equals_whole(stepped(variables, tokens), whole)
 
 

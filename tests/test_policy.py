@@ -88,15 +88,14 @@ W_CARRY = _rng.normal(size=(2, B, H))
 
 def _layer(variant, forced=()):
   return variants.make_layer(variant, H, max_length=MAX_LEN, momentum=MOMENTUM,
-                             **dict(forced))
+                             **helpers.with_execution(dict(forced)))
 
 
 def _resolve(variant, backend, **fields):
-  auto = dict(hoist_input=None, remat='auto', backward='auto', batch_sums='auto')
   return policy.resolve(cell=ref.spec(variant)['cell'], hidden_size=H, batch=B,
                         batch_norm=True,
                         sequence_input=ref.spec(variant)['input_stats'] == 'sequence',
-                        backend=backend, **{**auto, **fields})
+                        backend=backend, execution=policy.Execution(**fields))
 
 
 def _cpu_fields(variant) -> dict:
@@ -128,7 +127,8 @@ def run(variant, forced=()):
   def loss(p, x, stats):
     (carry, out), new = layer.apply({'params': p, 'batch_stats': stats}, x,
                                     helpers.float32(MASK), train=True,
-                                    mutable=['batch_stats', 'minibatch_moments'])
+                                    mutable=['batch_stats', 'minibatch_moments'],
+                                    return_carry=True)
     value = jnp.sum(out * helpers.float32(W_OUT))
     for leaf, w in zip(jax.tree.leaves(carry), helpers.float32(W_CARRY)):
       value = value + jnp.sum(leaf * w)
@@ -215,8 +215,8 @@ def test_resolve_follows_the_table(backend):
   scan, reductions, whatever the layer."""
   for (cell, hidden, batch, batch_norm, sequence_input), cpu in CPU_TABLE.items():
     got = policy.resolve(cell=cell, hidden_size=hidden, batch=batch, batch_norm=batch_norm,
-                         sequence_input=sequence_input, hoist_input=None, remat='auto',
-                         backward='auto', batch_sums='auto', backend=backend)
+                         sequence_input=sequence_input, execution=policy.Execution(),
+                         backend=backend)
     gpu = Policy(True, 'dots' if batch_norm else 'none',
                  'layer' if cell == 'lstm' and not batch_norm else 'scan', 'reduce')
     want = {'cpu': cpu, 'gpu': gpu, 'tpu': Policy(True, 'none', 'scan', 'reduce')}[backend]
@@ -230,20 +230,21 @@ def test_resolve_keeps_forced_choices_and_refuses_bad_ones(backend):
                   'batch_sums': 'contraction'},
                  {'hoist_input': True, 'remat': 'none', 'backward': 'scan',
                   'batch_sums': 'reduce'}):
-    assert policy.resolve(sequence_input=False, **common, **fields) == Policy(**fields)
-  auto = dict(hoist_input=None, remat='auto', backward='auto', batch_sums='auto')
+    assert policy.resolve(sequence_input=False, **common,
+                          execution=policy.Execution(**fields)) == Policy(**fields)
   for name, bad in (('remat', 'sometimes'), ('backward', 'both'), ('batch_sums', 'sum'),
                     ('hoist_input', 'yes')):
     with pytest.raises(ValueError, match=name):
-      policy.resolve(sequence_input=False, **common, **{**auto, name: bad})
+      policy.resolve(sequence_input=False, **common,
+                     execution=policy.Execution(**{name: bad}))
   with pytest.raises(ValueError, match='hoist_input=False cannot hold'):
-    policy.resolve(sequence_input=True, **common, **{**auto, 'hoist_input': False})
+    policy.resolve(sequence_input=True, **common,
+                   execution=policy.Execution(hoist_input=False))
 
 
 def test_resolve_defaults_to_the_current_backend():
   fields = dict(cell='lstm', hidden_size=1000, batch=8, batch_norm=True,
-                sequence_input=False, hoist_input=None, remat='auto', backward='auto',
-                batch_sums='auto')
+                sequence_input=False, execution=policy.Execution())
   assert policy.resolve(**fields) == policy.resolve(backend=jax.default_backend(), **fields)
 
 
@@ -297,10 +298,10 @@ def test_auto_backward_on_cpu_follows_the_measured_rule():
   assert uses_layer('lstm', 650, 32) and uses_layer('bn_input_only_seq', 250, 24)
   assert not uses_layer('lstm', 240, 40)
   assert not uses_layer('rnn', 1000, 8)
-  assert variants.make_layer('lstm', 1000,
-                             backward='scan').execution_policy(8).backward == 'scan'
-  assert variants.make_layer('lstm', 10,
-                             backward='layer').execution_policy(64).backward == 'layer'
+  forced = lambda hidden, backward: variants.make_layer(
+      'lstm', hidden, execution=policy.Execution(backward=backward))
+  assert forced(1000, 'scan').execution_policy(8).backward == 'scan'
+  assert forced(10, 'layer').execution_policy(64).backward == 'layer'
 
 
 # ----------------------------------------------------------------------------- numerics

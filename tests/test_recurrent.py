@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bn_rnn_jax import batch_stats
 from bn_rnn_jax import population
 from bn_rnn_jax import variants
 import helpers
@@ -57,7 +58,7 @@ W_CARRY = _rng.normal(size=(2, B, H))      # loss weights on the final (c, h) / 
 
 def _layer(variant, hoist=None, **overrides):
   return variants.make_layer(variant, H, max_length=MAX_LEN, momentum=MOMENTUM,
-                              hoist_input=hoist, **overrides)
+                              **helpers.with_execution(dict(overrides, hoist_input=hoist)))
 
 
 @functools.cache
@@ -78,7 +79,7 @@ def train_fn(variant, hoist, overrides=()):
   def loss(params, x, mask, batch_stats, w_out, w_carry):
     (carry, out), new = layer.apply(
         {'params': params, 'batch_stats': batch_stats}, x, mask, train=True,
-        mutable=['batch_stats', 'minibatch_moments'])
+        mutable=['batch_stats', 'minibatch_moments'], return_carry=True)
     value = jnp.sum(out * w_out)
     for leaf, w in zip(jax.tree.leaves(carry), w_carry):
       value = value + jnp.sum(leaf * w)
@@ -90,7 +91,8 @@ def train_fn(variant, hoist, overrides=()):
 @functools.cache
 def eval_fn(variant, hoist):
   layer = _layer(variant, hoist)
-  return jax.jit(lambda v, x, mask: layer.apply(v, x, mask, train=False))
+  return jax.jit(lambda v, x, mask: layer.apply(v, x, mask, train=False,
+                                                 return_carry=True))
 
 
 def run_train(variant, hoist, x=X, mask=MASK, stats=None, w_out=W_OUT, overrides=()):
@@ -244,7 +246,8 @@ def test_initial_carry_and_its_gradient(backward):
     (carry, out), _ = layer.apply({'params': helpers.float32(params),
                                    'batch_stats': helpers.float32(fresh)},
                                   helpers.float32(X), helpers.float32(MASK), train=True,
-                                  initial_carry=carry0, mutable=['batch_stats'])
+                                  initial_carry=carry0, mutable=['batch_stats'],
+                                  return_carry=True)
     return jnp.sum(out * W_OUT) + jnp.sum(carry[0] * W_CARRY[0]) + jnp.sum(
         carry[1] * W_CARRY[1])
 
@@ -271,13 +274,13 @@ def test_learned_initial_state_is_a_trained_parameter():
   start = tuple(np.tile(params[name], (len(x), 1)) for name in ('initial_cell',
                                                                  'initial_hidden'))
   _, expected, _ = ref.run_layer(params, x, mask, 'bn_lstm', initial_carry=start)
-  (_, out), _ = layer.apply({**variables, 'params': jax.tree.map(jnp.asarray, params)}, x,
-                            mask, train=True, mutable=['batch_stats'])
+  out, _ = layer.apply({**variables, 'params': jax.tree.map(jnp.asarray, params)}, x,
+                       mask, train=True, mutable=['batch_stats'], return_carry=False)
   np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-4, atol=1e-5)
 
   def loss(p):
-    (_, y), _ = layer.apply({**variables, 'params': p}, x, mask, train=True,
-                            mutable=['batch_stats'])
+    y, _ = layer.apply({**variables, 'params': p}, x, mask, train=True,
+                       mutable=['batch_stats'], return_carry=False)
     return jnp.sum(y ** 2)
   grads = jax.grad(loss)(variables['params'])
   assert float(jnp.linalg.norm(grads['initial_hidden'])) > 0.0
@@ -479,8 +482,9 @@ def test_coinciding_rows_at_late_steps_keep_the_gradient_bounded():
                                  min_step_count=min_step_count)
     variables = layer.init(jax.random.key(0), jnp.zeros((B, length, I)), train=False)
     def loss(params, x):
-      (_, out), _ = layer.apply({'params': params, 'batch_stats': variables['batch_stats']},
-                                x, jnp.asarray(mask), train=True, mutable=['batch_stats'])
+      out, _ = layer.apply({'params': params, 'batch_stats': variables['batch_stats']},
+                           x, jnp.asarray(mask), train=True, mutable=['batch_stats'],
+                           return_carry=False)
       return jnp.sum(out * w_out)
     grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(variables['params'], jnp.asarray(x))
     largest = [float(np.max(np.abs(g))) for g in jax.tree.leaves(grads)]
@@ -555,9 +559,9 @@ def test_constant_input_gradients_with_and_without_noise(initial_state):
     # Initial parameters (gamma 0.1), initialised in the same jit: one compilation.
     variables = layer.init(jax.random.key(0), x, train=False)
     def loss(params, x):
-      (_, out), _ = layer.apply({'params': params, 'batch_stats': variables['batch_stats']},
-                                x, train=True, mutable=['batch_stats'],
-                                rngs={'noise': jax.random.key(3)})
+      out, _ = layer.apply({'params': params, 'batch_stats': variables['batch_stats']},
+                           x, train=True, mutable=['batch_stats'],
+                           rngs={'noise': jax.random.key(3)}, return_carry=False)
       return jnp.sum(out * w)
     return jax.grad(loss, argnums=(0, 1))(variables['params'], x)
 
@@ -579,6 +583,28 @@ def test_training_longer_than_max_length_is_an_error():
   x = jnp.zeros((B, MAX_LEN + 2, I))
   with pytest.raises(ValueError, match=rf'{MAX_LEN + 2} time steps.*max_length={MAX_LEN}'):
     layer.init(jax.random.key(0), x, train=True)
+
+
+def test_max_length_none_is_the_length_of_the_init_input():
+  """Without `max_length` the per-step statistics get the rows of `init`'s input; a
+  training sequence longer than that is the same error, inference past it reuses the
+  last row."""
+  layer = variants.make_layer('bn_input_only_seq', H, cell_norm='batch')
+  variables = layer.init(jax.random.key(0), jnp.zeros((B, T, I)), train=False)
+  rows = jax.tree.map(lambda a: a.shape[0], variables['batch_stats'])
+  assert rows == {'cell': {'count': T, 'mean': T, 'var': T},
+                  'input': {'count': 1, 'mean': 1, 'var': 1}}  # sequence-wise: one row
+  train = lambda x: layer.apply(variables, x, train=True, mutable=['batch_stats'],
+                                return_carry=False)
+  _, updated = train(jnp.ones((B, T, I)))
+  with pytest.raises(ValueError, match=rf'{T + 1} time steps.*max_length={T} rows'):
+    train(jnp.ones((B, T + 1, I)))
+  out = layer.apply({**variables, **updated}, jnp.ones((B, 3 * T, I)), train=False,
+                    return_carry=False)
+  assert out.shape == (B, 3 * T, H)
+  norm = batch_stats.MaskedBatchNorm()
+  assert norm.init(jax.random.key(0), jnp.ones((B, T, 2)), train=False)[
+      'batch_stats']['stats']['count'].shape == (T,)
 
 
 def test_bad_inputs_are_clear_errors():

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
 import bn_rnn_jax as br
 from bn_rnn_jax import stack
@@ -29,7 +30,8 @@ def test_stack_equals_reference_layers_in_sequence(data):
   x, mask = data
   rnn = br.StackedRNN('bn_lstm', H, num_layers=2, layer_options={'max_length': T})
   variables = rnn.init(jax.random.key(0), x, mask, train=True)
-  (carries, out), _ = rnn.apply(variables, x, mask, train=True, mutable=['batch_stats'])
+  (carries, out), _ = rnn.apply(variables, x, mask, train=True, mutable=['batch_stats'],
+                                return_carry=True)
   params = helpers.float64(variables['params'])
   hidden = np.asarray(x, np.float64)
   for index in range(2):
@@ -43,11 +45,11 @@ def test_stack_dropout_is_active_only_in_training(data):
   x, mask = data
   rnn = br.StackedRNN('lstm', H, num_layers=2, dropout_rate=0.5)
   variables = rnn.init(jax.random.key(0), x, mask, train=False)
-  _, eval_a = rnn.apply(variables, x, mask, train=False)
-  _, eval_b = rnn.apply(variables, x, mask, train=False)
+  run = functools.partial(rnn.apply, variables, x, mask, return_carry=False)
+  eval_a, eval_b = run(train=False), run(train=False)
   np.testing.assert_array_equal(np.asarray(eval_a), np.asarray(eval_b))
-  _, train_a = rnn.apply(variables, x, mask, train=True, rngs={'dropout': jax.random.key(1)})
-  _, train_b = rnn.apply(variables, x, mask, train=True, rngs={'dropout': jax.random.key(2)})
+  train_a = run(train=True, rngs={'dropout': jax.random.key(1)})
+  train_b = run(train=True, rngs={'dropout': jax.random.key(2)})
   assert not np.allclose(np.asarray(train_a), np.asarray(train_b))
   # The output dropout zeroes about half of the valid entries.
   valid = np.broadcast_to(mask[..., None] > 0, train_a.shape)
@@ -60,7 +62,8 @@ def test_bidirectional_stack_shapes_and_halves(data):
   x, mask = data
   rnn = br.StackedRNN('bn_input_only_seq', H, num_layers=2, bidirectional=True)
   variables = rnn.init(jax.random.key(0), x, mask, train=True)
-  (carries, out), _ = rnn.apply(variables, x, mask, train=True, mutable=['batch_stats'])
+  (carries, out), _ = rnn.apply(variables, x, mask, train=True, mutable=['batch_stats'],
+                                return_carry=True)
   assert out.shape == (B, T, 2 * H)
   assert len(carries) == 2 and len(carries[0]) == 2  # (forward, backward) per layer
   # Padded steps output zeros in both halves.
@@ -72,6 +75,70 @@ def test_stack_rejects_carries_when_bidirectional(data):
   rnn = br.StackedRNN('lstm', H, bidirectional=True)
   with pytest.raises(ValueError, match='initial_carries'):
     rnn.init(jax.random.key(0), x, mask, train=False, initial_carries=[None])
+
+
+# ----------------------------------------------------------------------------- layer factories
+class GRULayer(nn.Module):
+  """A layer of one's own: Flax's GRU cell under `nn.RNN`, called as a `RecurrentLayer`
+  is (the mask as sequence lengths; it keeps no statistics and draws no noise)."""
+  hidden_size: int
+
+  @nn.compact
+  def __call__(self, x, mask=None, *, use_running_average, deterministic,
+               return_carry=False):
+    del use_running_average, deterministic
+    lengths = None if mask is None else jnp.sum(mask, axis=1).astype(jnp.int32)
+    return nn.RNN(nn.GRUCell(self.hidden_size))(x, seq_lengths=lengths,
+                                                return_carry=return_carry)
+
+
+def test_a_layer_factory_stacks_a_layer_of_ones_own(data):
+  """`StackedRNN(GRULayer, ...)`: each layer built by the factory, named `layer_i`, fed
+  the previous one's outputs; bidirectional stacks and the models take it too."""
+  x, mask = data
+  rnn = br.StackedRNN(GRULayer, H, num_layers=2)
+  variables = rnn.init(jax.random.key(0), x, mask, train=False)
+  assert sorted(variables) == ['params'] and sorted(variables['params']) == [
+      'layer_0', 'layer_1']
+  carries, out = rnn.apply(variables, x, mask, train=False, return_carry=True)
+  hidden = x
+  for index in range(2):
+    carry, hidden = GRULayer(H).apply(
+        {'params': variables['params'][f'layer_{index}']}, hidden, mask,
+        use_running_average=True, deterministic=True, return_carry=True)
+    np.testing.assert_array_equal(np.asarray(carries[index]), np.asarray(carry))
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(hidden))
+
+  both = br.StackedRNN(GRULayer, H, bidirectional=True)
+  out = both.apply(both.init(jax.random.key(0), x, mask, train=False), x, mask,
+                   train=False, return_carry=False)
+  assert out.shape == (B, T, 2 * H)
+  classifier = br.SequenceClassifier(num_classes=3, variant=GRULayer, hidden_size=H)
+  logits = classifier.apply(classifier.init(jax.random.key(0), x, mask, train=False),
+                            x, mask, train=False)
+  assert logits.shape == (B, 3)
+
+
+def test_a_variant_that_is_no_name_nor_factory_is_a_one_line_error(data):
+  x, mask = data
+  for variant, got in ((GRULayer(H), 'a GRULayer instance'), (3, '3')):
+    with pytest.raises(ValueError, match='a name in VARIANTS or a layer factory') as error:
+      br.StackedRNN(variant, H).init(jax.random.key(0), x, mask, train=False)
+    assert helpers.one_line(error).endswith(f'got {got}.')
+
+
+def test_a_partial_of_the_layer_is_the_variant_of_that_name(data):
+  """A factory takes the stack's `layer_options` as keywords, as `make_layer` does."""
+  x, mask = data
+  by_name = br.StackedRNN('bn_lstm', H, num_layers=2, layer_options={'max_length': T})
+  by_factory = by_name.clone(
+      variant=functools.partial(br.RecurrentLayer, **variants.VARIANTS['bn_lstm']))
+  variables = by_name.init(jax.random.key(0), x, mask, train=False)
+  helpers.assert_trees_equal(by_factory.init(jax.random.key(0), x, mask, train=False),
+                             variables)
+  run = lambda rnn: rnn.apply(variables, x, mask, train=True, mutable=['batch_stats'],
+                              return_carry=True)
+  helpers.assert_trees_equal(run(by_factory), run(by_name))
 
 
 # ----------------------------------------------------------------------------- Bidirectional
@@ -99,7 +166,7 @@ def test_bidirectional_backward_half_reverses_each_sequence():
             for half in ('forward_layer', 'backward_layer')}
   stats = jax.tree.map(lambda s: np.zeros(s.shape), shapes['batch_stats'])
   ((fwd_carry, bwd_carry), out), new = jax.jit(functools.partial(
-      layer.apply, train=True, mutable=['batch_stats']))(
+      layer.apply, train=True, mutable=['batch_stats'], return_carry=True))(
           {'params': helpers.float32(params), 'batch_stats': helpers.float32(stats)},
           helpers.float32(BI_X), helpers.float32(BI_MASK))
 

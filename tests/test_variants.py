@@ -4,6 +4,7 @@ spellings upgraded with a warning or refused in one line)."""
 
 import pytest
 
+from bn_rnn_jax import policy
 from bn_rnn_jax import recurrent
 from bn_rnn_jax import variants
 import reference as ref
@@ -56,13 +57,15 @@ def test_unknown_layer_field_names_a_close_match():
 
 
 def test_layer_options_are_hashable_mappings():
-  a = variants.LayerOptions({'max_length': 7}, remat='full')
-  b = variants.LayerOptions(remat='full', max_length=7)
-  assert a == b and hash(a) == hash(b) and dict(a) == {'max_length': 7, 'remat': 'full'}
-  assert a.replace(remat='none')['remat'] == 'none' and a['remat'] == 'full'
+  full, none = policy.Execution(remat='full'), policy.Execution(remat='none')
+  a = variants.LayerOptions({'max_length': 7}, execution=full)
+  b = variants.LayerOptions(execution=full, max_length=7)
+  assert a == b and hash(a) == hash(b) and dict(a) == {'max_length': 7, 'execution': full}
+  assert a.replace(execution=none)['execution'] == none and a['execution'] == full
 
 
 def test_boolean_remat_is_upgraded_with_a_warning():
-  layer = variants.make_layer('bn_lstm', 8, remat=True)
   with pytest.warns(DeprecationWarning, match="remat='full'"):
-    assert layer.execution_policy(4).remat == 'full'
+    layer = variants.make_layer('bn_lstm', 8, remat=True)
+  assert layer.execution == policy.Execution(remat='full')
+  assert layer.execution_policy(4).remat == 'full'

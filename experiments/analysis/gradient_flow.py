@@ -100,8 +100,8 @@ def gradient_norms(gamma: float, x: np.ndarray, y: np.ndarray, hidden_size: int,
   h0 = layer.initial_state_noise * jax.random.normal(key_noise, (batch, hidden_size))
   grads, hs = _state_gradients(params, classifier, h0, x, jnp.asarray(y))
   if check_layer:
-    (_, layer_out), _ = layer.apply({'params': params}, x, train=True, initial_carry=h0,
-                                    mutable=['batch_stats'])
+    layer_out, _ = layer.apply({'params': params}, x, train=True, initial_carry=h0,
+                               mutable=['batch_stats'], return_carry=False)
     if not np.allclose(np.asarray(layer_out), np.swapaxes(np.asarray(hs), 0, 1),
                        atol=1e-5):
       raise AssertionError('The perturbed scan does not reproduce RecurrentLayer.')
