@@ -102,10 +102,19 @@ def figures() -> str:
                    for k, vs in e['estimates'].items()) +
                '; one site from 10 x batch: ' + ', '.join(
                    f'{k} {v:.3f}' for k, v in e['site_from_small'].items()))
+  n = _figure('estimate_noise')
+  out.append(f"estimate_noise ({n['steps']} steps, {n['estimate']}, {n['valid_examples']} "
+             f"images): batch statistics {n['batch_statistics']:.4f}; " + '; '.join(
+                 f"{k} {', '.join(f'{v:.4f}' for v in vs)} (mean {n['summary'][k]['mean']:.4f} "
+                 f"± {n['summary'][k]['sd']:.4f})" for k, vs in n['accuracy'].items()) +
+             f"; paired difference (without - with) {n['paired_difference']['mean']:+.4f}; "
+             'largest relative variance change ' + ', '.join(
+                 f'{site.split("/")[-1]} {v:.3g}'
+                 for site, v in n['largest_relative_variance_change'].items()))
   out.append('seconds: ' + ', '.join(
       f"{n} {_figure(n)['seconds']:.0f}" for n in (
           'gradient_flow', 'population_stats', 'gamma_sensitivity', 'laurent_appendix',
-          'estimate_batch_size', 'estimate_batch_size_pmnist')))
+          'estimate_batch_size', 'estimate_batch_size_pmnist', 'estimate_noise')))
   return '\n'.join('* ' + line for line in out)
 
 
