@@ -170,6 +170,11 @@ def _shown(value) -> str:
   return '<absent>' if value is _ABSENT else repr(value)
 
 
+def _recorded(value):
+  """A value as config_changes.jsonl records it: a field one side lacks is '<absent>'."""
+  return '<absent>' if value is _ABSENT else value
+
+
 _ABSENT = object()
 
 
@@ -193,7 +198,8 @@ def check(config, workdir: str) -> Launch:
   new = flat_config(config)
   fields = sorted(k for k in set(saved) | set(new) if not harmless(k)
                   and saved.get(k, _ABSENT) != new.get(k, _ABSENT))
-  changed = {k: [saved.get(k), new.get(k)] for k in fields}
+  changed = {k: [_recorded(saved.get(k, _ABSENT)), _recorded(new.get(k, _ABSENT))]
+             for k in fields}
   if fields and not config.train.get('allow_config_change', False):
     shown = ', '.join(f'{k} ({_shown(saved.get(k, _ABSENT))} -> {_shown(new.get(k, _ABSENT))})'
                       for k in fields)

@@ -178,3 +178,23 @@ def test_no_best_checkpoint_at_the_end_is_a_warning_naming_the_step_tested(tmp_p
     loop.train_and_evaluate(config, run, fx.synthetic_dataset(config))
   assert 'No best-validation checkpoint in' in caplog.text
   assert 'testing the final state (step 4) on the whole test split instead' in caplog.text
+
+
+def test_a_field_the_saved_config_lacks_is_recorded_as_absent(tmp_path):
+  """A field added to the config after a run began: refused without the override, and
+  recorded as '<absent>' (not as None) with it."""
+  config = _config()
+  saved = json.loads(config.to_json_best_effort())
+  del saved['model']['min_statistics_count']
+  run = tmp_path / 'run'
+  run.mkdir()
+  (run / workdir_lib.CONFIG).write_text(json.dumps(saved))
+  with pytest.raises(ValueError, match=r'model.min_statistics_count \(<absent> -> '):
+    workdir_lib.check(config, str(run))
+  config.train.allow_config_change = True
+  launch = workdir_lib.check(config, str(run))
+  want = ['<absent>', config.model.min_statistics_count]
+  assert launch.changed == {'model.min_statistics_count': want}
+  workdir_lib.record(config, str(run), launch)
+  with open(run / workdir_lib.CHANGES) as f:
+    assert json.loads(f.readline())['changed'] == {'model.min_statistics_count': want}
