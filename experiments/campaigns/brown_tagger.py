@@ -7,7 +7,7 @@ r"""Laurent et al. sec. 5.1 (Fig. 1, Table 1) on Brown POS tagging: BL vs BN vs 
 
 Expected: about 25 minutes on 2 CPU cores (AMD EPYC VM, one XLA thread per run, two at a
 time; the three runs' own clocks sum to 50 min); the speed table about 3 minutes. BN (sequence-wise) reaches in
-300 steps what the baseline reaches in ~1,250, and ends at valid FER 0.098 against 0.187;
+300 steps what the baseline reaches in ~1,250, and ends at valid FER 0.097 against 0.187;
 only BN beats the most-frequent-tag baseline (0.108).
 
 Laurent's speech setup transposed (`experiments/configs/brown_tagger.py`): token
