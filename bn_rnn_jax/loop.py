@@ -247,6 +247,8 @@ class _Run:
       good, _ = self.trainer.p_train_step(good, self.trainer.device_batch(step))
     self._save(good, bad - 1)
     self.ckpt.wait()
+    self.writer.write(bad, metric_writer.STOPPED, {},
+                      reason='non-finite state or training metrics')
     raise FloatingPointError(
         f'Non-finite state or training metrics at step {bad} ({metrics}); stopped. The '
         f'last good state (step {bad - 1}) is saved in {self.ckpt.latest.directory}.')

@@ -10,6 +10,12 @@ import time
 from absl import logging
 
 
+#: The split of the record a run writes when a non-finite step stops it: `{'step': the
+#: bad step, 'split': STOPPED, 'reason': ...}`, the last line of its metrics.jsonl. A run
+#: that resumes from its last good checkpoint drops it with the other later records.
+STOPPED = 'stopped'
+
+
 class MetricWriter:
   """`metrics.jsonl` (one JSON object per line), TensorBoard events, absl logging."""
 

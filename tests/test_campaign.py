@@ -284,6 +284,10 @@ def test_finished_needs_the_last_records_the_config_asks_for():
   done = partial + [_record(4, 'train'), _record(4, 'valid')]
   assert not runner.finished(done, config)
   assert runner.finished(done + [_record(4, 'test')], config)
+  # A run a non-finite step stopped has ended: its records end with the stop record.
+  stopped = {'step': 3, 'split': metric_writer.STOPPED, 'reason': 'non-finite'}
+  assert runner.finished(partial + [stopped], config)
+  assert not runner.finished([stopped] + partial, config)
 
 
 def test_a_workdir_of_another_config_is_an_error(tmp_path):

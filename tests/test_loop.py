@@ -126,6 +126,9 @@ def test_non_finite_loss_stops_and_keeps_last_good_state(tmp_path):
   state, _ = fx.restore(config, str(tmp_path), dataset)
   assert int(state.step) == 3
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))
+  last = metric_writer.read_metrics(str(tmp_path))[-1]
+  assert last == {'step': 4, 'split': metric_writer.STOPPED,
+                  'reason': 'non-finite state or training metrics'}
 
 
 def test_replay_after_a_non_finite_step_starts_from_the_checked_copy(tmp_path):

@@ -105,7 +105,11 @@ def progress(task: Task) -> tuple[str, int]:
 
 
 def finished(records: Sequence[dict], config: ml_collections.ConfigDict) -> bool:
-  """Whether the records end as a finished run of `config` ends."""
+  """Whether the records end as a finished run of `config` ends, or as a run a non-finite
+  step stopped (its outcome: another launch stops at the same step)."""
+  from bn_rnn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  if records and records[-1]['split'] == metric_writer.STOPPED:
+    return True
   last = config.train.num_steps
   if config.eval.get('test_at_end', False):
     return any(r['split'] == 'test' and r['step'] == last for r in records)
