@@ -417,8 +417,14 @@ def test_campaign_end_to_end_at_a_tiny_budget(name, data, tiny_runs, tmp_path):
     assert set(result['baselines']) == {'train', 'valid', 'test'}
 
 
+# The reader campaigns of 200 and 1,200 steps train arms of attentive_reader_long with
+# other budgets and cadences (their configs are built and validated above), so their
+# other arms are not trained again here.
+EVERY_ARM = sorted(set(QUICK_ARMS) - {'attentive_reader_200', 'attentive_reader_1200'})
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize('name', sorted(QUICK_ARMS))
+@pytest.mark.parametrize('name', EVERY_ARM)
 def test_every_arm_end_to_end_at_a_tiny_budget(name, data, tiny_runs, tmp_path):
   """The arms the quick test leaves out (the runs it made are skipped, not redone)."""
   _tiny(name, data, tiny_runs, tmp_path)
