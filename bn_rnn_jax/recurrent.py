@@ -176,13 +176,15 @@ class RecurrentLayer(nn.Module):
     old = {name: getattr(self, name) for name in compat.OLD_EXECUTION_DEFAULTS}
     return compat.merge_execution(self.execution, old, 'RecurrentLayer')
 
-  def execution_policy(self, batch) -> policy_lib.ExecutionPolicy:
-    """How this layer runs on the current backend for a per-device `batch`
+  def execution_policy(self, batch, backend: Optional[str] = None
+                       ) -> policy_lib.ExecutionPolicy:
+    """How this layer runs on `backend` (default the current one) for a per-device `batch`
     (`policy.resolve` of `execution_settings()`); a symbolic batch (`jax.export`) cannot
     be compared with H, so `backward='auto'` is the autodiff of the scan there."""
-    return self._resolve(batch, self.execution_settings())
+    return self._resolve(batch, self.execution_settings(), backend)
 
-  def _resolve(self, batch, execution: policy_lib.Execution) -> policy_lib.ExecutionPolicy:
+  def _resolve(self, batch, execution: policy_lib.Execution,
+               backend: Optional[str] = None) -> policy_lib.ExecutionPolicy:
     if not isinstance(batch, int):
       batch = 1
       if execution.backward == policy_lib.AUTO:
@@ -190,7 +192,7 @@ class RecurrentLayer(nn.Module):
     return policy_lib.resolve(
         cell=self.cell, hidden_size=self.hidden_size, batch=batch,
         batch_norm=bool(self._batch_sites()), sequence_input=self._sequence_input(),
-        execution=execution)
+        execution=execution, backend=backend)
 
   def _sequence_input(self) -> bool:
     """Whether the input term is batch-normalised with sequence-wise statistics."""

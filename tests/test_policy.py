@@ -257,8 +257,7 @@ def test_cpu_policy_at_this_shape_differs_from_the_accelerators():
     cpu = Policy(hoist_input=sequence_input, remat='full',
                  backward='layer' if lstm else 'scan', batch_sums='contraction')
     assert _resolve(variant, 'cpu') == _policy_of(variant) == cpu, variant
-    if jax.default_backend() == 'cpu':
-      assert _layer(variant).execution_policy(B) == cpu, variant
+    assert _layer(variant).execution_policy(B, 'cpu') == cpu, variant
 
 
 def test_every_case_is_run():
@@ -275,13 +274,12 @@ def test_forced_accelerator_policy_is_what_accelerators_resolve(variant, backend
   assert _resolve(variant, backend) == _policy_of(variant, tuple(FORCED[backend].items()))
 
 
-# The layers' own 'auto' on this CPU, at the shapes of the measurements.
+# The layers' own 'auto' on a CPU, at the shapes of the measurements.
 def test_auto_remat_on_cpu_follows_the_measured_rule():
   # policy.py: batch-normalised layers recompute the whole step up to H128 and store
   # the matmul outputs above; layers without batch norm store everything.
-  assert jax.default_backend() == 'cpu'
   mode = lambda variant, hidden: variants.make_layer(
-      variant, hidden, max_length=T).execution_policy(64).remat
+      variant, hidden, max_length=T).execution_policy(64, 'cpu').remat
   assert [mode('bn_lstm', h) for h in (100, 128, 129, 240, 1000)] == [
       'full', 'full', 'dots', 'dots', 'dots']
   assert mode('bn_input_only', 100) == 'full'
@@ -290,9 +288,8 @@ def test_auto_remat_on_cpu_follows_the_measured_rule():
 
 def test_auto_backward_on_cpu_follows_the_measured_rule():
   # policy.py: on CPU, LSTM layers take the whole-layer backward pass from H = 8 B.
-  assert jax.default_backend() == 'cpu'
   uses_layer = lambda variant, hidden, batch: variants.make_layer(
-      variant, hidden, max_length=T).execution_policy(batch).backward == 'layer'
+      variant, hidden, max_length=T).execution_policy(batch, 'cpu').backward == 'layer'
   assert [uses_layer('bn_lstm', h, 64) for h in (100, 511, 512, 1000)] == [
       False, False, True, True]
   assert uses_layer('lstm', 650, 32) and uses_layer('bn_input_only_seq', 250, 24)
