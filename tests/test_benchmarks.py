@@ -334,3 +334,14 @@ def test_donation_memory_quick_mode_runs(tmp_path, measure):
   if measure == 'always':
     assert set(measured) == set(donation_memory.KINDS)
   assert result.stdout.strip() == donation_memory.format_report(saved)
+
+
+def test_launch_profile_traces_and_reads_the_profile_here():
+  """The trace is written and read back (jax.profiler.ProfileData); a CPU has no device
+  plane, so the row says so instead of counting host operations."""
+  shape = dict(batch=2, time=3, features=2, hidden=4, bidirectional=False, padding=0.0)
+  row = launch_profile.trace('lstm', shape, calls=1)
+  if jax.default_backend() == 'cpu':
+    assert row == {'device_plane': False}
+  else:
+    assert row['device_plane'] and row['kernels_per_step'] > 0
