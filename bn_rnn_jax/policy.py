@@ -160,9 +160,9 @@ def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
     backend: `jax.default_backend()` when None.
 
   Returns:
-    An `ExecutionPolicy`. Raises ValueError for an unknown value, or for
-    `hoist_input=False` with sequence-wise input statistics (which need the whole input
-    term before the scan).
+    An `ExecutionPolicy`. Raises ValueError for `hoist_input=False` with sequence-wise
+    input statistics (which need the whole input term before the scan); an unknown
+    value is refused when the `Execution` is made.
 
   Example: a BN-LSTM layer of 1000 units at batch 64 (the character-PTB config).
 
@@ -179,28 +179,22 @@ def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
   """
   backend = backend or jax.default_backend()
   cpu = backend == 'cpu'
-  hoist_input, remat = execution.hoist_input, execution.remat
-  backward, batch_sums = execution.backward, execution.batch_sums
-  if hoist_input == AUTO:
-    hoist = sequence_input or not cpu
-  elif isinstance(hoist_input, bool):
-    if sequence_input and not hoist_input:
-      raise ValueError('hoist_input=False cannot hold with sequence-wise input statistics: '
-                       'they need every step\'s input term before the scan.')
-    hoist = hoist_input
-  else:
-    raise ValueError(f'hoist_input must be {AUTO!r}, True or False; got {hoist_input!r}.')
   gpu = backend in ('gpu', 'cuda', 'rocm')
-  _choice('remat', remat, REMAT_MODES)
+  # `Execution` checked every value when it was made.
+  hoist, remat, backward = execution.hoist_input, execution.remat, execution.backward
+  if hoist == AUTO:
+    hoist = sequence_input or not cpu
+  elif sequence_input and not hoist:
+    raise ValueError('hoist_input=False cannot hold with sequence-wise input statistics: '
+                     'they need every step\'s input term before the scan.')
   if remat == AUTO:
     if cpu and batch_norm:
       remat = 'full' if hidden_size <= FULL_REMAT_MAX_HIDDEN else 'dots'
     else:
       remat = 'dots' if gpu and batch_norm else 'none'
-  _choice('backward', backward, BACKWARD_PASSES)
   if backward == AUTO:
     wide = hidden_size >= LAYER_BACKWARD_MIN_HIDDEN_PER_EXAMPLE * batch
     layer = (cpu and wide) or (gpu and not batch_norm)
     backward = 'layer' if cell == 'lstm' and layer else 'scan'
   return ExecutionPolicy(hoist_input=hoist, remat=remat, backward=backward,
-                         batch_sums=batch_sums_for(backend, batch_sums))
+                         batch_sums=batch_sums_for(backend, execution.batch_sums))
