@@ -196,13 +196,13 @@ def check(config, workdir: str) -> Launch:
   if saved is None:
     return Launch(None, latest, {})
   new = flat_config(config)
-  fields = sorted(k for k in set(saved) | set(new) if not harmless(k)
-                  and saved.get(k, _ABSENT) != new.get(k, _ABSENT))
-  changed = {k: [_recorded(saved.get(k, _ABSENT)), _recorded(new.get(k, _ABSENT))]
-             for k in fields}
-  if fields and not config.train.get('allow_config_change', False):
-    shown = ', '.join(f'{k} ({_shown(saved.get(k, _ABSENT))} -> {_shown(new.get(k, _ABSENT))})'
-                      for k in fields)
+  pairs = {k: (saved.get(k, _ABSENT), new.get(k, _ABSENT))
+           for k in sorted(set(saved) | set(new)) if not harmless(k)}
+  pairs = {k: (before, after) for k, (before, after) in pairs.items() if before != after}
+  changed = {k: [_recorded(before), _recorded(after)] for k, (before, after) in pairs.items()}
+  if pairs and not config.train.get('allow_config_change', False):
+    shown = ', '.join(f'{k} ({_shown(before)} -> {_shown(after)})'
+                      for k, (before, after) in pairs.items())
     raise ValueError(f'The run in {workdir} was started with another config: {shown}. '
                      'Use another --workdir, or pass '
                      '--config.train.allow_config_change=True to continue this run with '
