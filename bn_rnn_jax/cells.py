@@ -321,6 +321,7 @@ def rnn_cell(params: Params, cfg: StepConfig, carry: Array, terms: dict[str, Arr
   h = jnp.tanh(pre)
   return _keep_padded(mask, h, h_prev), {'h': _zero_padded(mask, h), 'moments': moments}
 
+
 def rematerialized(step, remat: str):
   """`step` under `jax.checkpoint` as `remat` says ('none': as it is)."""
   if remat == 'none':

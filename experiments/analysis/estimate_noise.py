@@ -61,15 +61,11 @@ def noisy_estimate(model, variables, batches, key) -> dict:
 def largest_variance_change(noisy: dict, plain: dict) -> dict:
   """Per site: max over rows and units of |var_noisy - var_plain| / (var_plain + 1e-3)."""
   out = {}
-  for path, leaf in jax.tree_util.tree_leaves_with_path(plain):
-    if getattr(path[-1], 'key', None) != 'var':
-      continue
-    other = noisy
-    for entry in path:
-      other = other[entry.key]
-    site = '/'.join(str(e.key) for e in path[:-1])
-    change = np.abs(np.asarray(other) - np.asarray(leaf)) / (np.asarray(leaf) + 1e-3)
-    out[site] = float(np.max(change))
+  for (path, plain_leaf), noisy_leaf in zip(jax.tree_util.tree_leaves_with_path(plain),
+                                            jax.tree.leaves(noisy)):
+    if path[-1].key == 'var':
+      change = np.abs(np.asarray(noisy_leaf) - plain_leaf) / (np.asarray(plain_leaf) + 1e-3)
+      out['/'.join(str(entry.key) for entry in path[:-1])] = float(np.max(change))
   return out
 
 
