@@ -8,8 +8,10 @@ work, so that the load is what else ran, not the benchmark itself.
 
 from __future__ import annotations
 
+import glob
 import os
 import platform
+import subprocess
 from importlib import metadata
 from typing import Optional
 
@@ -26,6 +28,25 @@ def processor() -> str:
   except OSError:
     pass
   return platform.processor() or platform.machine()
+
+
+def accelerators() -> list[str]:
+  """The NVIDIA GPUs' model names, one per GPU ([] where there are none).
+
+  Asks `nvidia-smi`, else reads the driver's `/proc` files: no JAX backend is started, so
+  a parent process can record the machine its children will run on.
+  """
+  try:
+    listed = subprocess.run(['nvidia-smi', '--query-gpu=name', '--format=csv,noheader'],
+                            capture_output=True, text=True, timeout=30, check=True).stdout
+    return [line.strip() for line in listed.splitlines() if line.strip()]
+  except (OSError, subprocess.SubprocessError):
+    pass
+  models = []
+  for path in sorted(glob.glob('/proc/driver/nvidia/gpus/*/information')):
+    with open(path) as f:
+      models += [line.split(':', 1)[1].strip() for line in f if line.startswith('Model:')]
+  return models
 
 
 def _version(distribution: str) -> Optional[str]:

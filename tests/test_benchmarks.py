@@ -240,6 +240,16 @@ def test_machine_facts_name_the_machine_without_paths():
     assert prefix not in text
 
 
+def test_accelerators_lists_what_nvidia_smi_names(tmp_path, monkeypatch):
+  fake = tmp_path / 'nvidia-smi'
+  fake.write_text('#!/bin/sh\necho "NVIDIA H200"\necho "NVIDIA H200"\n')
+  fake.chmod(0o755)
+  monkeypatch.setenv('PATH', f'{tmp_path}{os.pathsep}{os.environ["PATH"]}')
+  assert machine_facts.accelerators() == ['NVIDIA H200', 'NVIDIA H200']
+  fake.write_text('#!/bin/sh\nexit 9\n')  # a driver that does not answer
+  assert isinstance(machine_facts.accelerators(), list)
+
+
 # ----------------------------------------------------------------------------- the scripts
 
 

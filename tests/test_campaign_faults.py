@@ -154,3 +154,25 @@ def test_a_stopped_runner_stops_its_runs_without_a_traceback(tmp_path, signum):
   for log in logs:
     with open(log) as f:
       assert 'Traceback' not in f.read(), log
+    launch, = collect.read_launches(os.path.dirname(log))   # started, then completed
+    assert launch['started'] and launch['exit_code'] is not None and launch['steps_after']
+
+
+def test_a_launch_killed_before_its_end_keeps_its_start_record(tmp_path):
+  """The runner writes a launch's record at its start and again at its end: the last line
+  of a launch counts, and a launch whose end was never written keeps its start line."""
+  cpu = {'processor': 'x', 'cores': 2, 'gpus': [], 'load_average_1_5_15_min': [1, 1, 1]}
+  gpu = {**cpu, 'cores': 16, 'gpus': ['G']}
+  lines = [{'started': 'a', 'machine': cpu, 'steps_before': 0},           # killed
+           {'started': 'b', 'machine': cpu, 'steps_before': 500},
+           {'started': 'b', 'machine': {**cpu, 'load_average_1_5_15_min': [2, 2, 2]},
+            'steps_before': 500, 'exit_code': 1, 'steps_after': 500},     # refused
+           {'started': 'c', 'machine': gpu, 'steps_before': 400},
+           {'started': 'c', 'machine': gpu, 'steps_before': 400, 'exit_code': 0,
+            'steps_after': 1000}]
+  with open(tmp_path / collect.LAUNCHES, 'w') as f:
+    f.write(''.join(json.dumps(line) + '\n' for line in lines))
+  launches = collect.read_launches(str(tmp_path))
+  assert launches == [lines[0], lines[2], lines[4]]
+  assert collect.machines_used(launches) == [cpu, gpu]
+  assert collect.machines_used(launches[1:]) == [gpu]

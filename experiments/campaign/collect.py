@@ -4,7 +4,9 @@
 
   campaign, title, command   what made it (`command` names no path of this machine)
   spec                       the campaign's spec (`Campaign.describe`), `--set` values
-  machine                    processor, cores, XLA flags, library versions, load average
+  machine                    processor, cores, GPUs, XLA flags, library versions, load
+                             average (of the first launch that trained)
+  machines                   every machine the runs trained on, where there were several
   setup, baselines           the spec's one-line setup and the data's baselines, if any
   runs                       `{run name: {arm, seed, records, launches}}`: every record of
                              the run's metrics.jsonl (`bn_rnn_jax.metric_writer`), and
@@ -26,13 +28,13 @@ import ml_collections
 
 from experiments.campaign import spec as spec_lib
 
-LAUNCHES = 'campaign_launches.jsonl'   # one line per launch of a run (runner.py)
+LAUNCHES = 'campaign_launches.jsonl'   # a run's launch records (runner.py, read_launches)
 EVALUATION = 'evaluation.json'         # an evaluation job's output (runner.py)
 _LIBRARIES = ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'numpy')
 
 
 def machine(xla_flags: Optional[str] = None) -> dict:
-  """What a timing or a result depends on: processor, cores, XLA flags, versions, load.
+  """What a timing or a result depends on: processor, cores, GPUs, XLA flags, versions, load.
 
   `xla_flags`: those of the process the record is about (default this one's). Nothing here
   starts a JAX backend: the runner records its children's machine.
@@ -45,9 +47,28 @@ def machine(xla_flags: Optional[str] = None) -> dict:
     except importlib.metadata.PackageNotFoundError:
       versions[name] = None
   return {'processor': machine_facts.processor(), 'cores': os.cpu_count(),
+          'gpus': machine_facts.accelerators(),
           'xla_flags': xla_flags if xla_flags is not None else os.environ.get('XLA_FLAGS', ''),
           'python': platform.python_version(), 'versions': versions,
           'load_average_1_5_15_min': [round(v, 2) for v in os.getloadavg()]}
+
+
+def machines_used(launches: Sequence[dict]) -> list[dict]:
+  """The different machines that launches trained on, in order of first use.
+
+  A launch that ended without a step (e.g. refused at start) is left out; one killed
+  before its end was recorded is kept. Machines differing only in load are one.
+  """
+  found = {}
+  for launch in launches:
+    after = launch.get('steps_after')
+    if after is not None and after <= launch.get('steps_before', 0):
+      continue
+    facts = launch['machine']
+    key = json.dumps({k: v for k, v in facts.items() if not k.startswith('load_average')},
+                     sort_keys=True)
+    found.setdefault(key, facts)
+  return list(found.values())
 
 
 def read_run(workdir: str) -> dict:
@@ -58,7 +79,14 @@ def read_run(workdir: str) -> dict:
 
 
 def read_launches(workdir: str) -> list[dict]:
-  """The launch records of a run; a damaged line is skipped with a note naming it."""
+  """The launch records of a run, oldest first; a damaged line is skipped with a note
+  naming it.
+
+  The runner writes a launch's record when it starts and again, complete, when it ends:
+  of the lines with the same `started`, the last counts. A launch whose end was never
+  written (killed with the runner) keeps its start line: machine and `steps_before`,
+  no `exit_code`.
+  """
   path = os.path.join(workdir, LAUNCHES)
   if not os.path.exists(path):
     return []
@@ -76,7 +104,10 @@ def read_launches(workdir: str) -> list[dict]:
               file=sys.stderr)
         continue
       records.append(record)
-  return records
+  by_start = {}
+  for index, record in enumerate(records):
+    by_start[record.get('started', index)] = record   # a launch's last line wins
+  return list(by_start.values())
 
 
 def run_config(workdir: str) -> Optional[ml_collections.ConfigDict]:
@@ -123,13 +154,15 @@ def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence
     runs[run.name] = entry
   if notes:
     print(f'collect {campaign.name}: left out {", ".join(notes)}.')
-  launches = [l for r in runs.values() for l in r.get('launches', [])]
+  used = machines_used([l for r in runs.values() for l in r.get('launches', [])])
   result = {
       'campaign': campaign.name, 'title': campaign.title, 'command': command,
       'spec': {**campaign.describe(), 'set': scrub(dict(extra))},
-      'machine': launches[0]['machine'] if launches else {
+      'machine': used[0] if used else {
           **machine(campaign.env.get('XLA_FLAGS')), 'note': 'at collect time'},
   }
+  if len(used) > 1:
+    result['machines'] = used
   if config is None and (campaign.setup or campaign.baselines):
     source = _source(campaign)
     first = campaign.runs(seeds, arms)[0]

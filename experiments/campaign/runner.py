@@ -18,6 +18,7 @@ average, exit code, wall and process CPU seconds (collect.py copies them into re
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import fcntl
 import json
 import os
@@ -161,10 +162,14 @@ class _Child:
     os.makedirs(task.workdir, exist_ok=True)
     self.task, self.done = task, done
     self.log_path = os.path.join(task.workdir, 'stdout.log')
-    self.record = {'machine': collect.machine(task.env.get('XLA_FLAGS')),
-                   'steps_before': done}
-    self._log = open(self.log_path, 'a')
     self.start = time.time()
+    self.record = {'started': _iso(self.start),
+                   'machine': collect.machine(task.env.get('XLA_FLAGS')),
+                   'steps_before': done}
+    # Written now and again, complete, at the end (`collect.read_launches` keeps the
+    # last): a launch killed with the runner still says where its steps ran.
+    self._write_record()
+    self._log = open(self.log_path, 'a')
     self.process = subprocess.Popen([sys.executable, *task.argv], cwd=spec_lib.ROOT,
                                     env={**os.environ, **task.env}, stdout=self._log,
                                     stderr=subprocess.STDOUT,
@@ -178,15 +183,20 @@ class _Child:
     if pid == 0:
       return None
     self.process.returncode = os.waitstatus_to_exitcode(status)
+    self._finish(round(usage.ru_utime + usage.ru_stime, 3))
+    return self.process.returncode
+
+  def _finish(self, cpu_s: Optional[float]) -> None:
     self._log.close()
     self.record.update(exit_code=self.process.returncode,
-                       wall_s=round(time.time() - self.start, 3),
-                       cpu_s=round(usage.ru_utime + usage.ru_stime, 3),
+                       wall_s=round(time.time() - self.start, 3), cpu_s=cpu_s,
                        load_average_end=[round(v, 2) for v in os.getloadavg()])
     self.record['steps_after'] = progress(self.task)[1]
+    self._write_record()
+
+  def _write_record(self) -> None:
     with open(os.path.join(self.task.workdir, collect.LAUNCHES), 'a') as f:
       f.write(json.dumps(self.record) + '\n')
-    return self.process.returncode
 
   def last_line(self) -> str:
     with open(self.log_path, errors='replace') as f:
@@ -195,14 +205,15 @@ class _Child:
     return (errors or lines or ['(no output)'])[-1]
 
   def stop(self) -> None:
-    """SIGTERM (the trainer exits without a traceback), SIGKILL after 30 s."""
+    """SIGTERM (the trainer exits without a traceback), SIGKILL after 30 s; the launch
+    record is completed (its CPU time unknown)."""
     self.process.terminate()
     try:
       self.process.wait(timeout=30)
     except subprocess.TimeoutExpired:
       self.process.kill()
       self.process.wait()
-    self._log.close()
+    self._finish(cpu_s=None)
 
 
 class Bar:
@@ -235,6 +246,11 @@ class Bar:
   def event(self, text: str) -> None:
     self.stream.write(('\r' if self.tty else '') + text.ljust(110 if self.tty else 0) + '\n')
     self.stream.flush()
+
+
+def _iso(seconds: float) -> str:
+  return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat(
+      timespec='seconds')
 
 
 def _clock(seconds: float) -> str:
