@@ -84,6 +84,22 @@ def _init_options() -> tuple[str, str]:
           f"{paper['bn_lstm']:.3f}")
 
 
+def _mnist_fig2() -> tuple[str, str]:
+  from experiments.campaign import tables  # pylint: disable=g-import-not-at-top
+  from experiments.campaigns import _fig2  # pylint: disable=g-import-not-at-top
+  result = _result('mnist_fig2')
+  batch = {arm: _fig2.validation_curve(_records(result, arm), 'accuracy_batch')
+           for arm in ('seq_lstm', 'seq_bn_lstm')}
+  last = {arm: (steps[-1], values[-1]) for arm, (steps, values) in batch.items()}
+  ninety = tables.first_past(*batch['seq_bn_lstm'], 0.9, above=True)
+  paper = result['spec']['paper']['milestones']
+  return (f"valid accuracy at step {last['seq_bn_lstm'][0]:,} (batch statistics): LSTM "
+          f"{last['seq_lstm'][1]:.3f}, BN-LSTM {last['seq_bn_lstm'][1]:.3f}; BN-LSTM "
+          f"past 90 % at step {ninety:,}",
+          f"Fig. 2: BN-LSTM past 90 % at ~{paper['seq_bn_lstm']['0.9']:,} steps, LSTM at "
+          f"~{paper['seq_lstm']['0.9']:,}")
+
+
 def _ptb_char() -> tuple[str, str]:
   result = _result('ptb_char_256')
   tests = {arm: [r for r in _records(result, arm) if r['split'] == 'test'][-1]
@@ -162,9 +178,8 @@ _EXPERIMENTS = [
     ('Sequential MNIST 14×14, four initialisations (Cooijmans 5.1)',
      'quickstart.py (`data.name=mnist`)', 'mnist', 'init_options', 'sequential_mnist',
      _init_options),
-    ('Sequential MNIST, 784 steps (Cooijmans 5.1)', 'seq_mnist.py', 'mnist',
-     'python experiments/main.py --config experiments/configs/seq_mnist.py --workdir W',
-     'sequential_mnist', None),
+    ('Sequential MNIST, 784 steps, Fig. 2 (Cooijmans 5.1)', 'seq_mnist.py', 'mnist',
+     'mnist_fig2', 'sequential_mnist', _mnist_fig2),
     ('Permuted MNIST (Cooijmans 5.1)', 'pmnist.py', 'mnist',
      'python experiments/main.py --config experiments/configs/pmnist.py --workdir W',
      'sequential_mnist', None),
@@ -253,19 +268,29 @@ def machine(path: str) -> str:
   m = saved['machine']
   if m.get('recorded') is False:
     return f"Machine, as the JSON describes it: {m['description']}.{expected}"
+  if saved.get('machines'):   # a campaign whose runs moved between machines
+    return ('Machines, in the order the runs used them: ' +
+            ' Then '.join(_machine_facts(m) + '.' for m in saved['machines']) + expected)
+  return 'Machine: ' + _machine_facts(m) + '.' + expected
+
+
+def _machine_facts(m: dict) -> str:
   processor = m.get('processor') or m.get('cpu')
   cores = m.get('cores') or m.get('cpu_count')
   load = m.get('load_average_1_5_15_min') or m.get('load_average_1_5_15_min_at_start')
   versions = m.get('versions') or {'jax': m.get('jax')}
   backend = m.get('backend', 'cpu')
   device = f" ({m['device_kind']})" if backend != 'cpu' and m.get('device_kind') else ''
+  gpus = m.get('gpus') or []
   parts = [f'{processor}' if processor and processor != 'unknown' else 'processor not recorded',
-           f'{cores} cores', f'backend {backend}{device}',
+           f'{cores} cores',
+           f"{len(gpus)} GPU ({', '.join(sorted(set(gpus)))})" if gpus else
+           f'backend {backend}{device}',
            f"`XLA_FLAGS='{m['xla_flags']}'`" if m.get('xla_flags') else 'XLA flags not recorded',
            ', '.join(f'{k} {v}' for k, v in versions.items() if v)]
   if load:
     parts.append(f'load average {load[0]:.2f} at the start')
-  return 'Machine: ' + '; '.join(parts) + '.' + expected
+  return '; '.join(parts)
 
 
 # Targets of the layer's speed on CPU: (what, shape, impl, column, bound, above).

@@ -85,7 +85,8 @@ def setup(config) -> str:
           f'{c.eval.population_batch_size or c.train.batch_size})')
 
 
-def _curve(records, metric: str) -> tuple[list[int], list[float]]:
+def validation_curve(records, metric: str) -> tuple[list[int], list[float]]:
+  """`(steps, values)` of `metric` in a run's validation records."""
   found = [r for r in tables.split(records, 'valid') if metric in r]
   return [r['step'] for r in found], [r[metric] for r in found]
 
@@ -104,21 +105,26 @@ def _images(result: dict) -> int:
 
 
 def milestones(result: dict) -> str:
-  """Per run and statistics: the first validation step past 50/80/90/95 % and the
-  accuracy at 2k/5k/10k steps, the paper's milestones beside."""
+  """Per run and statistics: the first validation step past 50/80/90/95 %, the
+  accuracy at 2k/5k/10k steps and the test accuracy of the best checkpoint by the
+  estimate (on the estimate's row), the paper's milestones beside."""
   paper = result['spec']['paper'].get('milestones', {})
   images = _images(result)
   header = (['run', 'statistics'] + [f'{t:.0%} at' for t in THRESHOLDS] +
-            [f'acc@{s // 1000}k' for s in CHECKPOINTS] + ['last step', 'paper 90 % / 95 %'])
+            [f'acc@{s // 1000}k' for s in CHECKPOINTS] +
+            ['last step', 'test', 'paper 90 % / 95 %'])
   rows = []
   for arm, runs in tables.runs_by_arm(result).items():
     for run in runs:
       for statistics, metric in STATISTICS.items():
-        steps, values = _curve(run['records'], metric)
+        steps, values = validation_curve(run['records'], metric)
         row = [tables.label(result, arm), statistics]
         row += [_step(tables.first_past(steps, values, t, above=True)) for t in THRESHOLDS]
         row += [tables.fmt(dict(zip(steps, values)).get(s)) for s in CHECKPOINTS]
-        row.append(str(steps[-1]) if steps else tables.DASH)
+        row.append(_step(steps[-1] if steps else None))
+        tests = tables.split(run['records'], 'test')
+        row.append(tables.fmt(tests[-1]['accuracy']) if tests and statistics == 'estimate'
+                   else tables.DASH)
         theirs = paper.get(arm, {})
         row.append(' / '.join(_paper_step(theirs, k) for k in ('0.9', '0.95')))
         rows.append(row)
@@ -126,7 +132,8 @@ def milestones(result: dict) -> str:
   every = result['spec']['overrides'].get('eval.every')
   note = (f'\n\nA step is the first validation (every {every} steps) past the threshold; '
           f'"–" = not reached; "?" = not read off the paper\'s curve. Each accuracy is on '
-          f'{images} images: its binomial standard error is ±{error:.4f} at 90 %.'
+          f'{images} images: its binomial standard error is ±{error:.4f} at 90 %. "test": '
+          f'the best checkpoint by the estimate on the 10,000 test images.'
           if error is not None else '')
   return tables.markdown(header, rows) + note + f"\n\n{result['setup']}."
 
@@ -151,7 +158,7 @@ def figure(result: dict, output: str) -> None:
   for arm, runs in tables.runs_by_arm(result).items():
     for run in runs:
       for statistics, metric in STATISTICS.items():
-        steps, values = _curve(run['records'], metric)
+        steps, values = validation_curve(run['records'], metric)
         series.append((f'{tables.label(result, arm)} ({statistics})', steps, values,
                        dict(color=colors.get(arm), linestyle='-' if statistics == 'batch'
                             else '--', alpha=0.9)))
@@ -165,6 +172,6 @@ def figure(result: dict, output: str) -> None:
   last = max((max(xs) for _, xs, _, _ in series if len(xs)), default=0)
   series += [m for m in markers if m[1][0] <= 1.2 * last]
   plot.plot_curves(series, output, ylabel='validation accuracy', ylim=(0.0, 1.0),
-                   title=f"{result['title'].split(': ')[-1]} (x: the paper's 90 % / 95 % "
-                         'milestones)',
+                   title=f"{result['title'].split(': ')[-1]}\n(x: the paper's 90 % / "
+                         '95 % milestones)',
                    legend_size=7)
