@@ -12,7 +12,7 @@ EXTRAS = {
     # The viewer of the event files every run writes (<workdir>/tensorboard, written
     # with tensorboardX, which needs no TensorFlow): `tensorboard --logdir <workdir>`.
     'tensorboard': ['tensorboard>=2.21'],
-    'test': ['pytest', 'pytest-xdist', 'nbclient', 'nbformat', 'ipykernel'],
+    'test': ['pytest', 'nbclient', 'nbformat', 'ipykernel'],
     'docs': ['sphinx>=9.0', 'myst-parser>=5.0', 'furo'],
 }
 # Everything above: the experiments, their data, tests and docs.
