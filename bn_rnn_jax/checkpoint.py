@@ -110,8 +110,12 @@ class Checkpointer:
     self.latest = _manager(os.path.join(self.workdir, 'checkpoints'), keep)
     self.best = _manager(os.path.join(self.workdir, 'best'), 1)
 
-  @staticmethod
-  def _save(manager, step: int, state: Any, meta: dict) -> None:
+  def _save(self, manager, step: int, state: Any, meta: dict) -> None:
+    if jax.process_count() > 1:
+      # One save in flight at a time across both managers: each save's barriers then run
+      # in the same order in every process (two managers' saves overlapping could leave
+      # the processes waiting at different barriers).
+      self.wait()
     if step in manager.all_steps():
       return
     check_finite(state, f'state of step {step}')
