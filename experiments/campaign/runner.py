@@ -11,8 +11,10 @@ differs from the spec's (other than in its step or time budget) is an error, not
 One runner at a time per campaign (`runner.lock` in its runs folder); Ctrl-C or SIGTERM
 stops the runs (SIGTERM, then SIGKILL after 30 s) and ends the runner with one line.
 
-Each launch appends a line to the run's `campaign_launches.jsonl`: the machine, load
-average, exit code, wall and process CPU seconds (collect.py copies them into results).
+Each launch appends its record to the run's `campaign_launches.jsonl` when it starts (its
+start time, machine and GPUs, load average, steps done) and again, complete, when it ends
+or is stopped (exit code, wall and process CPU seconds, steps done): a launch killed with
+the runner keeps its start line. collect.py copies the records into results.
 """
 
 from __future__ import annotations
@@ -250,7 +252,7 @@ class Bar:
 
 def _iso(seconds: float) -> str:
   return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat(
-      timespec='seconds')
+      timespec='milliseconds')
 
 
 def _clock(seconds: float) -> str:
