@@ -246,8 +246,11 @@ def test_accelerators_lists_what_nvidia_smi_names(tmp_path, monkeypatch):
   fake.chmod(0o755)
   monkeypatch.setenv('PATH', f'{tmp_path}{os.pathsep}{os.environ["PATH"]}')
   assert machine_facts.accelerators() == ['NVIDIA H200', 'NVIDIA H200']
-  fake.write_text('#!/bin/sh\nexit 9\n')  # a driver that does not answer
-  assert isinstance(machine_facts.accelerators(), list)
+  fake.write_text('#!/bin/sh\nexit 9\n')  # it does not answer: the driver's files are read
+  information = tmp_path / 'information'
+  information.write_text('Model: \t NVIDIA H100 80GB HBM3\nIRQ: 0\n')
+  monkeypatch.setattr(machine_facts.glob, 'glob', lambda pattern: [str(information)])
+  assert machine_facts.accelerators() == ['NVIDIA H100 80GB HBM3']
 
 
 # ----------------------------------------------------------------------------- the scripts

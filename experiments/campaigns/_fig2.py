@@ -116,15 +116,15 @@ def milestones(result: dict) -> str:
   rows = []
   for arm, runs in tables.runs_by_arm(result).items():
     for run in runs:
+      tests = tables.split(run['records'], 'test')
+      tested = tables.fmt(tests[-1]['accuracy']) if tests else tables.DASH
       for statistics, metric in STATISTICS.items():
         steps, values = validation_curve(run['records'], metric)
         row = [tables.label(result, arm), statistics]
         row += [_step(tables.first_past(steps, values, t, above=True)) for t in THRESHOLDS]
         row += [tables.fmt(dict(zip(steps, values)).get(s)) for s in CHECKPOINTS]
         row.append(_step(steps[-1] if steps else None))
-        tests = tables.split(run['records'], 'test')
-        row.append(tables.fmt(tests[-1]['accuracy']) if tests and statistics == 'estimate'
-                   else tables.DASH)
+        row.append(tested if statistics == 'estimate' else tables.DASH)
         theirs = paper.get(arm, {})
         row.append(' / '.join(_paper_step(theirs, k) for k in ('0.9', '0.95')))
         rows.append(row)
