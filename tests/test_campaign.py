@@ -307,7 +307,24 @@ def test_a_workdir_of_another_config_is_an_error(tmp_path):
   other.train.num_steps = 5     # another budget is not another config: it resumes
   with open(os.path.join(task.workdir, 'config.json'), 'w') as f:
     f.write(other.to_json_best_effort())
+  os.makedirs(os.path.join(task.workdir, 'checkpoints', '2'))
   assert runner.progress(task) == ('partial', 2)
+
+
+def test_a_partial_run_counts_the_steps_its_latest_checkpoint_keeps(tmp_path):
+  campaign = spec.get('quickstart')
+  task = runner.plan(campaign, str(tmp_path), seeds=[0], arms=['lstm'])[0]
+  os.makedirs(task.workdir)
+  with open(os.path.join(task.workdir, 'config.json'), 'w') as f:
+    f.write(task.config.to_json_best_effort())
+  with open(os.path.join(task.workdir, 'metrics.jsonl'), 'w') as f:
+    f.writelines(json.dumps(_record(step, 'train')) + '\n' for step in (2, 4, 6))
+  # Killed before its first save: the next launch starts again from step 0.
+  assert runner.progress(task) == ('partial', 0)
+  # Killed after the save of step 4 and a logged step 6: it resumes from step 4.
+  for name in ('2', '4', '6.orbax-checkpoint-tmp'):
+    os.makedirs(os.path.join(task.workdir, 'checkpoints', name))
+  assert runner.progress(task) == ('partial', 4)
 
 
 def test_command_line_names_no_paths():

@@ -89,7 +89,9 @@ def child_env(runs_dir: str, compile_cache: bool) -> dict:
 # ---------------------------------------------------------------------- state
 def progress(task: Task) -> tuple[str, int]:
   """`(state, steps done)`: state is 'new', 'partial', 'finished' or 'running' (another
-  process holds the run's workdir lock)."""
+  process holds the run's workdir lock). A partial run's steps done are those its next
+  launch keeps: the steps it logged up to its latest checkpoint, as the trainer resumes
+  from there and logs the later ones again."""
   if task.config is None:
     done = os.path.exists(os.path.join(task.workdir, collect.EVALUATION))
     return ('finished', 1) if done else ('new', 0)
@@ -100,11 +102,18 @@ def progress(task: Task) -> tuple[str, int]:
   records = metric_writer.read_metrics(task.workdir)
   if finished(records, task.config):
     return 'finished', task.total
+  logged = max((r['step'] for r in records if r['split'] == 'train'), default=0)
   if _locked(task.workdir):
-    state = 'running'
-  else:
-    state = 'partial'
-  return state, max((r['step'] for r in records if r['split'] == 'train'), default=0)
+    return 'running', logged
+  return 'partial', min(logged, _latest_checkpoint(task.workdir))
+
+
+def _latest_checkpoint(workdir: str) -> int:
+  """The step of the latest checkpoint under `workdir/checkpoints` (orbax names each
+  folder by its step; a save in flight has a suffix), 0 where there is none."""
+  path = os.path.join(workdir, 'checkpoints')
+  names = os.listdir(path) if os.path.isdir(path) else []
+  return max((int(name) for name in names if name.isdigit()), default=0)
 
 
 def finished(records: Sequence[dict], config: ml_collections.ConfigDict) -> bool:
