@@ -84,20 +84,22 @@ def _init_options() -> tuple[str, str]:
           f"{paper['bn_lstm']:.3f}")
 
 
-def _mnist_fig2() -> tuple[str, str]:
+def _fig2(panel: str) -> tuple[str, str]:
+  """The headline of one panel of Fig. 2: `panel` is 'seq' or 'pmnist'."""
   from experiments.campaign import tables  # pylint: disable=g-import-not-at-top
-  from experiments.campaigns import _fig2  # pylint: disable=g-import-not-at-top
-  result = _result('mnist_fig2')
-  batch = {arm: _fig2.validation_curve(_records(result, arm), 'accuracy_batch')
-           for arm in ('seq_lstm', 'seq_bn_lstm')}
+  from experiments.campaigns import _fig2 as fig2  # pylint: disable=g-import-not-at-top
+  result = _result(fig2.NAMES[panel])
+  lstm, bn = f'{panel}_lstm', f'{panel}_bn_lstm'
+  batch = {arm: fig2.validation_curve(_records(result, arm), 'accuracy_batch')
+           for arm in (lstm, bn)}
   last = {arm: (steps[-1], values[-1]) for arm, (steps, values) in batch.items()}
-  ninety = tables.first_past(*batch['seq_bn_lstm'], 0.9, above=True)
+  ninety = tables.first_past(*batch[bn], 0.9, above=True)
   paper = result['spec']['paper']['milestones']
-  return (f"valid accuracy at step {last['seq_bn_lstm'][0]:,} (batch statistics): LSTM "
-          f"{last['seq_lstm'][1]:.3f}, BN-LSTM {last['seq_bn_lstm'][1]:.3f}; BN-LSTM "
-          f"past 90 % at step {ninety:,}",
-          f"Fig. 2: BN-LSTM past 90 % at ~{paper['seq_bn_lstm']['0.9']:,} steps, LSTM at "
-          f"~{paper['seq_lstm']['0.9']:,}")
+  return (f"valid accuracy at step {last[bn][0]:,} (batch statistics): LSTM "
+          f"{last[lstm][1]:.3f}, BN-LSTM {last[bn][1]:.3f}; BN-LSTM past 90 % at step "
+          f"{ninety:,}",
+          f"Fig. 2: BN-LSTM past 90 % at ~{paper[bn]['0.9']:,} steps, LSTM at "
+          f"~{paper[lstm]['0.9']:,}")
 
 
 def _ptb_char() -> tuple[str, str]:
@@ -179,10 +181,9 @@ _EXPERIMENTS = [
      'quickstart.py (`data.name=mnist`)', 'mnist', 'init_options', 'sequential_mnist',
      _init_options),
     ('Sequential MNIST, 784 steps, Fig. 2 (Cooijmans 5.1)', 'seq_mnist.py', 'mnist',
-     'mnist_fig2', 'sequential_mnist', _mnist_fig2),
-    ('Permuted MNIST (Cooijmans 5.1)', 'pmnist.py', 'mnist',
-     'python experiments/main.py --config experiments/configs/pmnist.py --workdir W',
-     'sequential_mnist', None),
+     'mnist_fig2', 'sequential_mnist', lambda: _fig2('seq')),
+    ('Permuted MNIST, 784 steps, Fig. 2 (Cooijmans 5.1)', 'pmnist.py', 'mnist',
+     'pmnist_fig2', 'sequential_mnist', lambda: _fig2('pmnist')),
     ('Character PTB (Cooijmans 5.2)', 'ptb_char.py', 'ptb', 'ptb_char_256',
      'language_modelling', _ptb_char),
     ('Longer sequences than trained on (Cooijmans Fig. 3b)', 'ptb_char.py', 'ptb',

@@ -7,7 +7,10 @@ fixed random order. Same hyperparameters as `seq_mnist.py`.
 Hardware and time: as `seq_mnist.py` (the permutation costs nothing): sized for a GPU;
 about 7 hours of training steps on 2 CPU cores.
 Expected: the paper's test accuracy, 95.4 % (BN-LSTM) and 90.2 % (LSTM), Table 1; not
-run to the end here.
+run to the end here. The first 12k steps of both models, where Fig. 2's claim is
+decided: the `pmnist_fig2` campaign (about 3 h on 2 CPU cores, or minutes on a GPU;
+experiments/results/pmnist_fig2.json, `python -m experiments.campaign report
+pmnist_fig2`, quoted in docs/experiments/sequential_mnist.md).
 Tiny (the whole run in well under a minute on 2 CPU cores; a smoke test, not a result):
 
   python experiments/main.py --config experiments/configs/pmnist.py:tiny \
