@@ -154,8 +154,14 @@ def test_a_stopped_runner_stops_its_runs_without_a_traceback(tmp_path, signum):
   for log in logs:
     with open(log) as f:
       assert 'Traceback' not in f.read(), log
-    launch, = collect.read_launches(os.path.dirname(log))   # started, then completed
-    assert launch['started'] and launch['exit_code'] is not None and launch['steps_after']
+    run = os.path.dirname(log)
+    launch, = collect.read_launches(run)   # started, then completed
+    assert launch['started'] and launch['exit_code'] is not None
+    # The steps a stopped launch leaves are those of its latest checkpoint (where the
+    # next launch resumes), none if the signal came before the first save.
+    saved = [int(name) for name in os.listdir(os.path.join(run, 'checkpoints'))
+             if name.isdigit()]
+    assert launch['steps_after'] == max(saved, default=0)
 
 
 def test_a_launch_killed_before_its_end_keeps_its_start_record(tmp_path):
