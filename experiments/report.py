@@ -111,10 +111,20 @@ def figures() -> str:
              'largest relative variance change ' + ', '.join(
                  f'{site.split("/")[-1]} {v:.3g}'
                  for site, v in n['largest_relative_variance_change'].items()))
+  trained = sorted(os.path.basename(p)[:-len('.json')]
+                   for p in glob.glob(os.path.join(FIGURES, 'estimate_trained_*.json')))
+  for name in trained:
+    e = _figure(name)
+    out.append(f"{name} ({e['run']}, step {e['step']:,}, {e['valid_examples']} images): "
+               f"batch statistics {e['batch_statistics']:.4f}; running average "
+               f"{e['running_average']:.4f}; estimates " + '; '.join(
+                   f"{k}: {', '.join(f'{v:.4f}' for v in vs)}"
+                   for k, vs in e['estimates'].items()))
   out.append('seconds: ' + ', '.join(
       f"{n} {_figure(n)['seconds']:.0f}" for n in (
           'gradient_flow', 'population_stats', 'gamma_sensitivity', 'laurent_appendix',
-          'estimate_batch_size', 'estimate_batch_size_pmnist', 'estimate_noise')))
+          'estimate_batch_size', 'estimate_batch_size_pmnist', 'estimate_noise',
+          *trained)))
   return '\n'.join('* ' + line for line in out)
 
 

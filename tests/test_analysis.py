@@ -18,9 +18,11 @@ from scipy import integrate
 from bn_rnn_jax import input_pipeline
 from bn_rnn_jax import parallel
 from bn_rnn_jax import loop
+from bn_rnn_jax import metric_writer
 from experiments.analysis import common
 from experiments.analysis import estimate_batch_size
 from experiments.analysis import estimate_noise
+from experiments.analysis import estimate_trained
 from experiments.analysis import gamma_sensitivity
 from experiments.analysis import gradient_flow
 from experiments.analysis import laurent_appendix
@@ -320,3 +322,38 @@ def test_estimate_noise_digits(tmp_path):
       'rnn/layer_0/recurrent', 'rnn/layer_0/input', 'rnn/layer_0/cell'}
   # The noise reaches the recurrent term's statistics.
   assert saved['largest_relative_variance_change']['rnn/layer_0/recurrent'] > 0.0
+
+
+@pytest.mark.slow
+def test_estimate_trained_scores_a_runs_checkpoint_as_the_run_did(tmp_path):
+  """Restored from the run's workdir, batch statistics and the running average score the
+  whole validation split as the run's own last evaluation did; each estimate is drawn
+  and scored; the JSON names the run, not its path."""
+  config = common.mnist_config(None, hidden_size=4, batch_size=8, eval_examples=16,
+                               population_batches=3, variant='bn_lstm')
+  config.eval.max_batches = None
+  config.eval.population_stats = 'running'
+  config.eval.compare = ('batch',)
+  config.train.num_steps = 4
+  config.eval.every = config.checkpoint.every = 2
+  config.eval.test_at_end = False
+  run_dir = tmp_path / 'campaign' / 'bn_lstm_s0'
+  loop.train_and_evaluate(config, str(run_dir))
+  logged = [r for r in metric_writer.read_metrics(str(run_dir)) if r['split'] == 'valid'][-1]
+  assert logged['step'] == 4
+  estimate_trained.run(str(run_dir), str(tmp_path / 'out'), draws=2,
+                       settings=((2, 8), (1, 16)))
+  saved = _read_json(tmp_path / 'out', 'estimate_trained_bn_lstm_s0')
+  assert saved['step'] == 4 and saved['run'] == 'campaign/bn_lstm_s0'
+  assert saved['valid_examples'] == logged['count']
+  assert saved['batch_statistics'] == pytest.approx(logged['accuracy_batch'], abs=1e-4)
+  assert saved['running_average'] == pytest.approx(logged['accuracy'], abs=1e-4)
+  assert set(saved['estimates']) == {'2 x 8', '1 x 16'}
+  for scores in saved['estimates'].values():
+    assert len(scores) == 2
+    for value in scores:
+      count = saved['valid_examples'] * value
+      assert 0.0 <= value <= 1.0 and abs(count - round(count)) < 1e-2
+  assert str(tmp_path) not in json.dumps(saved)
+  assert estimate_trained.run(str(run_dir), str(tmp_path / 'out'), step=2, draws=1,
+                              settings=((1, 8),))['step'] == 2

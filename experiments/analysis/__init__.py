@@ -6,6 +6,7 @@
   python -m experiments.analysis.gamma_sensitivity  # Cooijmans Fig. 6
   python -m experiments.analysis.laurent_appendix   # Laurent et al. appendix A
   python -m experiments.analysis.estimate_batch_size  # population estimate, 784-step MNIST
+  python -m experiments.analysis.estimate_trained --et_workdir=RUN  # a trained run's estimate
 
 Shared flags (`common.py`): --output_dir (default experiments/results/figures),
 --mnist_dir, --ptb_dir (default mnist/ and ptb/ under $BN_RNN_JAX_DATA), --gammas, --seed,
