@@ -28,6 +28,7 @@ from experiments.analysis import gradient_flow
 from experiments.analysis import laurent_appendix
 from experiments.analysis import population_stats
 from experiments.analysis import tanh_derivative
+import helpers
 
 PTB_DIR = os.path.join(common.DEFAULT_DATA_ROOT, 'ptb')
 MNIST_DIR = os.path.join(common.DEFAULT_DATA_ROOT, 'mnist')
@@ -354,6 +355,15 @@ def test_estimate_trained_scores_a_runs_checkpoint_as_the_run_did(tmp_path):
     for value in scores:
       count = saved['valid_examples'] * value
       assert 0.0 <= value <= 1.0 and abs(count - round(count)) < 1e-2
-  assert str(tmp_path) not in json.dumps(saved)
+  assert str(tmp_path) not in json.dumps(saved) and saved['machine']['cores'] >= 1
   assert estimate_trained.run(str(run_dir), str(tmp_path / 'out'), step=2, draws=1,
                               settings=((1, 8),))['step'] == 2
+
+
+def test_estimate_trained_names_a_workdir_without_a_run(tmp_path):
+  result = helpers.run_python(['-m', 'experiments.analysis.estimate_trained',
+                               f'--et_workdir={tmp_path}', f'--output_dir={tmp_path}'],
+                              one_device=True)
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1] == (
+      f'error: {tmp_path} holds no run (no config.json).')

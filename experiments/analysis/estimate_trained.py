@@ -22,6 +22,7 @@ the JSON names the run by its campaign and run folder, never by its path.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Optional, Sequence
 
@@ -34,6 +35,7 @@ from bn_rnn_jax import checkpoint
 from bn_rnn_jax import loop
 from bn_rnn_jax import workdir as workdir_lib
 from experiments.analysis import common
+from experiments.campaign import collect
 from experiments.analysis import estimate_batch_size
 
 _WORKDIR = flags.DEFINE_string('et_workdir', None, 'Workdir of a finished run.')
@@ -72,7 +74,7 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, draws: int = 
 
   JSON: `batch_statistics` and `running_average` accuracies; `estimates[label]` = the
   accuracies of the draws of each setting ('n x size'); `valid_examples`, `step`, `run`
-  (campaign/run folder), `data`, `seconds`.
+  (campaign/run folder), `data`, `seconds`, `machine`.
   """
   start = time.time()
   trainer, state = restore(run_dir, step)
@@ -95,7 +97,7 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, draws: int = 
   result.update({'run': f'{os.path.basename(parent)}/{run_name}', 'step': done,
                  'valid_examples': valid_examples,
                  'data': common.data_description(trainer.config, trainer.dataset),
-                 'seconds': time.time() - start})
+                 'seconds': time.time() - start, 'machine': collect.machine()})
   common.save_outputs(output_dir, name or f'estimate_trained_{run_name}', _figure(result),
                       result, dpi=70)
   return result
@@ -127,8 +129,11 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if not _WORKDIR.value:
     raise app.UsageError('--et_workdir (the workdir of a finished run) is required.')
-  run(_WORKDIR.value, common.OUTPUT_DIR.value, step=_STEP.value, draws=_DRAWS.value,
-      seed=common.SEED.value, name=_NAME.value)
+  try:
+    run(_WORKDIR.value, common.OUTPUT_DIR.value, step=_STEP.value, draws=_DRAWS.value,
+        seed=common.SEED.value, name=_NAME.value)
+  except (ValueError, FileNotFoundError) as error:   # no run, no such checkpoint
+    sys.exit(f'error: {error}')
 
 
 if __name__ == '__main__':
