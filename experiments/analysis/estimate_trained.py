@@ -35,8 +35,8 @@ from bn_rnn_jax import checkpoint
 from bn_rnn_jax import loop
 from bn_rnn_jax import workdir as workdir_lib
 from experiments.analysis import common
-from experiments.campaign import collect
 from experiments.analysis import estimate_batch_size
+from experiments.campaign import collect
 
 _WORKDIR = flags.DEFINE_string('et_workdir', None, 'Workdir of a finished run.')
 _STEP = flags.DEFINE_integer('et_step', None, 'Checkpoint step (default: the latest).')
@@ -50,8 +50,8 @@ DEFAULT_SETTINGS = ((10, 100), (2, 1000), (10, 1000), (30, 1000))
 
 
 def restore(run_dir: str, step: Optional[int] = None):
-  """`(trainer, device state)` of the checkpoint of `step` (default: the latest) of the
-  run in `run_dir`, built from the run's own config.json."""
+  """`(trainer, device state, step restored)` of the checkpoint of `step` (default: the
+  latest) of the run in `run_dir`, built from the run's own config.json."""
   config = workdir_lib.load_config(run_dir)
   if config is None:
     raise ValueError(f'{os.path.abspath(run_dir)} holds no run (no config.json).')
@@ -63,7 +63,7 @@ def restore(run_dir: str, step: Optional[int] = None):
     host_state, _ = ckpt.restore(trainer.initial_state(), step=step)
   finally:
     ckpt.close()
-  return trainer, trainer.to_devices(host_state)
+  return trainer, trainer.to_devices(host_state), int(host_state.step)
 
 
 def run(run_dir: str, output_dir: str, step: Optional[int] = None, draws: int = 3,
@@ -77,8 +77,7 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, draws: int = 
   (campaign/run folder), `data`, `seconds`, `machine`.
   """
   start = time.time()
-  trainer, state = restore(run_dir, step)
-  done = int(np.asarray(trainer.to_host(state).step))
+  trainer, state, done = restore(run_dir, step)
   logging.info('Restored step %d of %s', done, run_dir)
   result = {'batch_statistics': trainer.evaluate(state, 'valid', 'batch')['accuracy'],
             'running_average': trainer.evaluate(state, 'valid', 'running')['accuracy'],
