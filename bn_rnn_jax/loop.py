@@ -76,12 +76,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     trainer = Trainer(config, workdir, dataset)
     _check_eval_splits(trainer)
     if primary:
-      workdir_lib.record(trainer.config, workdir, launch)
+      workdir_lib.write_config(trainer.config, workdir, launch)
     writer = metric_writer.MetricWriter(workdir, enabled=primary)
     ckpt = checkpoint_lib.Checkpointer(workdir, keep=trainer.config.checkpoint.keep)
     lost = None
     try:
       run = _Run(trainer, writer, ckpt, started, workdir_lib.lineage(workdir))
+      if primary:  # the checkpoint restored under the changed config: the change stands
+        workdir_lib.record_changes(workdir, launch)
       return run.run()
     except jax.errors.JaxRuntimeError as e:
       lost = parallel.process_lost(e)

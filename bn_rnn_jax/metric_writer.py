@@ -22,10 +22,8 @@ class MetricWriter:
   def __init__(self, workdir: str, enabled: bool = True):
     self.path = os.path.join(workdir, 'metrics.jsonl')
     self.enabled = enabled
-    self._tb = None
-    if enabled:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+    self._tb_dir = os.path.join(workdir, 'tensorboard')
+    self._tb = None  # opened at the first record: a launch that fails before writes none
 
   def truncate(self, step: int) -> None:
     """Drop records past `step` (written after the checkpoint a run resumes from), and
@@ -56,6 +54,9 @@ class MetricWriter:
     with open(self.path, 'a') as f:
       f.write(json.dumps(record) + '\n')
       f.flush()
+    if self._tb is None:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self._tb = SummaryWriter(self._tb_dir)
     for name, value in metrics.items():
       self._tb.add_scalar(f'{split}/{name}', float(value), step)
     self._tb.flush()

@@ -11,7 +11,8 @@ with the recorded changes applied) before anything is written: a changed field o
 run's meaning (anything but the fields `HARMLESS` lists) is refused, naming the fields,
 unless `config.train.allow_config_change` says it is meant; `train.num_steps` below the
 newest checkpoint is refused. The checks only read, so a refused launch leaves the
-workdir as it was.
+workdir as it was. An allowed change is recorded only once the run's checkpoint has been
+restored under it, so a change the checkpoint's shapes refuse leaves no record either.
 """
 
 from __future__ import annotations
@@ -210,17 +211,22 @@ def check(config, workdir: str) -> Launch:
   return Launch(saved, latest, changed)
 
 
-def record(config, workdir: str, launch: Launch) -> None:
-  """Write config.json at a first launch; append the launch's changes (if any)."""
-  workdir = os.path.abspath(workdir)
-  if launch.saved is None and not os.path.exists(os.path.join(workdir, CONFIG)):
-    path = os.path.join(workdir, CONFIG)
+def write_config(config, workdir: str, launch: Launch) -> None:
+  """Write config.json at a first launch (nothing on a relaunch)."""
+  path = os.path.join(os.path.abspath(workdir), CONFIG)
+  if launch.saved is None and not os.path.exists(path):
     with open(path + '.tmp', 'w') as f:
       f.write(config.to_json_best_effort(indent=2, sort_keys=True) + '\n')
     os.replace(path + '.tmp', path)
+
+
+def record_changes(workdir: str, launch: Launch) -> None:
+  """Append the launch's changes (if any) to config_changes.jsonl. Called once the run's
+  checkpoint has been restored under the changed config: a change the checkpoint has no
+  place for (another model or optimizer) fails there and is never recorded."""
   if launch.changed:
     entry = {'step': launch.latest_step or 0, 'changed': launch.changed,
              'time': datetime.datetime.now(datetime.timezone.utc).isoformat(
                  timespec='seconds')}
-    with open(os.path.join(workdir, CHANGES), 'a') as f:
+    with open(os.path.join(os.path.abspath(workdir), CHANGES), 'a') as f:
       f.write(json.dumps(entry) + '\n')

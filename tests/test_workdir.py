@@ -112,6 +112,26 @@ def test_an_allowed_change_is_recorded_with_its_step_and_becomes_the_runs(first,
     loop.train_and_evaluate(_config(**{'train.num_steps': 10}), run, dataset)
 
 
+@pytest.mark.parametrize('change', [{'model.hidden_size': 16}, {'model.variant': 'lstm'},
+                                    {'optimizer.name': 'adam'}], ids=lambda c: next(iter(c)))
+def test_an_allowed_change_the_checkpoint_refuses_leaves_the_workdir_untouched(
+    first, tmp_path, change):
+  """The checkpoint has no place for the new shapes: the launch fails, records no change,
+  and the first command still continues the run."""
+  _, dataset, _ = first
+  run = _copy(first, tmp_path)
+  before = _snapshot(run)
+  changed = _config(**change, **{'train.allow_config_change': True, 'train.num_steps': 6})
+  with pytest.raises(ValueError) as error:
+    loop.train_and_evaluate(changed, run, dataset)
+  assert helpers.one_line(error).startswith('The checkpoint of step 4 in ')
+  assert _snapshot(run) == before
+  assert not os.path.exists(os.path.join(run, workdir_lib.CHANGES))
+  assert workdir_lib.check(config_lib.upgrade(_config()), run).changed == {}
+  loop.train_and_evaluate(_config(**{'train.num_steps': 6}), run, dataset)
+  assert max(r['step'] for r in metric_writer.read_metrics(run)) == 6
+
+
 def test_a_damaged_config_json_is_one_line_naming_it(first, tmp_path):
   _, dataset, _ = first
   run = _copy(first, tmp_path)
@@ -195,6 +215,6 @@ def test_a_field_the_saved_config_lacks_is_recorded_as_absent(tmp_path):
   launch = workdir_lib.check(config, str(run))
   want = ['<absent>', config.model.min_statistics_count]
   assert launch.changed == {'model.min_statistics_count': want}
-  workdir_lib.record(config, str(run), launch)
+  workdir_lib.record_changes(str(run), launch)
   with open(run / workdir_lib.CHANGES) as f:
     assert json.loads(f.readline())['changed'] == {'model.min_statistics_count': want}
