@@ -404,7 +404,7 @@ def _tiny(name, data, runs_dir, results_dir, arms=None, seeds=None):
     if 'records' in run:
       assert run['records'][-1]['step'] == 2
       launch = run['launches'][-1]
-      assert launch['exit_code'] == 0 and launch['cpu_s'] > 0
+      assert launch['exit_code'] == 0 and launch['cpu_s'] > 0 and launch['num_steps'] == 2
       machine = launch['machine']
       assert machine['cores'] >= 1 and machine['processor'] and machine['versions']['jax']
       assert 'intra_op_parallelism_threads=1' in machine['xla_flags']

@@ -53,6 +53,58 @@ def test_collect_leaves_out_an_unfinished_run_and_reads_the_setup_from_the_runs(
   assert '(3 training batches)' in result['setup'] and '2 steps' in result['setup']
 
 
+def test_collect_counts_a_run_finished_by_the_config_it_was_trained_with(tmp_path, capsys):
+  """Runs made with --tiny (two steps, 8 units), collected without it (300 steps planned):
+  both count, each with a note that the flags plan another config; a later launch's
+  step budget (4) is the one a run must reach."""
+  tasks = _fake_runs(tmp_path, {'lstm': 2, 'bn_lstm': 2})
+  result = collect.collect(CAMPAIGN, str(tmp_path), [0], None, {})
+  assert list(result['runs']) == ['lstm_s0', 'bn_lstm_s0']
+  assert '2 steps' in result['setup'] and '8 units' in result['setup']
+  out = capsys.readouterr().out
+  assert ('note: lstm_s0 was trained with another config than these flags plan '
+          '(model.hidden_size 8, planned 100); collected as trained.') in out
+  assert 'left out' not in out
+  with open(os.path.join(tasks[0].workdir, collect.LAUNCHES), 'w') as f:
+    f.write(json.dumps({'started': 'a', 'steps_before': 0, 'num_steps': 2}) + '\n' +
+            json.dumps({'started': 'b', 'steps_before': 2, 'num_steps': 4}) + '\n')
+  result = collect.collect(CAMPAIGN, str(tmp_path), [0], None, EXTRA)
+  assert list(result['runs']) == ['bn_lstm_s0']
+  assert 'left out lstm_s0 (unfinished: step 2 of 4)' in capsys.readouterr().out
+
+
+def test_collect_never_writes_fewer_runs_over_a_results_json_nor_none(tmp_path):
+  tasks = _fake_runs(tmp_path / 'runs', {'lstm': 2, 'bn_lstm': 2})
+  path = str(tmp_path / 'quickstart.json')
+  collect.write_results(collect.collect(CAMPAIGN, str(tmp_path / 'runs'), [0], None, EXTRA),
+                        path)
+  with open(path, 'rb') as f:
+    both = f.read()
+  assert len(json.loads(both)['runs']) == 2
+  os.remove(os.path.join(tasks[1].workdir, 'metrics.jsonl'))
+  fewer = collect.collect(CAMPAIGN, str(tmp_path / 'runs'), [0], None, EXTRA)
+  with pytest.raises(ValueError) as error:
+    collect.write_results(fewer, path)
+  assert helpers.one_line(error) == (
+      f'{path} holds 2 finished runs, this collect 1; it is left as it is (pass '
+      '--allow_fewer_runs to replace it).')
+  os.remove(os.path.join(tasks[0].workdir, 'metrics.jsonl'))
+  none = collect.collect(CAMPAIGN, str(tmp_path / 'runs'), [0], None, EXTRA)
+  for allow_fewer in (False, True):
+    with pytest.raises(ValueError) as error:
+      collect.write_results(none, path, allow_fewer)
+    assert helpers.one_line(error) == (
+        f"No finished run of 'quickstart' to collect; {path} is not written.")
+  with open(path, 'rb') as f:
+    assert f.read() == both
+  collect.write_results(fewer, path, allow_fewer=True)
+  assert list(collect.load('quickstart', str(tmp_path))['runs']) == ['lstm_s0']
+  missing = str(tmp_path / 'new' / 'quickstart.json')
+  with pytest.raises(ValueError, match='is not written'):
+    collect.write_results(none, missing)
+  assert not os.path.exists(missing)
+
+
 def test_damaged_or_incomplete_results_json_is_one_line_naming_it(tmp_path):
   path = collect.path_of('quickstart', str(tmp_path))
   for content in ('{"runs": {', '', '[]'):

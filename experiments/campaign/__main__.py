@@ -4,6 +4,7 @@ r"""Run, follow, collect and report the campaigns of experiments/campaigns/.
   python -m experiments.campaign run NAME [--parallel=2] [--seeds=0,1] [--set=k=v ...]
   python -m experiments.campaign status NAME
   python -m experiments.campaign collect NAME          # -> experiments/results/NAME.json
+                                 [--allow_fewer_runs]  # may replace one with more runs
   python -m experiments.campaign report [NAME ...]     # tables + NAME.png, from the JSON
   python -m experiments.campaign speed NAME            # -> the campaign's speed JSON
 
@@ -14,6 +15,11 @@ recorded in the results JSON); `--tiny` applies the spec's tiny budget (two step
 model: what the tests run). Runs read their data under the data root, as
 `experiments/main.py` does: `BN_RNN_JAX_DATA` (the runs inherit the environment) or
 `--set=data.root=/path/to/datasets`.
+
+`collect` counts a run as finished by the config it was trained with (its config.json and
+its launches' step budget), whatever the flags now say. It never writes a results JSON
+without runs, and does not replace one that holds more finished runs than it found unless
+`--allow_fewer_runs` is given.
 """
 
 from __future__ import annotations
@@ -45,6 +51,9 @@ _SET = flags.DEFINE_multi_string('set', [], 'KEY=VALUE: a config field of every 
 _TINY = flags.DEFINE_bool('tiny', False, 'The spec\'s tiny budget (two steps, small model).')
 _COMPILE_CACHE = flags.DEFINE_bool('compile_cache', False, 'A persistent XLA cache in '
                                    '--runs_dir shared by the runs (faster starts).')
+_ALLOW_FEWER = flags.DEFINE_bool('allow_fewer_runs', False, 'collect: replace a results '
+                                  'JSON that holds more finished runs than this collect '
+                                  'found.')
 _FIGURE = flags.DEFINE_string('figure', None, 'report: the PNG to write (default '
                               '<results_dir>/<name>.png); "none" draws nothing.')
 
@@ -92,7 +101,7 @@ def _run_one(command: str, campaign: spec_lib.Campaign, options: list[str]) -> i
     result = collect.collect(campaign, _RUNS_DIR.value, _seeds(), _ARMS.value,
                              _extra(campaign), command)
     path = collect.path_of(campaign.name, _RESULTS_DIR.value)
-    collect.write(result, path)
+    collect.write_results(result, path, _ALLOW_FEWER.value)
     print(f'wrote {path} ({len(result["runs"])} runs)')
   elif command == 'report':
     _report(campaign)

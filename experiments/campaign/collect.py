@@ -117,14 +117,27 @@ def run_config(workdir: str) -> Optional[ml_collections.ConfigDict]:
   return workdir_lib.load_config(workdir)
 
 
+def trained_config(workdir: str, launches: Sequence[dict]) -> Optional[ml_collections.ConfigDict]:
+  """The config a run was trained with: its own (`run_config`), with the step budget of
+  its newest launch that recorded one (config.json keeps the first launch's budget; a
+  relaunch may raise it). None without config.json."""
+  config = run_config(workdir)
+  if config is None:
+    return None
+  budgets = [l['num_steps'] for l in launches if isinstance(l.get('num_steps'), int)]
+  if budgets:
+    config.train.num_steps = budgets[-1]
+  return config
+
+
 def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence[int]] = None,
             arms: Optional[Sequence[str]] = None, extra: Mapping[str, Any] = (),
             command: str = '') -> dict:
   """The results JSON of the runs under `runs_dir/<campaign>/`. A run counts once its
-  records reach the last step the campaign plans (`runner.finished`): a run without
-  records or unfinished is left out with a note; the tables show what there is. The setup
-  line and baselines are read from the first collected run's own config (its workdir's
-  config.json), not from the flags."""
+  records reach the last step of the config it was trained with (`trained_config`, else
+  the one the flags plan; `runner.finished`): a run without records or unfinished is left
+  out with a note; the tables show what there is. The setup line and baselines are read
+  from the first collected run's own config, not from the flags."""
   from experiments.campaign import runner  # pylint: disable=g-import-not-at-top
   runs, notes, config = {}, [], None
   for run in campaign.runs(seeds, arms):
@@ -142,15 +155,22 @@ def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence
       if not os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
         notes.append(f'{run.name} (no results yet)')
         continue
-      planned = campaign.config_of(run, extra)
       entry.update(read_run(workdir))
-      if not runner.finished(entry['records'], planned):
+      planned = campaign.config_of(run, extra)
+      own = trained_config(workdir, entry['launches'])
+      trained = own or planned
+      if not runner.finished(entry['records'], trained):
         last = max((r['step'] for r in entry['records']), default=0)
-        notes.append(f'{run.name} (unfinished: step {last} of {planned.train.num_steps})')
+        notes.append(f'{run.name} (unfinished: step {last} of {trained.train.num_steps})')
         continue
-      if config is None and run_config(workdir) is not None:
-        config = run_config(workdir)
-        config.train.num_steps = planned.train.num_steps  # the step it counted at
+      if config is None and own is not None:
+        config = own
+      differ = runner.config_differences(workdir, planned)
+      if differ:
+        shown = ', '.join(f'{k} {there!r}, planned {wanted!r}'
+                          for k, there, wanted in differ[:3])
+        print(f'note: {run.name} was trained with another config than these flags plan '
+              f'({shown}); collected as trained.')
     runs[run.name] = entry
   if notes:
     print(f'collect {campaign.name}: left out {", ".join(notes)}.')
@@ -233,6 +253,26 @@ def load(name: str, results_dir: Optional[str] = None) -> dict:
     raise FileNotFoundError(f'No results for {name!r}: {path} does not exist (write it '
                             f'with `python -m experiments.campaign collect`).')
   return _read_json(path, 'a results')
+
+
+def write_results(result: dict, path: str, allow_fewer: bool = False) -> None:
+  """Write a campaign's results JSON to `path`. Refused (ValueError, `path` left as it
+  is) when it holds no run, or fewer runs than the results JSON already at `path` (one
+  that does not read is replaced), unless `allow_fewer`."""
+  path = os.path.abspath(path)
+  found = len(result['runs'])
+  if not found:
+    raise ValueError(f'No finished run of {result["campaign"]!r} to collect; {path} is '
+                     'not written.')
+  if os.path.exists(path) and not allow_fewer:
+    try:
+      held = len(_read_json(path, 'a results').get('runs') or {})
+    except (OSError, ValueError):
+      held = 0
+    if found < held:
+      raise ValueError(f'{path} holds {held} finished runs, this collect {found}; it is '
+                       'left as it is (pass --allow_fewer_runs to replace it).')
+  write(result, path)
 
 
 def write(result: dict, path: str) -> None:

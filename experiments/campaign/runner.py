@@ -12,7 +12,7 @@ One runner at a time per campaign (`runner.lock` in its runs folder); Ctrl-C or 
 stops the runs (SIGTERM, then SIGKILL after 30 s) and ends the runner with one line.
 
 Each launch appends its record to the run's `campaign_launches.jsonl` when it starts (its
-start time, machine and GPUs, load average, steps done) and again, complete, when it ends
+start time, machine and GPUs, load average, steps done, step budget) and again, complete, when it ends
 or is stopped (exit code, wall and process CPU seconds, steps done): a launch killed with
 the runner keeps its start line. collect.py copies the records into results.
 """
@@ -134,18 +134,24 @@ def check_config(task: Task) -> None:
   (config.json of its first launch, with the changes recorded since); fields that do not
   change what it computes (`bn_rnn_jax.workdir.HARMLESS`: a longer or shorter budget,
   cadences) may differ: the run goes on or is finished."""
-  from bn_rnn_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  found = workdir_lib.run_config(task.workdir)
-  if found is None:
-    return
-  wanted = workdir_lib.flat_config(task.config)
-  differ = sorted(k for k in set(found) | set(wanted)
-                  if found.get(k) != wanted.get(k) and not workdir_lib.harmless(k))
+  differ = config_differences(task.workdir, task.config)
   if differ:
-    shown = ', '.join(f'{k}: {found.get(k)!r} there, {wanted.get(k)!r} wanted'
-                      for k in differ[:3])
+    shown = ', '.join(f'{k}: {there!r} there, {wanted!r} wanted'
+                      for k, there, wanted in differ[:3])
     raise ValueError(f'{task.workdir} holds a run of another config ({shown}); remove it '
                      'or choose another --runs_dir.')
+
+
+def config_differences(workdir: str, config: ml_collections.ConfigDict) -> list[tuple]:
+  """`(field, the run's value, config's value)` of each field of the run's meaning in
+  which the run in `workdir` differs from `config`, in field order (none without a run)."""
+  from bn_rnn_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  found = workdir_lib.run_config(workdir)
+  if found is None:
+    return []
+  wanted = workdir_lib.flat_config(config)
+  return [(k, found.get(k), wanted.get(k)) for k in sorted(set(found) | set(wanted))
+          if found.get(k) != wanted.get(k) and not workdir_lib.harmless(k)]
 
 
 def _locked(workdir: str) -> bool:
@@ -177,6 +183,8 @@ class _Child:
     self.record = {'started': _iso(self.start),
                    'machine': collect.machine(task.env.get('XLA_FLAGS')),
                    'steps_before': done}
+    if task.config is not None:   # the budget collect counts the run finished at
+      self.record['num_steps'] = task.config.train.num_steps
     # Written now and again, complete, at the end (`collect.read_launches` keeps the
     # last): a launch killed with the runner still says where its steps ran.
     self._write_record()
