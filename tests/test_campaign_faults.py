@@ -124,6 +124,21 @@ def test_damaged_or_incomplete_results_json_is_one_line_naming_it(tmp_path):
       'again (python -m experiments.campaign collect).')
 
 
+def test_report_of_a_results_json_without_runs_is_one_line_naming_it(tmp_path):
+  path = collect.path_of('quickstart', str(tmp_path))
+  expected = (f'{path} holds no runs; collect it again once runs have finished (python -m '
+              'experiments.campaign collect).')
+  for runs in ({}, None):
+    with open(path, 'w') as f:
+      json.dump({'campaign': 'quickstart', 'setup': 'x', 'runs': runs}, f)
+    for report in (lambda: show.render(CAMPAIGN, 'quickstart', str(tmp_path)),
+                   lambda: show.draw(CAMPAIGN, str(tmp_path), str(tmp_path / 'q.png'))):
+      with pytest.raises(ValueError) as error:
+        report()
+      assert helpers.one_line(error) == expected
+  assert not os.path.exists(tmp_path / 'q.png')
+
+
 def test_status_survives_a_damaged_launch_record_and_a_damaged_config_json_is_one_line(
     tmp_path, capsys):
   tasks = _fake_runs(tmp_path, {'lstm': 2, 'bn_lstm': 1})
