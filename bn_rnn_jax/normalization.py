@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from bn_rnn_jax import policy
+from bn_rnn_jax import sequence
 
 Array = jax.Array
 Axes = tuple[int, ...]
@@ -90,7 +91,8 @@ def batch_moments(x: Array,
 
   Args:
     x: `[..., F]` values, e.g. `[batch, F]` (one step) or `[batch, time, F]`.
-    mask: broadcastable to `x.shape[:-1] + (1,)`; 1 = valid, 0 = padding.
+    mask: broadcastable to `x.shape[:-1] + (1,)`; 1 = valid, 0 = padding. A concrete
+      mask holding another value is a ValueError (`sequence.check_mask_values`).
     reduce_axes: axes to reduce; the remaining ones index separate statistics.
     axis_name: pmap axis over which sums and counts are psum-ed.
     batch_sums: how the sums over the batch run (`batch_sum`).
@@ -108,6 +110,7 @@ def batch_moments(x: Array,
     >>> normalization.batch_moments(x, mask)
     (Array([2.], dtype=float32), Array([1.], dtype=float32), Array(2., dtype=float32))
   """
+  sequence.check_mask_values(mask)
   reduce_axes = tuple(a % x.ndim for a in reduce_axes)
   # Statistics in at least float32, also under a bfloat16 compute dtype.
   x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
@@ -260,6 +263,7 @@ def batch_norm(x: Array,
     if value is not None and x.ndim - jnp.ndim(value) <= max(reduce_axes):
       raise ValueError(f'batch_norm {name} of shape {jnp.shape(value)} spans a reduced '
                        f'axis {reduce_axes} of x with shape {x.shape}.')
+  sequence.check_mask_values(mask)  # the custom_vjp below sees a traced mask
   if mask is not None:
     mask = jnp.broadcast_to(mask, x.shape[:-1] + (1,)).astype(x.dtype)
   return _batch_norm(x, scale, bias, mask, reduce_axes, axis_name, epsilon, batch_sums)

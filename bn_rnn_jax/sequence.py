@@ -17,25 +17,35 @@ import numpy as np
 Array = jax.Array
 
 
-def check_mask_prefix(mask) -> None:
-  """Raise if a concrete `[batch, time]` mask holds a value other than 0 and 1, or has a
-  valid step after a padded one.
+def check_mask_values(mask) -> None:
+  """Raise if a concrete mask (of any shape) holds a value other than 0 and 1, naming the
+  first such entry.
 
-  Layers and `reverse_valid` assume each row's valid steps come first (padding at the
-  end); a mask with holes would be silently mis-reversed, and a fractional value would
-  weight its step in the batch moments. Traced masks (under jit or pmap) have no values
-  to check and pass: there a step counts as valid where the mask is > 0, and the mask's
-  value weights it in the moments. The input pipelines build 0/1 prefix masks.
+  The batch moments are right for 0/1 masks only. Traced masks (under jit or pmap) have
+  no values to check and pass.
   """
   if mask is None or isinstance(mask, jax.core.Tracer):
     return
   values = np.asarray(mask)
-  bad = np.nonzero(~((values == 0) | (values == 1)))
-  if bad[0].size:
-    row, step = int(bad[0][0]), int(bad[1][0])
-    raise ValueError(f'mask row {row} holds {values[row, step].item()!r} at t={step}; a mask '
-                     'is 0 (padding) or 1 (a valid step).')
-  valid = values > 0
+  bad = np.argwhere(~((values == 0) | (values == 1)))
+  if bad.size:
+    index = tuple(int(i) for i in bad[0])
+    raise ValueError(f'mask[{", ".join(map(str, index))}] holds {values[index].item()!r}; a '
+                     'mask is 0 (padding) or 1 (a valid step).')
+
+
+def check_mask_prefix(mask) -> None:
+  """Raise if a concrete `[batch, time]` mask holds a value other than 0 and 1
+  (`check_mask_values`), or has a valid step after a padded one.
+
+  Layers and `reverse_valid` assume each row's valid steps come first (padding at the
+  end); a mask with holes would be silently mis-reversed. Traced masks (under jit or
+  pmap) have no values to check and pass. The input pipelines build 0/1 prefix masks.
+  """
+  if mask is None or isinstance(mask, jax.core.Tracer):
+    return
+  check_mask_values(mask)
+  valid = np.asarray(mask) > 0
   holes = np.nonzero(valid[:, 1:] & ~valid[:, :-1])
   if holes[0].size:
     row, step = int(holes[0][0]), int(holes[1][0]) + 1

@@ -130,6 +130,23 @@ def test_batch_norm_forward_and_gradient(reduce_axes):
   assert np.all(np.asarray(grads[0])[MASK == 0] == 0.0), 'padding must get no gradient'
 
 
+@pytest.mark.parametrize('value', [0.5, 2.0])
+def test_a_concrete_mask_other_than_zero_or_one_is_one_line_naming_it(value):
+  x = jnp.asarray(_data(), jnp.float32)
+  mask = MASK[..., None].astype(np.float32)   # [B, T, 1]: row 3 is valid at every step
+  mask[3, 2, 0] = value
+  expected = f'mask[3, 2, 0] holds {value!r}; a mask is 0 (padding) or 1 (a valid step).'
+  for call in (lambda m: normalization.batch_moments(x, m, (0, 1)),
+               lambda m: normalization.batch_norm(x, mask=m, reduce_axes=(0, 1))):
+    with pytest.raises(ValueError) as error:
+      call(mask)
+    assert helpers.one_line(error) == expected
+    with pytest.raises(ValueError) as error:
+      call(jnp.asarray(mask))
+    assert helpers.one_line(error) == expected
+  jax.jit(lambda m: normalization.batch_moments(x, m, (0, 1)))(mask)  # traced: unchecked
+
+
 def test_batch_norm_rejects_the_feature_axis():
   with pytest.raises(ValueError, match='feature axis'):
     normalization.batch_norm(jnp.zeros((B, F)), reduce_axes=(1,))

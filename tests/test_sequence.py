@@ -45,7 +45,7 @@ def test_mask_value_other_than_zero_or_one_is_one_line_naming_it(value):
   x = jnp.ones((2, 4, 3))
   mask = np.ones((2, 4), np.float32)
   mask[1, 2] = value
-  expected = f'mask row 1 holds {value!r} at t=2; a mask is 0 (padding) or 1 (a valid step).'
+  expected = f'mask[1, 2] holds {value!r}; a mask is 0 (padding) or 1 (a valid step).'
   with pytest.raises(ValueError) as error:
     sequence.reverse_valid(x, mask)
   assert helpers.one_line(error) == expected
