@@ -139,6 +139,35 @@ def test_report_of_a_results_json_without_runs_is_one_line_naming_it(tmp_path):
   assert not os.path.exists(tmp_path / 'q.png')
 
 
+@pytest.mark.parametrize('value', ['NaN', 'Infinity', '-Infinity'])
+def test_a_non_finite_metric_is_refused_by_collect_and_report_naming_the_run(tmp_path, value):
+  tasks = _fake_runs(tmp_path / 'runs', {'lstm': 2, 'bn_lstm': 2})
+  result = collect.collect(CAMPAIGN, str(tmp_path / 'runs'), [0], None, EXTRA)
+  path = collect.path_of('quickstart', str(tmp_path))
+  collect.write_results(result, path)
+  result['runs']['lstm_s0']['records'][1]['accuracy'] = float(value)
+  collect.write(result, path)   # json writes NaN, Infinity and -Infinity as such
+  with open(path) as f:
+    assert f'"accuracy": {value}' in f.read()
+  with pytest.raises(ValueError) as error:
+    show.render(CAMPAIGN, 'quickstart', str(tmp_path))
+  shown = float(value)
+  assert helpers.one_line(error) == (
+      f'{path}: run lstm_s0 holds {shown} in records[1].accuracy; results are finite numbers '
+      '(repair the value, or run the run again).')
+  metrics = os.path.join(tasks[1].workdir, 'metrics.jsonl')
+  with open(metrics) as f:
+    lines = f.read().splitlines()
+  lines[3] = lines[3].replace('"loss": 1.0', f'"loss": {value}')
+  with open(metrics, 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+  with pytest.raises(ValueError) as error:
+    collect.collect(CAMPAIGN, str(tmp_path / 'runs'), [0], None, EXTRA)
+  assert helpers.one_line(error) == (
+      f'{metrics}: run bn_lstm_s0 holds {shown} in records[3].loss; results are finite '
+      'numbers (repair the value, or run the run again).')
+
+
 def test_status_survives_a_damaged_launch_record_and_a_damaged_config_json_is_one_line(
     tmp_path, capsys):
   tasks = _fake_runs(tmp_path, {'lstm': 2, 'bn_lstm': 1})

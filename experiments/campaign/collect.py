@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import sys
@@ -156,6 +157,7 @@ def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence
         notes.append(f'{run.name} (no results yet)')
         continue
       entry.update(read_run(workdir))
+      check_finite({run.name: entry}, os.path.join(os.path.abspath(workdir), 'metrics.jsonl'))
       planned = campaign.config_of(run, extra)
       own = trained_config(workdir, entry['launches'])
       trained = own or planned
@@ -194,6 +196,32 @@ def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence
     result['baselines'] = campaign.baselines(config)
   result['runs'] = runs
   return result
+
+
+def check_finite(runs: Mapping[str, dict], where: str) -> None:
+  """Raise a one-line ValueError naming `where`, the run and the field, when a run in
+  `runs` (`{name: entry}`) holds NaN or an infinity: a table would compare it as a number
+  (an infinite accuracy is ahead of every other)."""
+  for name, entry in runs.items():
+    found = _non_finite(entry)
+    if found is not None:
+      field, value = found
+      raise ValueError(f'{where}: run {name} holds {value} in {field}; results are finite '
+                       'numbers (repair the value, or run the run again).')
+
+
+def _non_finite(value, field: str = '') -> Optional[tuple[str, float]]:
+  """`(field path, value)` of the first NaN or infinity in a JSON value, else None."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return field, value
+  items = (value.items() if isinstance(value, dict) else
+           enumerate(value) if isinstance(value, list) else ())
+  for key, item in items:
+    found = _non_finite(item, f'{field}[{key}]' if isinstance(key, int) else
+                        f'{field}.{key}' if field else key)
+    if found is not None:
+      return found
+  return None
 
 
 def _read_json(path: str, what: str):

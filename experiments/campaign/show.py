@@ -17,12 +17,13 @@ def table_names(campaign: spec_lib.Campaign) -> list[str]:
 
 def load_result(campaign: spec_lib.Campaign, results_dir: Optional[str] = None) -> dict:
   """The results JSON, with the speed JSON under 'speed' when there is one. One without
-  runs is a ValueError naming it."""
+  runs, or with NaN or an infinity in a run, is a ValueError naming it."""
   result = collect.load(campaign.name, results_dir)
+  path = os.path.abspath(collect.path_of(campaign.name, results_dir))
   if not result.get('runs'):
-    raise ValueError(f'{os.path.abspath(collect.path_of(campaign.name, results_dir))} holds '
-                     'no runs; collect it again once runs have finished (python -m '
-                     'experiments.campaign collect).')
+    raise ValueError(f'{path} holds no runs; collect it again once runs have finished '
+                     '(python -m experiments.campaign collect).')
+  collect.check_finite(result['runs'], path)
   if campaign.speed and os.path.exists(collect.path_of(campaign.speed.name, results_dir)):
     result = {**result, 'speed': collect.load(campaign.speed.name, results_dir)}
   return result
