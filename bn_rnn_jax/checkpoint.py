@@ -5,7 +5,8 @@ Layout in the workdir:
   best/<step>/          the save with the best validation metric so far
   damaged/              checkpoints found damaged on restore, moved aside (kept as evidence)
   other_runs/           best checkpoints of another run found in the workdir, moved aside
-  lock                  who runs in this workdir now (`WorkdirLock`)
+  lock                  who runs in this workdir now (`WorkdirLock`, which also locks
+                        the folder itself)
 Each save holds `state` (a host pytree: step, params, batch_stats, opt_state, rng, carry)
 and `meta` (JSON: the loop's bookkeeping, e.g. the best metric and the partial training-
 metric window, so that a resumed run logs exactly what an uninterrupted one logs).
@@ -310,31 +311,40 @@ def _reshape_leaves(state, shapes: dict):
 
 # ====================================================================== workdir lock
 class WorkdirLock:
-  """One run per workdir: an exclusive `flock` on `<workdir>/lock`, which holds the
-  holder's pid, host and start time.
+  """One run per workdir: an exclusive `flock` on the workdir folder itself and on
+  `<workdir>/lock`, which holds the holder's pid, host and start time.
 
-  A second launch fails at once naming the holder. The kernel drops a `flock` when its
-  process dies (even by SIGKILL), so the lock of a dead run is taken over; that its file
-  still named a holder is logged as a warning. A workdir that is a file, or that cannot
-  be written, is a one-line error.
+  A second launch fails at once naming the holder. The folder's lock holds while the run
+  lives even if its lock file is removed (a run's folder cannot be removed from under it
+  without removing the run); where the filesystem cannot lock a folder (NFS emulates
+  `flock` with byte-range locks, which need a file open for writing) the file's lock is
+  the only one. The kernel drops a `flock` when its process dies (even by SIGKILL), so
+  the lock of a dead run is taken over; that its file still named a holder is logged as a
+  warning. A workdir that is a file, or that cannot be written, is a one-line error.
   """
 
   def __init__(self, workdir: str):
-    self.path = os.path.join(workdir, 'lock')
+    self.workdir = os.path.abspath(workdir)
+    self.path = os.path.join(self.workdir, 'lock')
     self._file = None
+    self._folder = None  # the folder's descriptor while its lock is held
 
   def acquire(self) -> 'WorkdirLock':
     try:
       handle = open(self.path, 'a+')
     except OSError as e:
-      raise ValueError(f'Cannot write in the workdir {os.path.dirname(self.path)} '
-                       f'({e.strerror}); choose a writable --workdir.') from e
+      raise ValueError(f'Cannot write in the workdir {self.workdir} ({e.strerror}); choose '
+                       'a writable --workdir.') from e
+    folder = _HELD
     try:
-      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-      if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-        handle.close()
-        raise
+      folder = _lock_folder(self.workdir)
+      taken = folder != _HELD and _try_flock(handle)
+    except OSError:
+      _close_folder(folder)
+      handle.close()
+      raise
+    if not taken:
+      _close_folder(folder)
       # The holder writes its pid just after taking the lock: give it up to a second.
       deadline = time.monotonic() + 1.0
       holder = _read_holder(handle)
@@ -342,9 +352,8 @@ class WorkdirLock:
         time.sleep(0.05)
         holder = _read_holder(handle)
       handle.close()
-      raise WorkdirInUse(f'The workdir {os.path.dirname(self.path)} is in use by another '
-                         f'run ({holder}); wait for it to finish or use another '
-                         '--workdir.') from None
+      raise WorkdirInUse(f'The workdir {self.workdir} is in use by another run ({holder}); '
+                         'wait for it to finish or use another --workdir.')
     previous = _read_holder(handle)
     if previous != 'unknown holder':
       absl_logging.warning('Took over the lock of a run that is no longer running (%s).',
@@ -355,7 +364,7 @@ class WorkdirLock:
                'start': datetime.datetime.now(datetime.timezone.utc).isoformat(
                    timespec='seconds')}, handle)
     handle.flush()
-    self._file = handle
+    self._file, self._folder = handle, folder
     return self
 
   def release(self) -> None:
@@ -367,12 +376,51 @@ class WorkdirLock:
     fcntl.flock(self._file, fcntl.LOCK_UN)
     self._file.close()
     self._file = None
+    _close_folder(self._folder)
+    self._folder = None
 
   def __enter__(self):
     return self.acquire()
 
   def __exit__(self, *exc):
     self.release()
+
+
+_HELD = -1  # `_lock_folder`: another open file holds the folder's lock
+
+
+def _try_flock(handle) -> bool:
+  """Take an exclusive `flock` on `handle` (a file or descriptor) without waiting: False
+  when another open file holds it."""
+  try:
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError as e:
+    if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+      return False
+    raise
+  return True
+
+
+def _close_folder(fd) -> None:
+  """Close a descriptor `_lock_folder` returned (which drops its lock)."""
+  if fd not in (None, _HELD):
+    os.close(fd)
+
+
+def _lock_folder(folder: str):
+  """An exclusive `flock` on the folder: its open descriptor, `_HELD` when another open
+  file holds it, or None where the filesystem cannot lock a folder."""
+  fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+  try:
+    if _try_flock(fd):
+      return fd
+    os.close(fd)
+    return _HELD
+  except OSError as e:
+    os.close(fd)
+    if e.errno in (errno.EBADF, errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP):
+      return None
+    raise
 
 
 def _read_holder(handle) -> str:

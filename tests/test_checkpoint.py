@@ -3,6 +3,7 @@ hashes that catch flipped bytes, refusal of non-finite states, and the workdir l
 whole run's checkpoints (resume, best, faults) are tested in `test_loop.py` and
 `test_faults.py`."""
 
+import json
 import logging
 import os
 import sys
@@ -139,6 +140,20 @@ def test_second_lock_of_a_workdir_fails_at_once_naming_the_holder(tmp_path):
   with checkpoint.WorkdirLock(str(tmp_path)):
     pass
   assert (tmp_path / 'lock').read_text() == ''
+
+
+def test_a_removed_lock_file_does_not_let_a_second_run_in(tmp_path):
+  """The folder itself is locked: a second lock fails while the first is held, though
+  the first one's lock file is gone, and succeeds once it is released."""
+  with checkpoint.WorkdirLock(str(tmp_path)):
+    os.remove(tmp_path / 'lock')
+    with pytest.raises(checkpoint.WorkdirInUse) as error:
+      checkpoint.WorkdirLock(str(tmp_path)).acquire()
+    assert helpers.one_line(error) == (
+        f'The workdir {tmp_path} is in use by another run (unknown holder); wait for it to '
+        'finish or use another --workdir.')
+  with checkpoint.WorkdirLock(str(tmp_path)):
+    assert json.loads((tmp_path / 'lock').read_text())['pid'] == os.getpid()
 
 
 def test_stale_lock_of_a_dead_run_is_taken_over_with_a_warning(tmp_path, caplog):

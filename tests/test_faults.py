@@ -179,6 +179,18 @@ def test_second_launch_in_a_busy_workdir_fails_at_once_naming_the_holder(tmp_pat
   assert not os.path.exists(os.path.join(workdir, 'metrics.jsonl'))
 
 
+def test_a_second_launch_is_refused_though_the_lock_file_was_removed(tmp_path):
+  config = _config()
+  workdir = str(tmp_path / 'busy')
+  os.makedirs(workdir)
+  with checkpoint.WorkdirLock(workdir):
+    os.remove(os.path.join(workdir, 'lock'))
+    with pytest.raises(checkpoint.WorkdirInUse) as error:
+      loop.train_and_evaluate(config, workdir, fx.synthetic_dataset(config))
+  assert helpers.one_line(error).startswith(f'The workdir {workdir} is in use by another run')
+  assert os.listdir(workdir) == ['lock']
+
+
 # ====================================================================== damaged checkpoints
 def _damage_files(step_dir, how):
   """Damage every data file of a checkpoint's state (which of them hold a tiny state's
