@@ -20,7 +20,10 @@ import math
 from typing import Optional, Sequence
 import warnings
 
-import ml_collections
+from bn_rnn_jax import extras
+
+with extras.needed_by(__name__):
+  import ml_collections
 
 PARALLEL_BACKENDS = ('pmap', 'shard_map')
 #: What an evaluation normalises with: the papers' population estimate, the running

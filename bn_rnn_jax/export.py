@@ -33,6 +33,7 @@ import numpy as np
 from jax import export as jax_export
 
 from bn_rnn_jax import batch_stats
+from bn_rnn_jax import extras
 
 
 def inference_function(model, variables, **call_kwargs) -> Callable[..., Any]:
@@ -96,14 +97,16 @@ def export(fn: Callable[..., Any], specs: Sequence[Any],
 
 
 def save(exported: jax_export.Exported, path: str) -> None:
+  with extras.needed_by(f'{__name__}.save'):
+    data = exported.serialize()
   with open(path, 'wb') as f:
-    f.write(exported.serialize())
+    f.write(data)
 
 
 def load(path: str) -> jax_export.Exported:
   """The exported program at `path` (`exported.call(*args)` runs it)."""
   try:
-    with open(path, 'rb') as f:
+    with open(path, 'rb') as f, extras.needed_by(f'{__name__}.load'):
       return jax_export.deserialize(bytearray(f.read()))
   except OSError as e:
     raise ValueError(f'Cannot read the exported model {os.path.abspath(path)} '

@@ -28,10 +28,15 @@ from typing import Optional
 
 import jax
 from jax.experimental import multihost_utils
-import ml_collections
 import numpy as np
 from absl import logging
 
+from bn_rnn_jax import extras
+
+with extras.needed_by(__name__):
+  import ml_collections
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from bn_rnn_jax import checkpoint as checkpoint_lib
 from bn_rnn_jax import config as config_lib
 from bn_rnn_jax import metric_writer

@@ -9,6 +9,8 @@ import time
 
 from absl import logging
 
+from bn_rnn_jax import extras
+
 
 #: The split of the record a run writes when a non-finite step stops it: `{'step': the
 #: bad step, 'split': STOPPED, 'reason': ...}`, the last line of its metrics.jsonl. A run
@@ -55,7 +57,8 @@ class MetricWriter:
       f.write(json.dumps(record) + '\n')
       f.flush()
     if self._tb is None:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      with extras.needed_by(__name__):
+        from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self._tb = SummaryWriter(self._tb_dir)
     for name, value in metrics.items():
       self._tb.add_scalar(f'{split}/{name}', float(value), step)

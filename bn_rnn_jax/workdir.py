@@ -25,6 +25,8 @@ import os
 import re
 from typing import Any, Optional
 
+from bn_rnn_jax import extras
+
 CONFIG = 'config.json'
 CHANGES = 'config_changes.jsonl'
 
@@ -134,7 +136,8 @@ def run_config(workdir: str) -> Optional[dict]:
 def load_config(workdir: str):
   """The run's config (`run_config`) as an `ml_collections.ConfigDict`; None without
   config.json."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
+  with extras.needed_by(f'{__name__}.load_config'):
+    import ml_collections  # pylint: disable=g-import-not-at-top
   flat = run_config(workdir)
   if flat is None:
     return None

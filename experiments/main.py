@@ -21,11 +21,6 @@ import os
 import re
 import sys
 
-from absl import app
-from absl import flags
-from absl import logging
-from ml_collections import config_flags
-
 # Config files import their siblings as `experiments.configs.<name>`; run as a script, the
 # repository root must be importable as it is under `python -m`.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,7 +28,14 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from bn_rnn_jax import config as config_lib
+from bn_rnn_jax import extras
+
+with extras.needed_by('experiments/main.py', exit=True):
+  from absl import app
+  from absl import flags
+  from ml_collections import config_flags
+
+  from bn_rnn_jax import config as config_lib
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 FLAGS = flags.FLAGS
@@ -152,16 +154,19 @@ def main(argv):
     show_config(FLAGS.config)
     return
   # Imported here: the checks above answer without loading JAX.
-  from bn_rnn_jax import checkpoint  # pylint: disable=g-import-not-at-top
-  from bn_rnn_jax import loop  # pylint: disable=g-import-not-at-top
-  from bn_rnn_jax import parallel  # pylint: disable=g-import-not-at-top
+  with extras.needed_by('experiments/main.py', exit=True):
+    # pylint: disable=g-import-not-at-top
+    from bn_rnn_jax import checkpoint
+    from bn_rnn_jax import loop
+    from bn_rnn_jax import parallel
+    # pylint: enable=g-import-not-at-top
   checkpoint.quiet_orbax_logs()
   try:
     loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except (ValueError, FileNotFoundError, FloatingPointError,
-          checkpoint.WorkdirInUse) as e:
-    # Configuration, data, NaN and workdir-lock problems are one line, not a traceback.
-    logging.error('%s', e)
+  except (ValueError, FileNotFoundError, FloatingPointError, checkpoint.WorkdirInUse,
+          extras.MissingExtra) as e:
+    # Configuration, data, NaN, workdir-lock and missing-package problems are one line,
+    # not a traceback.
     sys.exit(f'error: {e}')
   except parallel.ProcessLost as e:
     # One line, then out at once: JAX's exit handshake with the lost peer would only

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 from absl import app
 from absl import flags
 
+from bn_rnn_jax import extras
 from bn_rnn_jax import metric_writer
 
 
@@ -46,7 +47,8 @@ def plot_curves(series: Sequence[tuple], output: str, xlabel: str = 'training st
                 ylim: Optional[tuple] = None, dpi: int = 120) -> str:
   """Draw `(label, xs, ys, style)` series (style: matplotlib keyword arguments) in one
   axes; returns the PNG path."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  with extras.needed_by('Drawing a figure'):
+    import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')  # no display needed
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=size)

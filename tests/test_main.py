@@ -101,8 +101,9 @@ def test_main_reports_missing_mnist_path(tmp_path):
   result = _main(_config('seq_mnist.py'), f'--workdir={tmp_path / "run"}',
                  f'--config.data.mnist_dir={missing}')
   assert result.returncode == 1
-  last = result.stderr.strip().splitlines()[-1]
-  assert missing in last and 'yann.lecun.com' in last
+  last = helpers.last_line_without_traceback(result.stderr)
+  assert last.startswith('error: ') and missing in last and 'yann.lecun.com' in last
+  assert result.stderr.count(missing) == 1, result.stderr   # printed once, not logged too
 
 
 def test_unknown_config_field_is_one_line_with_did_you_mean(tmp_path):

@@ -30,6 +30,7 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 from absl import logging
 
+from bn_rnn_jax import extras
 from bn_rnn_jax.input_pipeline import files
 from bn_rnn_jax.input_pipeline import paths
 from bn_rnn_jax.input_pipeline import tagging
@@ -41,10 +42,8 @@ _DAMAGED = (ValueError, RuntimeError, AssertionError, EOFError, struct.error, OS
 
 
 def _kaldiio():
-  try:
+  with extras.needed_by('Reading Kaldi files'):
     import kaldiio  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ImportError('Reading Kaldi files needs kaldiio: pip install kaldiio==2.18.1') from e
   return kaldiio
 
 

@@ -27,6 +27,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from bn_rnn_jax import extras
 from bn_rnn_jax import input_pipeline as ip
 
 IDX_FILES = {
@@ -75,7 +76,8 @@ def load_idx(mnist_dir: str) -> dict[str, np.ndarray]:
 
 
 def _tfds_split(split: str, data_dir: Optional[str]) -> tuple[np.ndarray, np.ndarray]:
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  with extras.needed_by('MNIST from tfds (config.data.source=tfds)'):
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   try:
     # download=False: offline machines get the message below, not a hanging download.
     source = tfds.data_source('mnist', split=split, data_dir=data_dir, download=False)
@@ -104,7 +106,8 @@ def load_digits() -> dict[str, np.ndarray]:
 
   Returns `{split: (images [N, 8, 8] float32 in [0, 1], labels [N] int32)}`.
   """
-  from sklearn import datasets  # pylint: disable=g-import-not-at-top
+  with extras.needed_by('The 8x8 digits (config.data.name=digits)'):
+    from sklearn import datasets  # pylint: disable=g-import-not-at-top
   digits = datasets.load_digits()
   images = (digits.images / 16.0).astype(np.float32)
   labels = digits.target.astype(np.int32)
@@ -263,7 +266,8 @@ def get_dataset(config, workdir: Optional[str] = None, process_index: int = 0,
 
 def default_data_config(name: str = 'mnist'):
   """`config.data` fields of this module's datasets."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
+  with extras.needed_by(f'{__name__}.default_data_config'):
+    import ml_collections  # pylint: disable=g-import-not-at-top
   data = ml_collections.ConfigDict()
   data.name = name                  # 'mnist' | 'digits' (offline, needs no data root)
   data.root = ''                    # '' = $BN_RNN_JAX_DATA (see bn_rnn_jax/input_pipeline)

@@ -74,6 +74,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import numpy as np
 from absl import logging
 
+from bn_rnn_jax import extras
 from bn_rnn_jax import input_pipeline
 from bn_rnn_jax.input_pipeline import files
 from bn_rnn_jax.input_pipeline import paths
@@ -435,7 +436,8 @@ def default_data_config(name: str = 'brown_cloze_large'):
   """`config.data` of a cloze set; `path` is relative to the data root (`paths.py`) unless
   absolute. For CNN / Daily Mail put DeepMind's `cnn.tgz` / `dailymail.tgz` there (or the
   folder it unpacks to)."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
+  with extras.needed_by(f'{__name__}.default_data_config'):
+    import ml_collections  # pylint: disable=g-import-not-at-top
   sources = {'brown_cloze_large': 'brown_cloze_large/brown_cloze_large.tgz',
              'brown_cloze': 'brown_cloze', 'cnn': 'cnn.tgz', 'dailymail': 'dailymail.tgz'}
   if name not in sources:

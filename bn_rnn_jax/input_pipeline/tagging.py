@@ -60,10 +60,15 @@ import os
 import re
 from typing import Iterator, Optional, Sequence
 
-import ml_collections
 import numpy as np
 from absl import logging
 
+from bn_rnn_jax import extras
+
+with extras.needed_by(__name__):
+  import ml_collections
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from bn_rnn_jax.input_pipeline import eval_index_batches
 from bn_rnn_jax.input_pipeline import files
 from bn_rnn_jax.input_pipeline import paths

@@ -70,6 +70,7 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
+from bn_rnn_jax import extras
 from bn_rnn_jax.input_pipeline import files
 from bn_rnn_jax.input_pipeline import paths
 
@@ -451,7 +452,8 @@ def get_dataset(config, workdir: Optional[str] = None, process_index: int = 0,
 def default_data_config(name: str = 'ptb_char'):
   """`config.data` fields of this module's datasets; `path` is relative to the data root
   (`paths.py`) unless absolute."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
+  with extras.needed_by(f'{__name__}.default_data_config'):
+    import ml_collections  # pylint: disable=g-import-not-at-top
   defaults = {'ptb_char': ('ptb', 100), 'ptb_word': ('ptb', 20), 'text8': ('text8', 180)}
   if name not in defaults:
     raise ValueError(f'Unknown language-model dataset {name!r}; choose one of '

@@ -30,6 +30,7 @@ from absl import flags
 import jax
 import numpy as np
 
+from bn_rnn_jax import extras
 from bn_rnn_jax import parallel
 from bn_rnn_jax import input_pipeline
 from bn_rnn_jax import train
@@ -270,7 +271,8 @@ def parse_gammas(values: Sequence[str]) -> list[float]:
 
 def matplotlib_pyplot():
   """pyplot on the non-interactive Agg backend (scripts and tests run headless)."""
-  import matplotlib
+  with extras.needed_by('Drawing a figure'):
+    import matplotlib
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt
   return plt
