@@ -13,7 +13,11 @@
   a cell without `max_length` (1000 rows)     `max_length=` (T_max) given
 
 Each warning names the caller's line (the first frame outside this library, Flax and
-JAX), so that Python's default filters show it to a script.
+JAX), so that Python's default filters show it to a script, and is shown once per
+process: a layer's `init` and `apply` trace its code several times (and JAX resets
+Python's record of the warnings shown), but one cause is one warning. Filters that ask for
+every occurrence ('always', 'error', as `pytest.warns` and the test suite's filters do)
+get every one.
 """
 
 from __future__ import annotations
@@ -38,15 +42,37 @@ _OLD_STATISTICS = {(True, 'frame'): 'per_step', (True, 'sequence'): 'sequence',
                    (False, 'sequence'): 'shared'}
 _INTERNAL = ('bn_rnn_jax', 'flax', 'jax', 'jaxlib', 'contextlib', 'functools')
 _OUTPUTS_DISCARDED = contextvars.ContextVar('outputs_discarded', default=False)
+# The messages shown so far in this process (`warn`).
+_SHOWN: set[str] = set()
+
+
+def _action(message: str, module: str, lineno: int) -> str:
+  """What Python's warning filters do with a DeprecationWarning `message` raised from
+  `module` at `lineno` (the first matching filter's action, as `warnings.warn` finds it)."""
+  def matches(pattern, value: str) -> bool:   # None, a compiled pattern or a plain string
+    return (pattern is None or (pattern == value if isinstance(pattern, str) else
+                                bool(pattern.match(value))))
+  for action, text, category, where, line in warnings.filters:
+    if (matches(text, message) and issubclass(DeprecationWarning, category)
+        and matches(where, module) and line in (0, lineno)):
+      return action
+  return warnings.defaultaction
 
 
 def warn(message: str) -> None:
   """A DeprecationWarning attributed to the first caller outside this library, Flax and
-  JAX (a layer's call runs several frames deep in Flax's wrappers)."""
+  JAX (a layer's call runs several frames deep in Flax's wrappers), shown once per
+  process unless the filters ask for every occurrence ('always', 'error')."""
   frame, level = sys._getframe(1), 2  # pylint: disable=protected-access
   internal = lambda f: f.f_globals.get('__name__', '').split('.')[0] in _INTERNAL
   while frame is not None and internal(frame):
     frame, level = frame.f_back, level + 1
+  module = '<unknown>' if frame is None else frame.f_globals.get('__name__', '<string>')
+  action = _action(message, module, 0 if frame is None else frame.f_lineno)
+  if action in ('default', 'module', 'once'):
+    if message in _SHOWN:
+      return
+    _SHOWN.add(message)
   warnings.warn(message, DeprecationWarning, stacklevel=level)
 
 

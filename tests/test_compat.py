@@ -142,3 +142,29 @@ def test_a_cell_without_max_length_gets_the_old_rows_with_a_warning():
     warnings.simplefilter('error')
     nn.RNN(br.LNLSTMCell(H)).init(jax.random.key(0), x)
     nnx_cells.LNLSTMCell(I, H, rngs=nnx.Rngs(0))
+
+
+def test_a_cause_warns_once_however_often_the_code_is_traced(monkeypatch):
+  """A cell without `max_length` in `init` and `apply` (traced several times, with JAX
+  resetting Python's record of the warnings shown) is one warning under Python's default
+  filters; filters that ask for every occurrence get every one."""
+  x = jnp.ones((2, 4, I))
+  rnn = nn.RNN(br.BNLSTMCell(H, use_running_average=False), variable_carry='batch_stats')
+
+  layer = variants.make_layer('bn_lstm', H, max_length=T)
+  layer_variables = layer.init(jax.random.key(0), X, MASK, train=False)
+
+  def warned(action):
+    monkeypatch.setattr(compat, '_SHOWN', set())
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter(action)
+      variables = rnn.init(jax.random.key(0), x)
+      rnn.apply(variables, x, mutable=['batch_stats'])
+      rnn.apply(variables, x, mutable=['batch_stats'])
+      for _ in range(2):   # another cause: a layer called without return_carry
+        layer.apply(layer_variables, X, MASK, train=True, mutable=['batch_stats'])
+    return [str(w.message).split(' ')[0:2] for w in caught
+            if issubclass(w.category, DeprecationWarning)]
+
+  assert warned('default') == [['BNLSTMCell', 'without'], ['RecurrentLayer', 'called']]
+  assert len(warned('always')) > 4
