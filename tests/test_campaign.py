@@ -15,12 +15,14 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
 from absl import flags
+from absl.testing import flagsaver
 from ml_collections import config_flags
 import pytest
 
@@ -325,6 +327,28 @@ def test_a_partial_run_counts_the_steps_its_latest_checkpoint_keeps(tmp_path):
   for name in ('2', '4', '6.orbax-checkpoint-tmp'):
     os.makedirs(os.path.join(task.workdir, 'checkpoints', name))
   assert runner.progress(task) == ('partial', 4)
+
+
+def test_report_draws_its_figure_only_when_asked(monkeypatch, tmp_path, capsys):
+  """`report NAME` reads the committed results and writes nothing; `--figure=PATH`
+  writes PATH; `--results_dir=DIR` (results collected there) writes DIR/NAME.png."""
+  main = importlib.import_module('experiments.campaign.__main__')
+  drawn = []
+  monkeypatch.setattr(show, 'draw', lambda campaign, results_dir, output: drawn.append(
+      (results_dir, output)) or output)
+  campaign = spec.get('quickstart')
+  results = tmp_path / 'results'
+  results.mkdir()
+  shutil.copy(collect.path_of('quickstart'), results)
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  for figure, results_dir in ((None, None), (str(tmp_path / 'f.png'), None),
+                              (None, str(results)), ('none', str(results))):
+    with flagsaver.flagsaver(figure=figure, results_dir=results_dir):
+      main._report(campaign)  # pylint: disable=protected-access
+  assert drawn == [(None, str(tmp_path / 'f.png')),
+                   (str(results), os.path.join(str(results), 'quickstart.png'))]
+  assert capsys.readouterr().out.count('acc@end') == 4
 
 
 def test_command_line_names_no_paths():

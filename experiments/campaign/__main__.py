@@ -5,7 +5,8 @@ r"""Run, follow, collect and report the campaigns of experiments/campaigns/.
   python -m experiments.campaign status NAME
   python -m experiments.campaign collect NAME          # -> experiments/results/NAME.json
                                  [--allow_fewer_runs]  # may replace one with more runs
-  python -m experiments.campaign report [NAME ...]     # tables + NAME.png, from the JSON
+  python -m experiments.campaign report [NAME ...]     # its tables, from the JSON
+                                 [--figure=PATH]       # and its figure, as PATH
   python -m experiments.campaign speed NAME            # -> the campaign's speed JSON
 
 Runs live in `--runs_dir/<campaign>/<run>` (default `runs/`, outside version control);
@@ -20,6 +21,10 @@ model: what the tests run). Runs read their data under the data root, as
 its launches' step budget), whatever the flags now say. It never writes a results JSON
 without runs, and does not replace one that holds more finished runs than it found unless
 `--allow_fewer_runs` is given.
+
+`report` writes no tracked file: it draws the campaign's figure only as `--figure=PATH`,
+or as `<results_dir>/NAME.png` beside results collected elsewhere (`--results_dir`). The
+committed figures are redrawn with `--figure=experiments/results/NAME.png`.
 """
 
 from __future__ import annotations
@@ -29,14 +34,17 @@ import os
 import subprocess
 import sys
 
-from absl import app
-from absl import flags
+from bn_rnn_jax import extras
 
-from experiments.campaign import collect
-from experiments.campaign import runner
-from experiments.campaign import show
-from experiments.campaign import spec as spec_lib
-from experiments.campaign import speed as speed_lib
+with extras.needed_by('python -m experiments.campaign', exit=True):
+  from absl import app
+  from absl import flags
+
+  from experiments.campaign import collect
+  from experiments.campaign import runner
+  from experiments.campaign import show
+  from experiments.campaign import spec as spec_lib
+  from experiments.campaign import speed as speed_lib
 
 _COMMANDS = ('list', 'run', 'status', 'collect', 'report', 'speed', 'evaluate_run',
              'speed_run')
@@ -54,8 +62,9 @@ _COMPILE_CACHE = flags.DEFINE_bool('compile_cache', False, 'A persistent XLA cac
 _ALLOW_FEWER = flags.DEFINE_bool('allow_fewer_runs', False, 'collect: replace a results '
                                   'JSON that holds more finished runs than this collect '
                                   'found.')
-_FIGURE = flags.DEFINE_string('figure', None, 'report: the PNG to write (default '
-                              '<results_dir>/<name>.png); "none" draws nothing.')
+_FIGURE = flags.DEFINE_string('figure', None, 'report: the PNG to write (default: '
+                              '<results_dir>/<name>.png with --results_dir, else none); '
+                              '"none" draws nothing.')
 
 
 def _extra(campaign: spec_lib.Campaign) -> dict:
@@ -80,8 +89,12 @@ def _report(campaign: spec_lib.Campaign) -> None:
   for table in names:
     print(f'## {campaign.name}: {table}\n\n'
           f'{show.render(campaign, table, _RESULTS_DIR.value)}\n')
-  if _FIGURE.value != 'none' and names[0] in campaign.tables:
-    png = show.draw(campaign, _RESULTS_DIR.value, _FIGURE.value)
+  # The committed results' figure is not redrawn unless asked: a report writes no
+  # tracked file.
+  output = _FIGURE.value or (_RESULTS_DIR.value and os.path.join(
+      _RESULTS_DIR.value, f'{campaign.name}.png'))
+  if output and output != 'none' and names[0] in campaign.tables:
+    png = show.draw(campaign, _RESULTS_DIR.value, output)
     if png:
       print(f'figure: {png}\n')
 
@@ -161,7 +174,7 @@ def main(argv):
     for positional in argv[1:]:
       options.remove(positional)
     return max(_run_one(command, c, options) for c in campaigns)
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, FileNotFoundError, extras.MissingExtra) as e:
     sys.exit(f'error: {e}')
   except runner.Stopped as e:
     print(e, file=sys.stderr)

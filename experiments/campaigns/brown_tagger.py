@@ -3,7 +3,8 @@ r"""Laurent et al. sec. 5.1 (Fig. 1, Table 1) on Brown POS tagging: BL vs BN vs 
   python -m experiments.campaign run brown_tagger --parallel=2
   python -m experiments.campaign speed brown_tagger     # the table's steps/s column
   python -m experiments.campaign collect brown_tagger
-  python -m experiments.campaign report brown_tagger    # the README's table and figure
+  python -m experiments.campaign report brown_tagger    # the README's table
+  python -m experiments.campaign report brown_tagger --figure=experiments/results/brown_tagger.png
 
 Expected: about 25 minutes on 2 CPU cores (AMD EPYC VM, one XLA thread per run, two at a
 time; the three runs' own clocks sum to 50 min); the speed table about 3 minutes. BN (sequence-wise) reaches in

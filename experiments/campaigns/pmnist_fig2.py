@@ -5,7 +5,8 @@ claim is decided.
   python -m experiments.campaign run pmnist_fig2 --parallel=2 --runs_dir=DIR \
       --set=train.time_budget_s=7200         # in launches of 2 h; the same command resumes
   python -m experiments.campaign collect pmnist_fig2 --runs_dir=DIR
-  python -m experiments.campaign report pmnist_fig2    # milestone table + pmnist_fig2.png
+  python -m experiments.campaign report pmnist_fig2    # milestone table
+  python -m experiments.campaign report pmnist_fig2 --figure=experiments/results/pmnist_fig2.png
 
 Expected: on 2 CPU cores (one XLA thread per run, two runs at a time) a training step of
 batch 100 takes about 0.6-0.75 s on an idle machine, so the pair takes about 3 h, plus a

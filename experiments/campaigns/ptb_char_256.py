@@ -2,7 +2,8 @@ r"""Character-level PTB at 256 units, 400 steps: LSTM, BN-LSTM, input-only BN.
 
   python -m experiments.campaign run ptb_char_256 --parallel=2
   python -m experiments.campaign collect ptb_char_256
-  python -m experiments.campaign report ptb_char_256   # the README's table and figure
+  python -m experiments.campaign report ptb_char_256   # the README's table
+  python -m experiments.campaign report ptb_char_256 --figure=experiments/results/ptb_char_256.png
   python -m experiments.campaign speed ptb_char_256    # the 1000-unit speed table
 
 Expected: about 20 minutes on 2 CPU cores (AMD EPYC VM, one XLA thread per run, two at a
