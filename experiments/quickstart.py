@@ -1,6 +1,7 @@
 r"""Quickstart: LSTM vs BN-LSTM, same budget, real data, offline, CPU-friendly.
 
-  python experiments/quickstart.py --workdir /tmp/quickstart
+  python experiments/quickstart.py                 # in ~/.cache/bn_rnn_jax/quickstart
+  python experiments/quickstart.py --workdir DIR   # in DIR
 
 Runs the `quickstart` campaign (`experiments/campaigns/quickstart.py`): both variants on
 scikit-learn's 8x8 digits read pixel by pixel (64 steps, nothing to download), five seeds,
@@ -12,8 +13,11 @@ cores. It is
   python -m experiments.campaign collect quickstart --results_dir=<workdir> ...
   python -m experiments.campaign report quickstart --results_dir=<workdir> ...
 
-with the runs in `<workdir>/quickstart/<variant>_s<seed>`; a second invocation skips the
-finished runs and resumes the others. Any field of `experiments/configs/quickstart.py`
+with the runs in `<workdir>/quickstart/<variant>_s<seed>`. The default workdir is the
+user's own (`bn_rnn_jax/quickstart` under `$XDG_CACHE_HOME`, else `~/.cache`), so users
+of one machine run side by side; a quickstart started on a workdir another one is
+running in stops at once, naming it. Started again after it ended, it skips the finished
+runs and resumes the others. Any field of `experiments/configs/quickstart.py`
 can be set for every run with `--config.a.b=value`, `--config.variants` picks the
 variants and `--seeds` the seeds. Sequential MNIST at 14x14 (196 steps) instead:
 
@@ -26,16 +30,27 @@ import os
 import subprocess
 import sys
 
-from absl import app
-from absl import flags
-from ml_collections import config_flags
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:   # run as a script: the package imports from the repository
+  sys.path.insert(0, ROOT)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from bn_rnn_jax import extras
+
+with extras.needed_by('experiments/quickstart.py', exit=True):
+  from absl import app
+  from absl import flags
+  from ml_collections import config_flags
+
+  from experiments.campaigns import quickstart
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
     'config', os.path.join(ROOT, 'experiments', 'configs', 'quickstart.py'),
     'The quickstart config; `--config.a.b=value` sets a field of every run.')
-flags.DEFINE_string('workdir', '/tmp/quickstart', 'Directory of the runs, table and plot.')
+flags.DEFINE_string('workdir', quickstart.default_workdir(), 'Directory of the runs, table '
+                    'and plot (default: bn_rnn_jax/quickstart in the user\'s cache folder).')
 flags.DEFINE_list('seeds', None, 'Seeds (default: the campaign\'s five).')
 flags.DEFINE_integer('parallel', 0, 'Runs at a time (default: the campaign\'s two).')
 

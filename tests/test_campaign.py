@@ -11,6 +11,7 @@
 
 import glob
 import importlib
+import io
 import json
 import math
 import os
@@ -231,6 +232,26 @@ def test_quickstart_table_says_what_holds_in_every_seed():
   assert 'standard deviation of the 3 gaps' in text
 
 
+def test_quickstart_table_of_one_seed_reads_as_one_seed():
+  result = _quickstart_result(lstm=[(0.1, 0.5, 0.5)], bn=[(0.3, 0.4, 0.5)])
+  text = quickstart.table(result)
+  lines = {l.split(':')[0].strip(): l for l in text.split('\n') if l.startswith('  ')}
+  assert 'BN-LSTM minus LSTM (seed 0):' in text
+  assert lines['at step 1'].endswith('+0.200  ahead')
+  assert lines['at step 2'].endswith('-0.100  behind')
+  assert lines['at step 4'].endswith('+0.000  level')
+  assert text.endswith('to 0.071.') and 'gaps' not in text and 'every seed' not in text
+
+
+def test_quickstart_default_workdir_is_the_users_own(monkeypatch, tmp_path):
+  monkeypatch.setenv('HOME', str(tmp_path / 'home'))
+  monkeypatch.delenv('XDG_CACHE_HOME', raising=False)
+  assert quickstart.default_workdir() == str(tmp_path / 'home' / '.cache' / 'bn_rnn_jax' /
+                                             'quickstart')
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+  assert quickstart.default_workdir() == str(tmp_path / 'cache' / 'bn_rnn_jax' / 'quickstart')
+
+
 def test_quickstart_table_refuses_runs_of_other_image_counts():
   result = _quickstart_result(lstm=[(0.1, 0.2, 0.5)], bn=[(0.3, 0.4, 0.6)])
   result['runs']['lstm_s0']['records'][0]['count'] = 250
@@ -327,6 +348,19 @@ def test_a_partial_run_counts_the_steps_its_latest_checkpoint_keeps(tmp_path):
   for name in ('2', '4', '6.orbax-checkpoint-tmp'):
     os.makedirs(os.path.join(task.workdir, 'checkpoints', name))
   assert runner.progress(task) == ('partial', 4)
+
+
+def test_eta_comes_from_the_steps_measured_after_the_start():
+  """Start-up and compilation before the first logged steps are not taken for speed:
+  two runs of 300 steps start, log 25 steps each after 10 s, then 25 steps every 2 s."""
+  tasks = [runner.Task(f'c/r{i}', '', [], {}, 300) for i in range(2)]
+  bar = runner.Bar('c', tasks, stream=io.StringIO())
+  assert bar.eta(0, 1000.0) == '?'
+  assert bar.eta(0, 1009.0) == '?'
+  assert bar.eta(50, 1010.0) == '?'           # the steps moved: the measurement starts
+  assert bar.eta(50, 1011.0) == '?'
+  assert bar.eta(100, 1012.0) == '0:00:20'    # 50 steps in 2 s; 500 left
+  assert bar.eta(600, 1032.0) == '0:00:00'
 
 
 def test_report_draws_its_figure_only_when_asked(monkeypatch, tmp_path, capsys):

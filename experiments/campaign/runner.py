@@ -236,20 +236,37 @@ class _Child:
 
 
 class Bar:
-  """One progress line over all tasks: steps, runs, elapsed time, ETA."""
+  """One progress line over all tasks: steps, runs, elapsed time, ETA.
+
+  The ETA is the steps left at the rate measured since the steps first moved: the start
+  of the first runs (start-up, compilation, the first logged steps) is not taken for
+  training speed; the start-up of later runs falls inside the measured span.
+  """
 
   def __init__(self, name: str, tasks: Sequence[Task], stream=None):
     self.name, self.stream = name, stream or sys.stderr
     self.total = sum(t.total for t in tasks)
     self.start, self.first_done, self.last_print = time.time(), None, 0.0
+    self.moved = None   # (time, steps done) when the steps were first seen to move
     self.tty = self.stream.isatty()
 
-  def show(self, done: int, finished: int, runs: int, running: int, force=False) -> None:
+  def eta(self, done: int, now: float) -> str:
+    """The time left at the measured rate, '?' until the steps have moved twice."""
     if self.first_done is None:
       self.first_done = done
-    elapsed = time.time() - self.start
-    rate = (done - self.first_done) / elapsed if elapsed > 0 else 0.0
-    eta = _clock((self.total - done) / rate) if rate > 0 else '?'
+    if self.moved is None:
+      if done > self.first_done:
+        self.moved = (now, done)
+      return '?'
+    since, counted = self.moved
+    if done <= counted or now <= since:
+      return '?'
+    return _clock((self.total - done) * (now - since) / (done - counted))
+
+  def show(self, done: int, finished: int, runs: int, running: int, force=False) -> None:
+    now = time.time()
+    elapsed = now - self.start
+    eta = self.eta(done, now)
     width = 24
     filled = int(width * done / max(self.total, 1))
     line = (f'{self.name} [{"#" * filled}{"." * (width - filled)}] {done}/{self.total} '

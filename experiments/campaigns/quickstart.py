@@ -3,7 +3,7 @@ r"""Quickstart: LSTM vs BN-LSTM on 8x8 digits read pixel by pixel, five seeds.
   python -m experiments.campaign run quickstart --parallel=2
   python -m experiments.campaign collect quickstart
   python -m experiments.campaign report quickstart     # the README's table
-  python experiments/quickstart.py --workdir /tmp/quickstart   # the same, for a new user
+  python experiments/quickstart.py     # the same in the user's own folder, for a new user
 
 Expected: about 3.5 minutes on 2 CPU cores (one XLA thread per run, two runs at a time;
 3 min 21 s on an AMD EPYC VM, 3 min 12 s on an Intel Xeon VM); in every seed the BN-LSTM
@@ -18,6 +18,7 @@ estimate), the
 variant set per arm; scikit-learn's bundled digits, so it runs offline.
 """
 
+import os
 import textwrap
 
 import numpy as np
@@ -43,6 +44,14 @@ def get_campaign() -> spec.Campaign:
                '3 min 12 s on an Intel Xeon VM)',
       tiny={'train.num_steps': 2, 'model.hidden_size': 8, 'eval.population_batches': 1,
             'eval.max_batches': 1})
+
+
+def default_workdir() -> str:
+  """Where `experiments/quickstart.py` puts its runs, table and plot unless told: the
+  user's own `bn_rnn_jax/quickstart` in the cache folder (`$XDG_CACHE_HOME`, or
+  `~/.cache` where that is not set), so users of one machine do not share runs."""
+  cache = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+  return os.path.join(cache, 'bn_rnn_jax', 'quickstart')
 
 
 def data_text(config) -> str:
@@ -105,26 +114,34 @@ def table(result: dict) -> str:
         lines.append(f'{seed:>4}  {arm:<8}' + ''.join(f'{v:>9.3f}' for v in values) +
                      f"{row['best']:>7.3f}{row['time_s']:>11.1f}s{cpu:>7}")
   if set(rows) == {'lstm', 'bn_lstm'}:
-    lines += ['', 'BN-LSTM minus LSTM, seed by seed:']
     seeds = sorted(set(rows['lstm']) & set(rows['bn_lstm']))
+    lines += ['', 'BN-LSTM minus LSTM, seed by seed:' if len(seeds) > 1 else
+              f'BN-LSTM minus LSTM (seed {seeds[0]}):']
     columns = [(f'at step {s}', lambda r, i=i: ([a for _, a in r['at']] + [r['end'][1]])[i])
                for i, s in enumerate(steps)] + [('best', lambda r: r['best'])]
     errors = []
     for name, value in columns:
       pairs = [(value(rows['bn_lstm'][s]), value(rows['lstm'][s])) for s in seeds]
       gaps = [bn - plain for bn, plain in pairs]
-      ahead = sum(g > 0 for g in gaps)
-      verdict = ('ahead in every seed' if ahead == len(gaps) else
-                 f'ahead in {ahead} of {len(gaps)} seeds')
-      spread = (f' ± {np.std(gaps, ddof=1):.3f} over seeds' if len(gaps) > 1 else
-                ', one seed')
       lines.append(f'  {name + ":":<14}' + ' '.join(f'{g:+.3f}' for g in gaps) +
-                   f'  {verdict} (mean {np.mean(gaps):+.3f}{spread}, min {min(gaps):+.3f})')
+                   f'  {_verdict(gaps)}')
       errors += [gap_standard_error(bn, plain, images) for bn, plain in pairs]
+    spread = (f'; "± x over seeds" is the sample standard deviation of the {len(seeds)} '
+              'gaps' if len(seeds) > 1 else '')
     lines += ['', f'One gap on {images} images has a binomial standard error of '
-              f'{min(errors):.3f} to {max(errors):.3f}; "± x over seeds" is the sample '
-              f'standard deviation of the {len(seeds)} gaps.']
+              f'{min(errors):.3f} to {max(errors):.3f}{spread}.']
   return '\n'.join(lines)
+
+
+def _verdict(gaps: list[float]) -> str:
+  """Where the BN-LSTM stands over the seeds' gaps (one seed: ahead, behind or level)."""
+  if len(gaps) == 1:
+    return 'ahead' if gaps[0] > 0 else 'behind' if gaps[0] < 0 else 'level'
+  ahead = sum(g > 0 for g in gaps)
+  verdict = ('ahead in every seed' if ahead == len(gaps) else
+             f'ahead in {ahead} of {len(gaps)} seeds')
+  return (f'{verdict} (mean {np.mean(gaps):+.3f} ± {np.std(gaps, ddof=1):.3f} over seeds, '
+          f'min {min(gaps):+.3f})')
 
 
 def gap_standard_error(a: float, b: float, images: int) -> float:
