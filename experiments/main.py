@@ -14,11 +14,13 @@ read under the data root: `--config.data.root=/path/to/datasets` or the environm
 variable BN_RNN_JAX_DATA. `--workdir` receives config.json, checkpoints, metrics.jsonl and
 TensorBoard events, and a run started again in the same workdir resumes from its latest
 checkpoint. All the work happens in `bn_rnn_jax.loop.train_and_evaluate`; a mistake in
-the arguments, the config or the data ends the run with one line `error: ...`.
+the arguments, the config or the data ends the run with one line `error: ...`, and Ctrl-C
+with one line naming the checkpoint the same command resumes from (exit status 130).
 """
 
 import os
 import re
+import signal
 import sys
 
 # Config files import their siblings as `experiments.configs.<name>`; run as a script, the
@@ -148,6 +150,19 @@ def show_config(config) -> None:
     sys.exit(f'error: {e}')
 
 
+def stopped(workdir: str) -> str:
+  """The line a launch stopped by Ctrl-C ends with: where the same command resumes (the
+  launch's saves are complete by then: the loop waits for them on its way out)."""
+  from bn_rnn_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  workdir = os.path.abspath(workdir)
+  steps = workdir_lib.checkpoint_steps(workdir)
+  if not steps:
+    return ('Stopped (Ctrl-C) before the first checkpoint; the same command starts the run '
+            'from step 0.')
+  return (f'Stopped (Ctrl-C); the same command resumes from the checkpoint of step '
+          f'{steps[-1]}, {os.path.join(workdir, "checkpoints", str(steps[-1]))}.')
+
+
 def main(argv):
   del argv  # parse_flags refused any positional argument
   if FLAGS.show_config:
@@ -163,6 +178,11 @@ def main(argv):
   checkpoint.quiet_orbax_logs()
   try:
     loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except KeyboardInterrupt:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the line
+    sys.stdout.flush()
+    print(stopped(FLAGS.workdir), file=sys.stderr)
+    sys.exit(130)
   except (ValueError, FileNotFoundError, FloatingPointError, checkpoint.WorkdirInUse,
           extras.MissingExtra) as e:
     # Configuration, data, NaN, workdir-lock and missing-package problems are one line,

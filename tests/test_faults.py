@@ -26,6 +26,7 @@ from bn_rnn_jax import batch_stats
 from bn_rnn_jax import checkpoint
 from bn_rnn_jax import loop
 from bn_rnn_jax import variants
+from bn_rnn_jax import workdir as workdir_lib
 from bn_rnn_jax.input_pipeline import mnist
 import helpers
 import training_fixtures as fx
@@ -106,6 +107,33 @@ def test_concurrent_launches_then_sigkills_inside_a_save_and_at_random_resume_ex
   helpers.assert_trees_equal(state, final)
   assert fx.records_without_time(run) == fx.records_without_time(workdir)
   assert sorted(os.listdir(os.path.join(run, 'checkpoints'))) == ['2', '4', '6', '7']
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_main_with_one_line_naming_the_checkpoint_it_resumes_from(tmp_path):
+  """Ctrl-C (SIGINT) once a checkpoint exists: exit status 130 and one line, no traceback,
+  naming the newest checkpoint (complete: the loop waits for its saves on the way out)."""
+  run = tmp_path / 'run'
+  args = [sys.executable, 'experiments/main.py', '--config',
+          'experiments/configs/quickstart.py', f'--workdir={run}',
+          '--config.train.num_steps=100000', '--config.checkpoint.every=2',
+          '--config.train.log_every=2', '--config.eval.every=100000',
+          '--config.model.hidden_size=8']
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  proc = subprocess.Popen(args, cwd=REPO, env=helpers.subprocess_env(env, JAX_PLATFORMS='cpu'),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          # As from a terminal, even where the tests run with SIGINT ignored.
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+  deadline = time.monotonic() + 240
+  while not workdir_lib.checkpoint_steps(str(run)) and time.monotonic() < deadline:
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, err[-3000:]
+  step = workdir_lib.checkpoint_steps(str(run))[-1]
+  assert helpers.last_line_without_traceback(err) == (
+      f'Stopped (Ctrl-C); the same command resumes from the checkpoint of step {step}, '
+      f'{run / "checkpoints" / str(step)}.')
 
 
 @pytest.mark.slow
