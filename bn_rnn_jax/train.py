@@ -21,6 +21,7 @@ across segments). It is checkpointed, so a resumed run stays exact.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax
@@ -94,8 +95,17 @@ def initial_variables(model, batch, seed: int):
   rng = jax.random.PRNGKey(seed + INIT_SEED_OFFSET)
   params_rng, noise_rng, dropout_rng = jax.random.split(rng, 3)
   rngs = {'params': params_rng, 'noise': noise_rng, 'dropout': dropout_rng}
-  init = lambda: model.init(rngs, batch['inputs'], batch.get('mask'), train=False)
-  return jax.jit(init)()
+  try:
+    init = _jitted_init(model)
+  except TypeError:  # a model with an unhashable field
+    init = _jitted_init.__wrapped__(model)
+  return init(rngs, batch['inputs'], batch.get('mask'))
+
+
+@functools.lru_cache(maxsize=8)
+def _jitted_init(model):
+  """`model.init` jitted once per model, shared by every state made for it."""
+  return jax.jit(lambda rngs, inputs, mask: model.init(rngs, inputs, mask, train=False))
 
 
 def zero_carry(model, task: Task, variables, batch) -> Any:

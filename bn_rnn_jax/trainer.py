@@ -13,12 +13,14 @@ evaluates with other kinds too, logged beside as `<metric>_<kind>`.
 
 from __future__ import annotations
 
+import collections
 import functools
 import time
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import numpy as np
+import optax
 from absl import logging
 
 from bn_rnn_jax import config as config_lib
@@ -31,6 +33,56 @@ from bn_rnn_jax import train
 from bn_rnn_jax.train import TrainState
 
 _EVAL_LOG_EVERY_S = 10.0  # an evaluation logs its progress at most this often
+
+
+class _DeviceSteps(NamedTuple):
+  tx: optax.GradientTransformation
+  train: Callable
+  eval: Callable
+  batch_eval: Callable
+  minibatch_moments: Callable
+  average_minibatch_moments: Callable
+
+
+# Trainers of one model, task, optimizer and devices share their device-mapped steps, so
+# each program is traced and compiled once per process (tests, analyses and campaign
+# evaluations build many Trainers of one run).
+_STEPS: collections.OrderedDict = collections.OrderedDict()
+_STEPS_KEPT = 8
+
+
+def _device_steps(model, task, optimizer_json: str, steps_per_epoch: int,
+                  carries_state: bool, devices: tuple, backend: str, donates_state: bool,
+                  config) -> _DeviceSteps:
+  """The steps for these arguments, built on first use (`config.optimizer` is the one
+  `optimizer_json` writes)."""
+  key = (model, task, optimizer_json, steps_per_epoch, carries_state, devices, backend,
+         donates_state)
+  try:
+    hash(key)
+  except TypeError:  # a model with an unhashable field: its steps are its own
+    key = None
+  if key in _STEPS:
+    _STEPS.move_to_end(key)
+    return _STEPS[key]
+  tx = optim.create_optimizer(config, steps_per_epoch)
+  common = dict(model=model, task=task)
+  device_map = functools.partial(parallel.device_map, devices=devices, backend=backend)
+  steps = _DeviceSteps(
+      tx=tx,
+      train=device_map(functools.partial(train.train_step, tx=tx,
+                                         carries_state=carries_state, **common),
+                       donate_argnums=(0,) if donates_state else ()),
+      eval=device_map(functools.partial(train.eval_step, **common)),
+      batch_eval=device_map(functools.partial(train.eval_step, batch_statistics=True,
+                                              **common)),
+      minibatch_moments=device_map(functools.partial(train.minibatch_moments_step, **common)),
+      average_minibatch_moments=device_map(population.average_minibatch_moments))
+  if key is not None:
+    _STEPS[key] = steps
+  while len(_STEPS) > _STEPS_KEPT:
+    _STEPS.popitem(last=False)
+  return steps
 
 
 class Trainer:
@@ -57,23 +109,20 @@ class Trainer:
         process_count=jax.process_count())
     self.task = tasks.get(self.dataset.task, getattr(self.dataset, 'unit', None))
     self.model = train.create_model(config, self.dataset)
-    self.tx = optim.create_optimizer(config, self.dataset.steps_per_epoch)
     self.backend = config.parallel.backend
-    common = dict(model=self.model, task=self.task)
-    device_map = functools.partial(parallel.device_map, devices=self.devices,
-                                   backend=self.backend)
     # With config.train.donate_state the step donates its state (argument 0): the state
     # passed in is deleted by the call; `copy_state` keeps one that outlives it.
     self.donates_state = bool(config.train.get('donate_state', True))
-    self.p_train_step = device_map(functools.partial(
-        train.train_step, tx=self.tx, carries_state=self.dataset.carries_state, **common),
-        donate_argnums=(0,) if self.donates_state else ())
-    self.p_eval_step = device_map(functools.partial(train.eval_step, **common))
-    self.p_batch_eval_step = device_map(functools.partial(
-        train.eval_step, batch_statistics=True, **common))
-    self.p_minibatch_moments_step = device_map(
-        functools.partial(train.minibatch_moments_step, **common))
-    self.p_average_minibatch_moments = device_map(population.average_minibatch_moments)
+    steps = _device_steps(
+        self.model, self.task, config.optimizer.to_json(), self.dataset.steps_per_epoch,
+        self.dataset.carries_state, tuple(self.devices), self.backend, self.donates_state,
+        config)
+    self.tx = steps.tx
+    self.p_train_step = steps.train
+    self.p_eval_step = steps.eval
+    self.p_batch_eval_step = steps.batch_eval
+    self.p_minibatch_moments_step = steps.minibatch_moments
+    self.p_average_minibatch_moments = steps.average_minibatch_moments
     self._thin_rows_reported = False
 
   # ---------------------------------------------------------------- placement

@@ -4,12 +4,17 @@ JAX is imported anywhere, and the data root of the tests that read real datasets
 Multi-device code (pmap over axis 'batch') is tested on these; single-device code runs
 on device 0 as usual.
 
-One persistent XLA cache serves the whole session, in this process and in every process
-a test starts (they inherit `JAX_COMPILATION_CACHE_DIR`; those with one CPU device get
-their own entries): tests build new jitted closures, Trainers and processes for programs
-compiled before, and `release_compiled_programs` drops the in-memory ones after each
-module. A cache named by `$JAX_COMPILATION_CACHE_DIR` is used as it is; otherwise the
-session makes a temporary one and removes it at the end.
+One persistent XLA cache serves every test run on a machine, in this process and in every
+process a test starts (they inherit `JAX_COMPILATION_CACHE_DIR`; those with one CPU device
+get their own entries): `$JAX_COMPILATION_CACHE_DIR` when set, otherwise a folder of the
+user's cache named for the installed jax and jaxlib (`persistent_cache_dir`), kept between
+runs so that a second run reads back what the first compiled. Tests build new jitted
+closures, Trainers and processes for programs compiled before, and
+`release_compiled_programs` drops the in-memory ones after each module.
+
+Tiers: the default run leaves out the tests marked `exhaustive` (cross products, every arm
+and preset, the bare-venv install, the notebook, the documentation builds); `--exhaustive`
+runs only those. `-m "not slow"` narrows either to its core tier.
 
 Real datasets are read under `$BN_RNN_JAX_DATA` (`bn_rnn_jax.input_pipeline`). When it is
 unset, it is pointed at the read-only copy the CI machines keep next to the checkout
@@ -23,17 +28,22 @@ float64 NumPy reference) and `real_data.py` (the real datasets' paths).
 """
 
 import os
-import shutil
-import tempfile
 
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                            ' --xla_force_host_platform_device_count=8').strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
-_SESSION_CACHE = None
+
+def persistent_cache_dir() -> str:
+  """`$XDG_CACHE_HOME` (or ~/.cache) `/bn_rnn_jax/xla-jax<version>-jaxlib<version>`."""
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+  root = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+  versions = f"jax{metadata.version('jax')}-jaxlib{metadata.version('jaxlib')}"
+  return os.path.join(root, 'bn_rnn_jax', f'xla-{versions}')
+
+
 if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
-  _SESSION_CACHE = tempfile.mkdtemp(prefix='bn_rnn_jax_tests_xla_cache_')
-  os.environ['JAX_COMPILATION_CACHE_DIR'] = _SESSION_CACHE
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = persistent_cache_dir()
 # Every program, however small or quick to compile (the tests' are both).
 os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
 os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
@@ -58,14 +68,25 @@ def release_compiled_programs():
   65,530. Past it the next compilation dies with a segmentation fault (it did, in
   test_tagging, once the suite had grown); with this fixture the most seen was about
   17,000. The suite takes about 8 % longer (programs a later module needs again are
-  compiled again, or read back from the session's persistent cache).
+  compiled again, or read back from the persistent cache).
   """
   yield
   jax.clear_caches()
   gc.collect()
 
 
-def pytest_sessionfinish(session, exitstatus):
-  del session, exitstatus
-  if _SESSION_CACHE:
-    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
+def pytest_addoption(parser):
+  parser.addoption('--exhaustive', action='store_true',
+                   help='run only the tests marked exhaustive (the default run leaves them out)')
+
+
+def pytest_collection_modifyitems(config, items):
+  """Keep the tier asked for: the exhaustive tests with --exhaustive, the others without."""
+  exhaustive = config.getoption('exhaustive')
+  keep, drop = [], []
+  for item in items:
+    (keep if (item.get_closest_marker('exhaustive') is not None) == exhaustive
+     else drop).append(item)
+  if drop:
+    config.hook.pytest_deselected(items=drop)
+    items[:] = keep

@@ -22,19 +22,24 @@ EXPERIMENT_CONFIGS = os.path.join(REPO, 'experiments', 'configs')
 
 
 # ----------------------------------------------------------------------------- tiers
-def core_cases(cases, core, ids=None):
-  """`cases` for `pytest.mark.parametrize`, each marked `slow` except those in `core`.
+def core_cases(cases, core, ids=None, also=()):
+  """`cases` for `pytest.mark.parametrize`, in three tiers.
 
-  The core tier (`pytest -m "not slow"`) runs a test's `core` cases, the full suite all
-  of them. A case is a value, or a tuple of values for several argument names; `ids`, a
-  function of a case, names it (pytest's own ids otherwise).
+  The core tier (`pytest -m "not slow"`) runs a test's `core` cases; the default run adds
+  the cases in `also` (marked `slow`); the others are marked `exhaustive` (`pytest
+  --exhaustive`). A case is a value, or a tuple of values for several argument names;
+  `ids`, a function of a case, names it (pytest's own ids otherwise).
   """
+  def marks(case):
+    if case in core:
+      return ()
+    return pytest.mark.slow if case in also else pytest.mark.exhaustive
+
   def param(case):
     values = case if isinstance(case, tuple) else (case,)
-    return pytest.param(*values, marks=() if case in core else pytest.mark.slow,
-                        id=None if ids is None else ids(case))
-  unknown = [case for case in core if case not in cases]
-  assert not unknown, f'core cases {unknown} are not among the cases'
+    return pytest.param(*values, marks=marks(case), id=None if ids is None else ids(case))
+  unknown = [case for case in (*core, *also) if case not in cases]
+  assert not unknown, f'cases {unknown} are not among the cases'
   return [param(case) for case in cases]
 
 

@@ -1,6 +1,6 @@
 """setup.py: the layers and cells need jax, jaxlib, flax and numpy only.
 
-The slow test builds a bare virtual environment offline: a new venv (no system
+The exhaustive test builds a bare virtual environment offline: a new venv (no system
 site-packages) holding only the installed distributions that `install_requires` pulls in,
 jax, jaxlib, flax and numpy and their own requirements (read from their metadata), linked
 from this environment's site-packages. In it, `import bn_rnn_jax` and the layers and cells
@@ -102,7 +102,7 @@ def test_layers_and_cells_import_no_extra_package():
   _check_output(done.stdout)
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_layers_and_cells_train_in_a_bare_environment(tmp_path):
   """A venv holding only install_requires and their requirements, built offline."""
   venv = tmp_path / 'venv'

@@ -53,7 +53,7 @@ def _text(cell):
                  if o.get('output_type') == 'stream')
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_quickstart_runs_and_learns(executed):
   code = [c for c in executed.cells if c.cell_type == 'code']
   assert all(not any(o.get('output_type') == 'error' for o in c.outputs) for c in code)

@@ -2,7 +2,7 @@
 CPU's computes.
 
 `policy.resolve` picks four choices per layer call (see `bn_rnn_jax/policy.py`; its
-table is tested first). At the shape used here (B=4, H=32: H >= 8 B, so LSTMs take the
+rules are tested first). At the shape used here (B=4, H=32: H >= 8 B, so LSTMs take the
 whole-layer backward pass) the CPU's choices are: input term in the step, remat 'full',
 backward 'layer' (LSTMs; the tanh RNN 'scan') and batch sums by contraction with ones.
 TPUs resolve every layer to the opposite: hoisted input term, remat 'none', the
@@ -17,9 +17,11 @@ gradients (parameters and inputs), the `batch_stats` update and the minibatch mo
 A choice that is already the CPU's for a variant is not a separate case (sequence-wise
 input statistics always hoist; the tanh RNN always takes the autodiff of the scan).
 
-Each policy is also compared with the float64 NumPy reference (`tests/reference.py`,
+The CPU's policy is also compared with the float64 NumPy reference (`tests/reference.py`,
 gradients by central finite differences) at float32's tolerance (as
-`tests/test_recurrent.py`): the policies agree with each other, and with the maths.
+`tests/test_recurrent.py`): the policies agree with each other, and so with the maths.
+The default run forces every choice on the per-step BN-LSTM, the sequence-wise and the
+tanh-RNN variants; the exhaustive tier on every variant, each also against the reference.
 
 Tolerances between policies. Both sides are float32 programs of the same function; they
 differ only in the order of float32 sums (a batched product against one per step, a
@@ -192,35 +194,33 @@ def _cases():
 # ----------------------------------------------------------------------------- the table
 
 Policy = policy.ExecutionPolicy
-# (cell, hidden, per-device batch, batch_norm, sequence_input) -> the CPU's choices, as
-# policy.py's table states them.
-CPU_TABLE = {
-    ('lstm', 100, 64, True, False): Policy(False, 'full', 'scan', 'contraction'),
-    ('lstm', 128, 64, True, False): Policy(False, 'full', 'scan', 'contraction'),
-    ('lstm', 129, 64, True, False): Policy(False, 'dots', 'scan', 'contraction'),
-    ('lstm', 128, 16, True, False): Policy(False, 'full', 'layer', 'contraction'),
-    ('lstm', 1000, 64, True, False): Policy(False, 'dots', 'layer', 'contraction'),
-    ('lstm', 511, 64, True, True): Policy(True, 'dots', 'scan', 'contraction'),
-    ('lstm', 512, 64, True, True): Policy(True, 'dots', 'layer', 'contraction'),
-    ('lstm', 650, 32, False, False): Policy(False, 'none', 'layer', 'contraction'),
-    ('lstm', 240, 40, False, False): Policy(False, 'none', 'scan', 'contraction'),
-    ('rnn', 1000, 8, True, False): Policy(False, 'dots', 'scan', 'contraction'),
-    ('rnn', 100, 64, False, False): Policy(False, 'none', 'scan', 'contraction'),
-}
+# (cell, hidden, per-device batch, batch_norm, sequence_input): shapes on both sides of the
+# CPU's measured thresholds (policy.py), for the rules that hold whatever their values.
+SHAPES = tuple((cell, hidden, batch, batch_norm, sequence_input)
+               for cell in ('lstm', 'rnn') for hidden, batch in ((100, 64), (1000, 8))
+               for batch_norm in (True, False) for sequence_input in (False, True))
 
 
 @pytest.mark.parametrize('backend', ['cpu', 'gpu', 'tpu'])
-def test_resolve_follows_the_table(backend):
-  """CPU and GPU: as measured (`policy.py`); TPU: hoisted, no remat, the autodiff of the
-  scan, reductions, whatever the layer."""
-  for (cell, hidden, batch, batch_norm, sequence_input), cpu in CPU_TABLE.items():
+def test_resolve_follows_the_rules(backend):
+  """Every backend: sequence-wise input statistics hoist the input term. GPU and TPU:
+  hoisted, the scan's autodiff (GPU: the whole-layer pass for LSTMs without batch norm),
+  reductions; remat 'dots' for batch-normalised layers on a GPU, else 'none'. CPU: the
+  measured choices (policy.py), each one of the allowed values."""
+  for cell, hidden, batch, batch_norm, sequence_input in SHAPES:
     got = policy.resolve(cell=cell, hidden_size=hidden, batch=batch, batch_norm=batch_norm,
                          sequence_input=sequence_input, execution=policy.Execution(),
                          backend=backend)
+    case = (backend, cell, hidden, batch, batch_norm, sequence_input)
+    if sequence_input:
+      assert got.hoist_input, case
+    if backend == 'cpu':
+      assert got.remat in ('none', 'dots', 'full') and got.backward in ('scan', 'layer'), case
+      assert got.batch_sums == 'contraction', case
+      continue
     gpu = Policy(True, 'dots' if batch_norm else 'none',
                  'layer' if cell == 'lstm' and not batch_norm else 'scan', 'reduce')
-    want = {'cpu': cpu, 'gpu': gpu, 'tpu': Policy(True, 'none', 'scan', 'reduce')}[backend]
-    assert got == want, (backend, cell, hidden, batch, batch_norm, sequence_input)
+    assert got == {'gpu': gpu, 'tpu': Policy(True, 'none', 'scan', 'reduce')}[backend], case
 
 
 @pytest.mark.parametrize('backend', ['cpu', 'gpu', 'tpu'])
@@ -260,52 +260,19 @@ def test_cpu_policy_at_this_shape_differs_from_the_accelerators():
     assert _layer(variant).execution_policy(B, 'cpu') == cpu, variant
 
 
-def test_every_case_is_run():
-  cases = _cases()
-  # 6 variants x 6 forced policies, minus hoisting for the 2 with sequence-wise input
-  # statistics and the backward pass for the 2 tanh RNNs.
-  assert len(cases) == 6 * 6 - 2 - 2
-  assert {name for _, name in cases} == set(FORCED)
-
-
 @pytest.mark.parametrize('backend', ['gpu', 'tpu'])
 @pytest.mark.parametrize('variant', BATCH_VARIANTS)
 def test_forced_accelerator_policy_is_what_accelerators_resolve(variant, backend):
   assert _resolve(variant, backend) == _policy_of(variant, tuple(FORCED[backend].items()))
 
 
-# The layers' own 'auto' on a CPU, at the shapes of the measurements.
-def test_auto_remat_on_cpu_follows_the_measured_rule():
-  # policy.py: batch-normalised layers recompute the whole step up to H128 and store
-  # the matmul outputs above; layers without batch norm store everything.
-  mode = lambda variant, hidden: variants.make_layer(
-      variant, hidden, max_length=T).execution_policy(64, 'cpu').remat
-  assert [mode('bn_lstm', h) for h in (100, 128, 129, 240, 1000)] == [
-      'full', 'full', 'dots', 'dots', 'dots']
-  assert mode('bn_input_only', 100) == 'full'
-  assert mode('lstm', 100) == mode('lstm', 1000) == 'none'
-
-
-def test_auto_backward_on_cpu_follows_the_measured_rule():
-  # policy.py: on CPU, LSTM layers take the whole-layer backward pass from H = 8 B.
-  uses_layer = lambda variant, hidden, batch: variants.make_layer(
-      variant, hidden, max_length=T).execution_policy(batch, 'cpu').backward == 'layer'
-  assert [uses_layer('bn_lstm', h, 64) for h in (100, 511, 512, 1000)] == [
-      False, False, True, True]
-  assert uses_layer('lstm', 650, 32) and uses_layer('bn_input_only_seq', 250, 24)
-  assert not uses_layer('lstm', 240, 40)
-  assert not uses_layer('rnn', 1000, 8)
-  forced = lambda hidden, backward: variants.make_layer(
-      'lstm', hidden, execution=policy.Execution(backward=backward))
-  assert forced(1000, 'scan').execution_policy(8).backward == 'scan'
-  assert forced(10, 'layer').execution_policy(64).backward == 'layer'
-
-
 # ----------------------------------------------------------------------------- numerics
 
 
 @pytest.mark.parametrize('variant,choice', helpers.core_cases(
-    _cases(), core=[('bn_lstm', 'gpu'), ('rnn_bn_recurrence', 'tpu')]))
+    _cases(), core=[('bn_lstm', 'gpu'), ('rnn_bn_recurrence', 'tpu')],
+    also=[case for case in _cases()
+          if case[0] in ('bn_lstm', 'bn_input_only_seq', 'rnn_bn_recurrence')]))
 def test_forced_choice_matches_cpu_policy(variant, choice):
   got = run(variant, tuple(FORCED[choice].items()))
   assert_same_training_pass(got, run(variant), RTOL_VALUES, RTOL_GRADS)
@@ -313,7 +280,7 @@ def test_forced_choice_matches_cpu_policy(variant, choice):
 
 @pytest.mark.parametrize('variant,choice', helpers.core_cases(
     [(variant, choice) for variant in BATCH_VARIANTS for choice in ('cpu', *FORCED)],
-    core=[('bn_lstm', 'cpu'), ('bn_lstm', 'gpu')]))
+    core=[('bn_lstm', 'cpu')], also=[(variant, 'cpu') for variant in BATCH_VARIANTS]))
 def test_each_policy_matches_the_float64_reference(variant, choice):
   forced = () if choice == 'cpu' else tuple(FORCED[choice].items())
   got = run(variant, forced)

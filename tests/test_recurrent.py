@@ -6,7 +6,9 @@ finite differences), the statistics written to `batch_stats` / `minibatch_moment
 inference with population statistics (running average and the papers' average of
 minibatch moments), including sequences longer than `max_length`; in every execution form
 (hoisted input projection, remat modes, both backward passes) and with the execution
-policy the CPU resolves. The core tier runs a few forms of each sweep (`helpers.core_cases`).
+policy the CPU resolves. The core tier runs a few forms of each sweep, the default run
+every variant in one form and every form of the BN-LSTM, the exhaustive tier the cross
+products (`helpers.core_cases`).
 
 Shapes are tiny (B=4, T=5, I=3, H=4) and every jitted function is built once per
 (variant, form, length) and shared between tests through `functools.cache`.
@@ -39,6 +41,11 @@ FORMS = tuple((v, hoist) for v in VARIANTS for hoist in (False, True)
               if not (hoist is False and v in ALWAYS_HOISTED))
 # `RecurrentLayer.backward`: autodiff of the scan, or the whole-layer backward pass.
 BACKWARDS = ('scan', 'layer')
+# The default run's execution forms: every variant in its first form with the scan's
+# backward pass, and every (hoist, backward) form of the BN-LSTM.
+PAIRWISE = tuple(sorted({(v, ALWAYS_HOISTED.count(v) > 0, 'scan') for v in VARIANTS} |
+                        {('bn_lstm', hoist, backward) for hoist in (False, True)
+                         for backward in BACKWARDS}))
 
 
 def _inputs(seed, lengths, length):
@@ -148,7 +155,7 @@ def ref_records(variant, moments):
 @pytest.mark.parametrize('variant,hoist,backward', helpers.core_cases(
     [form + (backward,) for backward in BACKWARDS for form in FORMS],
     core=[('bn_lstm', False, 'scan'), ('bn_lstm_shared', True, 'layer'),
-          ('rnn_bn_input', True, 'scan')]))
+          ('rnn_bn_input', True, 'scan')], also=PAIRWISE))
 def test_training_matches_reference(variant, hoist, backward):
   """Outputs, final state, gradients and statistics in training mode, uneven mask."""
   got = cached_train(variant, hoist, backward)

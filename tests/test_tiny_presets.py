@@ -138,7 +138,7 @@ def test_every_config_file_has_a_tiny_run():
   assert files == set(RUNS)
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.parametrize('name', list(RUNS))
 def test_tiny_preset_runs_end_to_end(name, tiny_runs):
   missing = _missing_data(name)

@@ -23,7 +23,6 @@ def test_every_variant_normalises_the_sites_the_paper_names():
 
 def test_make_layer_overrides_fields_and_names_the_layer():
   layer = variants.make_layer('bn_lstm', 7, max_length=9, momentum=0.5, name='encoder')
-  assert isinstance(layer, recurrent.RecurrentLayer)
   assert (layer.hidden_size, layer.max_length, layer.momentum, layer.name) == (
       7, 9, 0.5, 'encoder')
   assert variants.make_layer('ln_lstm', 3).gamma_init == 1.0   # Ba et al.: gamma 1

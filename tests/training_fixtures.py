@@ -18,8 +18,10 @@ import helpers
 
 
 def tiny_config(variant='bn_lstm', **overrides):
-  """A config whose model and data compile and run in about a second."""
+  """A config whose model and data compile and run in about a second, on one device (the
+  tests about devices ask for more with `**{'train.num_devices': n}`)."""
   config = config_lib.default_config()
+  config.train.num_devices = 1
   config.data = mnist.default_data_config('synthetic')
   config.model.variant = variant
   config.model.hidden_size = 8
