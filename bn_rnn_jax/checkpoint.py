@@ -51,10 +51,11 @@ import orbax.checkpoint as ocp
 from absl import logging as absl_logging
 
 
-def _manager(path: str, keep: int) -> ocp.CheckpointManager:
+def _manager(path: str, keep: int, read_only: bool = False) -> ocp.CheckpointManager:
   # Handlers named up front, so that `item_metadata` reads saved shapes before a restore.
   return ocp.CheckpointManager(
-      path, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+      path, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
+                                                 read_only=read_only),
       item_handlers={'state': ocp.StandardCheckpointHandler(),
                      'meta': ocp.JsonCheckpointHandler()})
 
@@ -102,14 +103,20 @@ class DamagedCheckpoint(Exception):
 
 
 class Checkpointer:
-  """Latest-K and best checkpoints of one workdir (two orbax `CheckpointManager` objects)."""
+  """Latest-K and best checkpoints of one workdir (two orbax `CheckpointManager` objects).
 
-  def __init__(self, workdir: str, keep: int = 2):
+  `read_only`: for tools that read a run they do not hold (no lock): nothing in the
+  workdir is created, saved, deleted or moved; a damaged checkpoint is skipped with a
+  warning and left where it is.
+  """
+
+  def __init__(self, workdir: str, keep: int = 2, read_only: bool = False):
     if keep <= 0:
       raise ValueError(f'config.checkpoint.keep must be positive; got {keep}.')
     self.workdir = os.path.abspath(workdir)
-    self.latest = _manager(os.path.join(self.workdir, 'checkpoints'), keep)
-    self.best = _manager(os.path.join(self.workdir, 'best'), 1)
+    self.read_only = read_only
+    self.latest = _manager(os.path.join(self.workdir, 'checkpoints'), keep, read_only)
+    self.best = _manager(os.path.join(self.workdir, 'best'), 1, read_only)
 
   def _save(self, manager, step: int, state: Any, meta: dict) -> None:
     if jax.process_count() > 1:
@@ -141,7 +148,8 @@ class Checkpointer:
     """`(state, meta)` of the newest intact checkpoint (or of `step`) like `template`.
 
     A checkpoint that does not read back is skipped for the next older one; once one
-    reads back, the skipped ones are moved to `<workdir>/damaged/` with a warning. Raises
+    reads back, the skipped ones are moved to `<workdir>/damaged/` with a warning (left
+    where they are, with a warning, by a `read_only` checkpointer). Raises
     FileNotFoundError when there is none, ValueError when none reads back (nothing is
     moved then) or when the config does not match the saved shapes.
     """
@@ -160,12 +168,18 @@ class Checkpointer:
       # Only once an older one reads back is a failure the newer checkpoint's own fault
       # (not, say, a bug or a full disk): then it is moved aside, never before.
       for bad, reason in damaged:
-        self._move_aside(manager, bad, reason)
+        if self.read_only:
+          absl_logging.warning('Checkpoint %s does not read back (%s); skipped (left where '
+                               'it is).', os.path.join(str(manager.directory), str(bad)),
+                               reason)
+        else:
+          self._move_aside(manager, bad, reason)
       return restored
     bad, reason = damaged[0]
+    advice = '' if self.read_only else ' Delete or move the folder to start again.'
     raise ValueError(f'No checkpoint in {manager.directory} reads back (steps '
-                     f'{[s for s, _ in damaged]}; step {bad}: {reason}); nothing was moved. '
-                     'Delete or move the folder to start again.')
+                     f'{[s for s, _ in damaged]}; step {bad}: {reason}); nothing was moved.'
+                     f'{advice}')
 
   def _restore_step(self, manager, step: int, template: Any) -> tuple[Any, dict]:
     try:

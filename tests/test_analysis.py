@@ -6,8 +6,11 @@ Numbers are checked against float64 references written here (scipy quadrature, N
 moments), never against the scripts' own code. Scripts that need PTB skip without it.
 """
 
+import hashlib
 import json
+import logging
 import os
+import shutil
 
 from absl import flags
 from absl.testing import flagsaver
@@ -358,6 +361,51 @@ def test_estimate_trained_scores_a_runs_checkpoint_as_the_run_did(tmp_path):
   assert str(tmp_path) not in json.dumps(saved) and saved['machine']['cores'] >= 1
   assert estimate_trained.run(str(run_dir), str(tmp_path / 'out'), step=2, draws=1,
                               settings=((1, 8),))['step'] == 2
+
+
+def _tree(folder) -> dict:
+  """Every folder and file under `folder`: a file's SHA-256, None for a folder."""
+  out = {}
+  for root, dirs, files in os.walk(folder):
+    for name in dirs:
+      out[os.path.relpath(os.path.join(root, name), folder)] = None
+    for name in files:
+      with open(os.path.join(root, name), 'rb') as f:
+        out[os.path.relpath(os.path.join(root, name), folder)] = hashlib.sha256(
+            f.read()).hexdigest()
+  return out
+
+
+def test_estimate_trained_reads_a_run_without_writing_in_it(tmp_path, caplog):
+  """A mistyped step is one line naming the steps there are; a run whose checkpoints/
+  are all damaged, or gone, is scored from its intact best/; the run's folder is left
+  byte for byte as it was."""
+  config = common.mnist_config(None, hidden_size=4, batch_size=8, eval_examples=16,
+                               population_batches=3, variant='bn_lstm')
+  config.train.num_steps = 4
+  config.eval.every = config.checkpoint.every = 2
+  config.eval.test_at_end = False
+  run_dir = str(tmp_path / 'run')
+  loop.train_and_evaluate(config, run_dir)
+  best, = os.listdir(os.path.join(run_dir, 'best'))
+  with pytest.raises(ValueError) as error:
+    estimate_trained.restore(run_dir, step=3)
+  assert helpers.one_line(error) == (
+      f'{run_dir} has no checkpoint of step 3 (--et_step): checkpoints/ holds steps [2, 4], '
+      f'best/ holds [{best}].')
+  for step in ('2', '4'):   # every latest checkpoint damaged: empty folders
+    shutil.rmtree(os.path.join(run_dir, 'checkpoints', step))
+    os.makedirs(os.path.join(run_dir, 'checkpoints', step))
+  before = _tree(run_dir)
+  with caplog.at_level(logging.WARNING):
+    assert estimate_trained.restore(run_dir)[2] == int(best)
+  assert 'Trying the best checkpoint' in caplog.text
+  assert _tree(run_dir) == before
+  shutil.rmtree(os.path.join(run_dir, 'checkpoints'))
+  before = _tree(run_dir)
+  assert estimate_trained.restore(run_dir)[2] == int(best)
+  assert estimate_trained.restore(run_dir, step=int(best))[2] == int(best)
+  assert _tree(run_dir) == before
 
 
 def test_estimate_trained_names_a_workdir_without_a_run(tmp_path):

@@ -5,7 +5,8 @@ Where a run's validation accuracy with the papers' estimate differs from the sam
 parameters with batch statistics (the Fig. 2 campaigns record both), this script asks
 whether the difference is the estimate's sampling error (more batches close it) or
 systematic (it stays). It restores one checkpoint of a finished run (its workdir, read
-only) and scores the run's whole validation split with:
+only: nothing in it is created, moved or deleted) and scores the run's whole validation
+split with:
 
   * batch statistics of each evaluation batch (`Trainer.evaluate(kind='batch')`, the
     run's `accuracy_batch`);
@@ -39,7 +40,8 @@ from experiments.analysis import estimate_batch_size
 from experiments.campaign import collect
 
 _WORKDIR = flags.DEFINE_string('et_workdir', None, 'Workdir of a finished run.')
-_STEP = flags.DEFINE_integer('et_step', None, 'Checkpoint step (default: the latest).')
+_STEP = flags.DEFINE_integer('et_step', None, 'Checkpoint step, in checkpoints/ or best/ '
+                             '(default: the latest that reads back, else the best).')
 _DRAWS = flags.DEFINE_integer('et_draws', 3, 'Random draws of each estimate.')
 _NAME = flags.DEFINE_string('et_name', None, 'Output file name (default: '
                              'estimate_trained_<run folder>).')
@@ -50,20 +52,47 @@ DEFAULT_SETTINGS = ((10, 100), (2, 1000), (10, 1000), (30, 1000))
 
 
 def restore(run_dir: str, step: Optional[int] = None):
-  """`(trainer, device state, step restored)` of the checkpoint of `step` (default: the
-  latest) of the run in `run_dir`, built from the run's own config.json."""
+  """`(trainer, device state, step restored)` of the run in `run_dir`, built from the
+  run's own config.json, reading only (the run may be training).
+
+  The checkpoint of `step` (in checkpoints/ or best/), or by default the newest one of
+  checkpoints/ that reads back, else the best one. A damaged checkpoint is skipped with a
+  warning and left where it is.
+  """
+  run_dir = os.path.abspath(run_dir)
   config = workdir_lib.load_config(run_dir)
   if config is None:
-    raise ValueError(f'{os.path.abspath(run_dir)} holds no run (no config.json).')
+    raise ValueError(f'{run_dir} holds no run (no config.json).')
   config.train.num_devices = 1
   config.eval.max_batches = None     # every evaluation reads the whole split
   trainer = loop.Trainer(config)
-  ckpt = checkpoint.Checkpointer(run_dir)
+  ckpt = checkpoint.Checkpointer(run_dir, read_only=True)
   try:
-    host_state, _ = ckpt.restore(trainer.initial_state(), step=step)
+    host_state = _restore_read_only(ckpt, trainer.initial_state(), step)
   finally:
     ckpt.close()
   return trainer, trainer.to_devices(host_state), int(host_state.step)
+
+
+def _restore_read_only(ckpt: checkpoint.Checkpointer, template, step: Optional[int]):
+  latest = workdir_lib.checkpoint_steps(ckpt.workdir)
+  best = workdir_lib.checkpoint_steps(ckpt.workdir, 'best')
+  if step is not None and step not in latest + best:
+    raise ValueError(f'{ckpt.workdir} has no checkpoint of step {step} (--et_step): '
+                     f'checkpoints/ holds steps {latest}, best/ holds {best}.')
+  if step is not None:
+    return ckpt.restore(template, step=step, best=step not in latest)[0]
+  if not latest and not best:
+    raise ValueError(f'{ckpt.workdir} holds no checkpoint (neither checkpoints/ nor best/ '
+                     'holds a step).')
+  if latest:
+    try:
+      return ckpt.restore(template)[0]
+    except ValueError as error:   # none reads back, or shapes unlike the config's
+      if not best:
+        raise
+      logging.warning('%s Trying the best checkpoint.', error)
+  return ckpt.restore(template, best=True)[0]
 
 
 def run(run_dir: str, output_dir: str, step: Optional[int] = None, draws: int = 3,
