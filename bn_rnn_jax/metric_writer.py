@@ -30,7 +30,8 @@ class MetricWriter:
   def truncate(self, step: int) -> None:
     """Drop records past `step` (written after the checkpoint a run resumes from), and
     a partial last line that a crash mid-write left (with a warning). A run resuming
-    without its file warns that the history before `step` is gone."""
+    without its file warns that the history before `step` is gone; one starting from step
+    0 over records (its checkpoints gone, or none saved yet) warns that they are dropped."""
     if not self.enabled:
       return
     if not os.path.lexists(self.path):
@@ -40,6 +41,11 @@ class MetricWriter:
                         'it.', self.path, step)
       return
     records = _read_records(self.path)
+    if step == 0 and records:
+      steps = [r['step'] for r in records]
+      logging.warning('%s holds %d records (steps %d to %d) but the run starts from step 0 '
+                      '(no checkpoint to resume from): they are dropped.', self.path,
+                      len(records), min(steps), max(steps))
     with open(self.path, 'w') as f:
       for record in records:
         # The end-of-run test record follows the last checkpoint: it is redone too.

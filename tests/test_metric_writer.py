@@ -59,6 +59,25 @@ def test_truncate_drops_the_records_after_the_resumed_step(tmp_path):
   assert _lines(tmp_path) == records[:3]
 
 
+def test_records_dropped_by_a_start_from_step_0_are_a_warning(tmp_path, caplog):
+  """The run's checkpoints are gone: it starts again from step 0 over the old records."""
+  records = [{'step': 3, 'split': 'train'}, {'step': 3, 'split': 'valid'},
+             {'step': 6, 'split': 'train'}]
+  _metrics_file(tmp_path, ''.join(json.dumps(r) + '\n' for r in records))
+  writer = metric_writer.MetricWriter(str(tmp_path))
+  try:
+    with caplog.at_level(logging.WARNING):
+      writer.truncate(3)         # a resume from step 3: the records after it are redone
+      assert not caplog.text
+      writer.truncate(0)
+  finally:
+    writer.close()
+  assert caplog.messages == [
+      f'{tmp_path}/metrics.jsonl holds 2 records (steps 3 to 3) but the run starts from '
+      'step 0 (no checkpoint to resume from): they are dropped.']
+  assert (tmp_path / 'metrics.jsonl').read_text() == ''
+
+
 def test_partial_last_line_is_skipped_with_a_warning(tmp_path, caplog):
   workdir = _metrics_file(tmp_path, '{"step": 1, "split": "train"}\n{"step": 2, "spl')
   with caplog.at_level(logging.WARNING):

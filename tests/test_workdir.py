@@ -171,6 +171,8 @@ def test_a_best_checkpoint_past_the_resumed_step_is_moved_aside(first, tmp_path,
   with caplog.at_level(logging.WARNING):
     loop.train_and_evaluate(config, run, dataset)
   assert f"The best checkpoint {os.path.join(run, 'best', old)} is not this run's" in caplog.text
+  assert (f"{os.path.join(run, 'metrics.jsonl')} holds 4 records (steps 2 to 4) but the run "
+          'starts from step 0 (no checkpoint to resume from): they are dropped.') in caplog.text
   assert os.path.isdir(os.path.join(run, 'other_runs', f'best_{old}'))
   test = [r for r in metric_writer.read_metrics(run) if r['split'] == 'test']
   assert [r['checkpoint_step'] for r in test] == [4]
