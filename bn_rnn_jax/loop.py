@@ -51,6 +51,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        dataset=None) -> dict:
   """Train, evaluate, checkpoint; resume from the newest intact checkpoint in `workdir`.
 
+  `dataset` is any object with the interface of `bn_rnn_jax.input_pipeline` (e.g.
+  `input_pipeline.mnist.SequenceDataset` of your own arrays); None reads the dataset
+  `config.data` names.
+
   Returns the last metrics of every split logged, e.g. `{'valid': {...}, 'test': {...}}`
   (no 'test' when `config.train.time_budget_s` stopped the launch before the last step).
   Raises FloatingPointError on a non-finite state or metric, naming the first bad step,

@@ -275,6 +275,12 @@ def machine(path: str) -> str:
   return 'Machine: ' + _machine_facts(m) + '.' + expected
 
 
+def run_time(name: str) -> str:
+  """A campaign's expected run time in one line, without the machine's details (`machine`
+  has them)."""
+  return f"Run time: {_result(name)['spec']['expected']}."
+
+
 def _machine_facts(m: dict) -> str:
   processor = m.get('processor') or m.get('cpu')
   cores = m.get('cores') or m.get('cpu_count')
@@ -388,7 +394,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     'experiments': experiments, 'rnn_speed': rnn_speed, 'batch_sums': batch_sums,
     'speed_targets': speed_targets, 'trainer_overhead': trainer_overhead,
     'donation_memory': donation_memory,
-    'machine': machine, 'figures': figures, 'variable_length': variable_length,
+    'machine': machine, 'run_time': run_time, 'figures': figures, 'variable_length': variable_length,
     'launch_profile': launch_profile,
 }
 

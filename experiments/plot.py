@@ -1,9 +1,9 @@
 r"""Learning curves of one or several runs in one PNG.
 
-  python experiments/quickstart.py --workdir /tmp/quickstart     # writes the runs below
+  python experiments/quickstart.py --workdir runs/qs     # writes the runs below
   python experiments/plot.py \
-      --workdirs=/tmp/quickstart/quickstart/lstm_s0,/tmp/quickstart/quickstart/bn_lstm_s0 \
-      --metric=accuracy --splits=valid,train --output=/tmp/quickstart/curves.png
+      --workdirs=runs/qs/quickstart/lstm_s0,runs/qs/quickstart/bn_lstm_s0 \
+      --metric=accuracy --splits=valid,train --output=runs/qs/curves.png
 
 Reads each workdir's records with `bn_rnn_jax.metric_writer.read_metrics`; one line per
 (run, split), x = training step. Training records carry the metrics evaluations derive

@@ -79,6 +79,11 @@ def test_site_builds_without_a_warning(html):
   for page in ('index', 'guide/layers', 'guide/training', 'guarantees', 'data', 'speed',
                'design', 'api/index', 'experiments/index', 'experiments/language_modelling'):
     assert os.path.exists(os.path.join(out, f'{page}.html')), page
+  # The quoted tables' markers stay HTML comments: a reader sees none of them.
+  for path in glob.glob(os.path.join(out, '**', '*.html'), recursive=True):
+    with open(path) as f:
+      shown = re.sub(r'<!--.*?-->', '', f.read(), flags=re.S)
+    assert 'json-table' not in shown and 'campaign-table' not in shown, path
 
 
 def _inventory(out: str) -> set[str]:
@@ -180,7 +185,7 @@ QUOTED = [(os.path.relpath(path, REPO), name, args, text)
 
 def test_json_tables_are_quoted_where_the_docs_say():
   quoted = {(doc, name) for doc, name, _, _ in QUOTED}
-  assert ('README.md', 'experiments') in quoted and ('README.md', 'machine') in quoted
+  assert ('README.md', 'experiments') in quoted and ('README.md', 'run_time') in quoted
   for name in ('rnn_speed', 'batch_sums', 'speed_targets', 'trainer_overhead'):
     assert ('docs/speed.md', name) in quoted, name
   assert ('docs/experiments/figures.md', 'figures') in quoted
@@ -191,6 +196,23 @@ def test_json_tables_are_quoted_where_the_docs_say():
 def test_json_table_regenerates_from_its_json(doc, name, args, text):
   assert tables.render(name, *args).strip('\n') == text, (
       f'{doc}: json-table {name} {args} is stale; python docs/tables.py --write')
+
+
+def test_quoted_plain_text_is_fenced():
+  """Quoted text of several lines that is neither a Markdown table nor a list sits in a
+  code block: Markdown would join its lines, and make a heading of a header row above a
+  rule of dashes."""
+  marked = re.compile(r'<!-- (?:campaign|json)-table ([^>]*)-->\n(.*?)<!-- /', re.S)
+  unfenced = []
+  for path in tables.documents():
+    with open(path) as f:
+      for name, block in marked.findall(f.read()):
+        if block.strip('\n').startswith('```'):
+          continue
+        for paragraph in block.strip('\n').split('\n\n'):
+          if '\n' in paragraph and not paragraph.startswith(('|', '* ')):
+            unfenced.append(f'{os.path.relpath(path, REPO)}: {name.strip()}')
+  assert not unfenced, unfenced
 
 
 def test_every_experiment_row_names_an_existing_config_and_page():
@@ -239,15 +261,20 @@ def test_readme_install_and_test_commands_are_what_ci_runs():
   assert 'experiments/quickstart.py' in install
 
 
-def test_readme_library_example_runs():
-  code = re.search(r'## Use it in your model\n\n```python\n(.*?)```', README, re.S).group(1)
+def test_readme_library_examples_run():
+  """The examples of "Use it in your model", in order, in one namespace: the Linen cell,
+  the NNX cell, the layer."""
+  section = README.split('## Use it in your model\n')[1].split('\n## ')[0]
+  blocks = re.findall(r'```python\n(.*?)```', section, re.S)
+  assert len(blocks) == 3
   namespace = {}
-  exec(compile(code, 'README.md', 'exec'), namespace)  # pylint: disable=exec-used
-  assert namespace['ys'].shape == (2, 300, 32)
-  assert namespace['stats']['recurrent']['mean'].shape == (100, 128)
-  assert namespace['cell_ys'].shape == (16, 100, 32)
-  assert namespace['cell_updates']['batch_stats']['cell']['recurrent']['mean'].shape == (
-      100, 128)
+  for code in blocks:
+    exec(compile(code, 'README.md', 'exec'), namespace)  # pylint: disable=exec-used
+  assert namespace['ys'].shape == (16, 100, 32)
+  assert namespace['stats']['BNLSTMCell_0']['recurrent']['mean'].shape == (100, 128)
+  assert namespace['nnx_ys'].shape == (16, 100, 32)
+  assert namespace['outputs'].shape == (2, 300, 32)
+  assert namespace['layer_stats']['recurrent']['mean'].shape == (100, 128)
 
 
 def test_readme_is_short_and_its_links_resolve():

@@ -91,7 +91,7 @@ def test_plot_example_reads_the_runs_the_quickstart_writes():
   runs = spec.get('quickstart').runs()
   assert shown and all(
       path in [os.path.join(workdir, 'quickstart', r.name) for r in runs] for path in shown)
-  assert 'python experiments/quickstart.py --workdir /tmp/quickstart' in open(
+  assert 'python experiments/quickstart.py --workdir DIR' in open(
       os.path.join(REPO, 'experiments', 'quickstart.py')).read()
 
 

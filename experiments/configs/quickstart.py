@@ -2,7 +2,7 @@ r"""Quickstart: LSTM vs BN-LSTM on real data, offline, a run in under a minute o
 
   python experiments/main.py --config experiments/configs/quickstart.py \
       --workdir /tmp/quickstart_bn_lstm        # one run: the BN-LSTM, 300 steps
-  python experiments/quickstart.py --workdir /tmp/quickstart   # both variants, five seeds
+  python experiments/quickstart.py     # both variants, five seeds (experiments/quickstart.py)
 
 Hardware and time: 2 CPU cores. Both variants over five seeds (`experiments/quickstart.py`,
 the `quickstart` campaign) take about 3.5 minutes there, a run 19-39 s of training
