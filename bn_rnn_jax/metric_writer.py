@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Optional
 
 from absl import logging
 
@@ -130,18 +131,36 @@ class MetricWindow:
 
 
 class Progress:
-  """Steps/s and ETA lines (absl logging); wall time accumulated across restarts."""
+  """Steps/s and ETA lines (absl logging); wall time accumulated across restarts.
+
+  The rate is measured from the launch's first log line on: the steps before it also
+  paid for start-up and compilation, so that line gives no ETA.
+  """
 
   def __init__(self, start: int, num_steps: int, previous_s: float):
     self.start, self.num_steps = start, num_steps
     self.t0 = time.time()
     self.previous_s = previous_s
+    self.first = None   # (time, step) of the first log line
 
   def elapsed(self) -> float:
     return self.previous_s + time.time() - self.t0
 
+  def rate(self, step: int, now: float) -> tuple[float, Optional[float]]:
+    """`(steps/s, seconds left)` at `step`: since the first log line, or (on that line)
+    since the launch started, with no time left given."""
+    if self.first is None:
+      self.first = (now, step)
+      return (step - self.start) / max(now - self.t0, 1e-9), None
+    since, counted = self.first
+    rate = (step - counted) / max(now - since, 1e-9)
+    return rate, (self.num_steps - step) / max(rate, 1e-9)
+
   def log(self, step: int) -> None:
-    rate = (step - self.start) / max(time.time() - self.t0, 1e-9)
-    eta = (self.num_steps - step) / max(rate, 1e-9)
-    logging.info('step %d/%d: %.2f steps/s, ETA %s', step, self.num_steps, rate,
-                 time.strftime('%H:%M:%S', time.gmtime(eta)))
+    rate, left = self.rate(step, time.time())
+    if left is None:
+      logging.info('step %d/%d: %.2f steps/s with start-up and compilation', step,
+                   self.num_steps, rate)
+    else:
+      logging.info('step %d/%d: %.2f steps/s, ETA %s', step, self.num_steps, rate,
+                   time.strftime('%H:%M:%S', time.gmtime(left)))

@@ -139,3 +139,15 @@ def test_progress_counts_the_time_of_earlier_launches():
   elapsed = progress.elapsed()
   assert 100.0 <= elapsed < 160.0
   progress.log(15)                   # a line with the rate and the ETA
+
+
+def test_progress_measures_the_rate_after_start_up():
+  """A launch that compiles for 30 s, then runs 10 steps/s: the first line gives the
+  rate so far and no ETA; the next ones the rate since the first, without the start."""
+  progress = metric_writer.Progress(start=100, num_steps=1100, previous_s=0.0)
+  t0 = progress.t0
+  rate, left = progress.rate(150, t0 + 35.0)     # 50 steps: 30 s compiling, then 5 s
+  assert rate == pytest.approx(50 / 35) and left is None
+  rate, left = progress.rate(250, t0 + 45.0)
+  assert rate == pytest.approx(10.0) and left == pytest.approx(85.0)
+  progress.log(350)                              # a line with the rate and the ETA
