@@ -31,18 +31,22 @@ import os
 import sys
 from typing import Any, Callable
 
-from absl import app
-from absl import flags
 import jax
-import ml_collections
 import numpy as np
 
-from bn_rnn_jax import batch_stats
-from bn_rnn_jax import checkpoint as checkpoint_lib
-from bn_rnn_jax import export as export_lib
-from bn_rnn_jax import loop
-from bn_rnn_jax import parallel
-from bn_rnn_jax import workdir as workdir_lib
+from bn_rnn_jax import extras
+
+with extras.needed_by('experiments/export.py', exit=True):
+  from absl import app
+  from absl import flags
+  import ml_collections
+
+  from bn_rnn_jax import batch_stats
+  from bn_rnn_jax import checkpoint as checkpoint_lib
+  from bn_rnn_jax import export as export_lib
+  from bn_rnn_jax import loop
+  from bn_rnn_jax import parallel
+  from bn_rnn_jax import workdir as workdir_lib
 
 RTOL, ATOL = 1e-5, 1e-6
 

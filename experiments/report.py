@@ -25,15 +25,20 @@ import os
 import subprocess
 import sys
 
-from absl import app
-from absl import flags
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:   # run as a script: the campaign modules import from the root
   sys.path.insert(0, ROOT)
 
-from experiments.campaign import show  # pylint: disable=g-import-not-at-top,wrong-import-position
-from experiments.campaign import spec  # pylint: disable=g-import-not-at-top,wrong-import-position
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from bn_rnn_jax import extras
+
+with extras.needed_by('experiments/report.py', exit=True):
+  from absl import app
+  from absl import flags
+
+  from experiments.campaign import show
+  from experiments.campaign import spec
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 FIGURES = os.path.join(ROOT, 'experiments', 'results', 'figures')
 # The benchmark scripts that print a table from their JSON (`--report PATH`).

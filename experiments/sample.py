@@ -18,14 +18,18 @@ from __future__ import annotations
 import functools
 import sys
 
-from absl import app
-from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bn_rnn_jax import checkpoint as checkpoint_lib
-from experiments import export as export_command
+from bn_rnn_jax import extras
+
+with extras.needed_by('experiments/sample.py', exit=True):
+  from absl import app
+  from absl import flags
+
+  from bn_rnn_jax import checkpoint as checkpoint_lib
+  from experiments import export as export_command
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('workdir', None, 'A character language-model run folder.')
