@@ -90,8 +90,9 @@ def summarise(events: list[tuple[int, int]], calls: int, steps: int) -> dict:
           'ms_per_call': span / calls / 1e6}
 
 
-def trace(impl: str, shape: dict, calls: int) -> dict:
-  """The summary of `calls` traced fwd+bwd calls of `impl` at `shape` (float32)."""
+def profile(impl: str, shape: dict, calls: int):
+  """The `jax.profiler.ProfileData` of `calls` traced fwd+bwd calls of `impl` at `shape`
+  (float32), after two untraced ones; None when the trace wrote no xplane.pb."""
   step, params = rnn_speed._build(impl, shape)  # pylint: disable=protected-access
   for _ in range(2):
     jax.block_until_ready(step(params))
@@ -101,9 +102,17 @@ def trace(impl: str, shape: dict, calls: int) -> dict:
         jax.block_until_ready(step(params))
     paths = glob.glob(os.path.join(logdir, '**', '*.xplane.pb'), recursive=True)
     if not paths:
-      return {'device_plane': False, 'error': 'the trace wrote no xplane.pb'}
-    profile = jax.profiler.ProfileData.from_file(paths[0])
-    return summarise(kernel_events(profile), calls, shape['time'])
+      return None
+    with open(paths[0], 'rb') as f:
+      return jax.profiler.ProfileData.from_serialized_xspace(f.read())
+
+
+def trace(impl: str, shape: dict, calls: int) -> dict:
+  """The summary of `calls` traced fwd+bwd calls of `impl` at `shape` (float32)."""
+  traced = profile(impl, shape, calls)
+  if traced is None:
+    return {'device_plane': False, 'error': 'the trace wrote no xplane.pb'}
+  return summarise(kernel_events(traced), calls, shape['time'])
 
 
 def format_table(saved: dict) -> str:

@@ -25,7 +25,8 @@ from bn_rnn_jax.input_pipeline import mnist  # pylint: disable=g-import-not-at-t
 
 def main(process_id: int, port: int, out_file: str) -> None:
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  config = fx.tiny_config('bn_lstm', **{'model.initial_state': 'zeros'})
+  config = fx.tiny_config('bn_lstm', **{'model.initial_state': 'zeros',
+                                        'train.num_devices': None})
   config.distributed.enabled = True
   config.distributed.coordinator_address = f'127.0.0.1:{port}'
   config.distributed.num_processes = 2
