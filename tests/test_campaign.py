@@ -351,17 +351,28 @@ def test_a_partial_run_counts_the_steps_its_latest_checkpoint_keeps(tmp_path):
   assert runner.progress(task) == ('partial', 4)
 
 
-def test_eta_comes_from_the_steps_measured_after_the_start():
-  """Start-up and compilation before the first logged steps are not taken for speed:
-  two runs of 300 steps start, log 25 steps each after 10 s, then 25 steps every 2 s."""
-  tasks = [runner.Task(f'c/r{i}', '', [], {}, 300) for i in range(2)]
-  bar = runner.Bar('c', tasks, stream=io.StringIO())
-  assert bar.eta(0, 1000.0) == '?'
-  assert bar.eta(0, 1009.0) == '?'
-  assert bar.eta(50, 1010.0) == '?'           # the steps moved: the measurement starts
-  assert bar.eta(50, 1011.0) == '?'
-  assert bar.eta(100, 1012.0) == '0:00:20'    # 50 steps in 2 s; 500 left
-  assert bar.eta(600, 1032.0) == '0:00:00'
+def test_eta_comes_from_measured_steps_and_start_ups():
+  """Four runs of 300 steps, two at a time; each starts up for 10 s, then runs 25 steps/s
+  (its first 25 steps logged 11 s after its launch). Start-up and compilation are not
+  taken for training speed, and the runs not started yet pay theirs."""
+  eta = runner.Eta(parallel=2)
+  assert eta.left(0.0, {'a': 300, 'b': 300}, [300, 300]) == '?'
+  for key in 'ab':
+    eta.launched(key, 0.0, 0)
+    eta.progressed(key, 5.0, 0)
+  assert eta.left(5.0, {'a': 300, 'b': 300}, [300, 300]) == '?'   # no rate yet
+  for key in 'ab':
+    eta.progressed(key, 11.0, 25)
+  assert eta.left(11.0, {'a': 275, 'b': 275}, [300, 300]) == '?'  # one point: no span
+  for key in 'ab':
+    eta.progressed(key, 13.0, 75)
+  assert eta.rate() == pytest.approx(25.0) and eta.start_up(25.0) == pytest.approx(10.0)
+  # Left: 2 x 225 steps running, 2 runs of 10 s + 300 steps pending; over 2 slots:
+  # (2 x 9 + 2 x (10 + 12)) / 2 = 31 s (the whole campaign: 13 + 31 = 44 = 2 x 22 s).
+  assert eta.left(13.0, {'a': 225, 'b': 225}, [300, 300]) == '0:00:31'
+  # A launch that has not logged yet still owes the rest of its start-up.
+  eta.launched('c', 13.0, 0)
+  assert eta.left(17.0, {'c': 300}, []) == '0:00:18'     # 6 s of start-up + 12 s
 
 
 def test_report_draws_its_figure_only_when_asked(monkeypatch, tmp_path, capsys):

@@ -235,38 +235,68 @@ class _Child:
     self._finish(cpu_s=None)
 
 
-class Bar:
-  """One progress line over all tasks: steps, runs, elapsed time, ETA.
+class Eta:
+  """The time a campaign has left, from what its launches measured: the steps/s of a run
+  once its steps move (a run's first logged steps come after its start-up and
+  compilation), and each launch's start-up (the time to its first logged steps, less
+  those steps at that rate). The runs left share `parallel` slots."""
 
-  The ETA is the steps left at the rate measured since the steps first moved: the start
-  of the first runs (start-up, compilation, the first logged steps) is not taken for
-  training speed; the start-up of later runs falls inside the measured span.
-  """
+  def __init__(self, parallel: int):
+    self.parallel = max(parallel, 1)
+    # key -> [launch time, steps at launch, (time, steps) first moved or None, (time, steps)]
+    self.launches: dict[str, list] = {}
+
+  def launched(self, key: str, now: float, done: int) -> None:
+    self.launches[key] = [now, done, None, (now, done)]
+
+  def progressed(self, key: str, now: float, done: int) -> None:
+    launch = self.launches[key]
+    if launch[2] is None and done > launch[1]:
+      launch[2] = (now, done)
+    launch[3] = (now, done)
+
+  def rate(self) -> Optional[float]:
+    """Steps/s of one run, over the measured spans after the runs' steps moved."""
+    spans = [(last[1] - first[1], last[0] - first[0])
+             for _, _, first, last in self.launches.values() if first and last[0] > first[0]]
+    steps, seconds = sum(s for s, _ in spans), sum(t for _, t in spans)
+    return steps / seconds if steps > 0 and seconds > 0 else None
+
+  def start_up(self, rate: float) -> float:
+    """The mean start-up of the launches whose steps moved."""
+    times = [max(first[0] - start - (first[1] - done) / rate, 0.0)
+             for start, done, first, _ in self.launches.values() if first]
+    return sum(times) / len(times) if times else 0.0
+
+  def left(self, now: float, running: Mapping[str, int], pending: Sequence[int]) -> str:
+    """The time left ('?' before a rate is measured): `running` maps each running
+    launch to its steps left, `pending` holds the steps left of each run not started."""
+    rate = self.rate()
+    if rate is None:
+      return '?'
+    start_up = self.start_up(rate)
+    times = []
+    for key, steps in running.items():
+      launched, _, first, _ = self.launches[key]
+      waiting = 0.0 if first else max(start_up - (now - launched), 0.0)
+      times.append(waiting + steps / rate)
+    work = sum(times) + sum(start_up + steps / rate for steps in pending)
+    return _clock(max([work / self.parallel] + times))
+
+
+class Bar:
+  """One progress line over all tasks: steps, runs, elapsed time, ETA (`Eta`)."""
 
   def __init__(self, name: str, tasks: Sequence[Task], stream=None):
     self.name, self.stream = name, stream or sys.stderr
     self.total = sum(t.total for t in tasks)
-    self.start, self.first_done, self.last_print = time.time(), None, 0.0
-    self.moved = None   # (time, steps done) when the steps were first seen to move
+    self.start, self.last_print = time.time(), 0.0
     self.tty = self.stream.isatty()
 
-  def eta(self, done: int, now: float) -> str:
-    """The time left at the measured rate, '?' until the steps have moved twice."""
-    if self.first_done is None:
-      self.first_done = done
-    if self.moved is None:
-      if done > self.first_done:
-        self.moved = (now, done)
-      return '?'
-    since, counted = self.moved
-    if done <= counted or now <= since:
-      return '?'
-    return _clock((self.total - done) * (now - since) / (done - counted))
-
-  def show(self, done: int, finished: int, runs: int, running: int, force=False) -> None:
+  def show(self, done: int, finished: int, runs: int, running: int, eta: str = '?',
+           force=False) -> None:
     now = time.time()
     elapsed = now - self.start
-    eta = self.eta(done, now)
     width = 24
     filled = int(width * done / max(self.total, 1))
     line = (f'{self.name} [{"#" * filled}{"." * (width - filled)}] {done}/{self.total} '
@@ -362,6 +392,7 @@ def _run(campaign, runs_dir, parallel, seeds, arms, extra, compile_cache, tiny) 
                      'it to finish.')
   counts = {s: sum(1 for v, _ in states.values() if v == s) for s in ('finished', 'partial')}
   bar = Bar(campaign.name, tasks)
+  eta = Eta(parallel)
   bar.event(f'{campaign.name}: {len(tasks)} runs in {os.path.abspath(runs_dir)}: '
             f'{counts["finished"]} finished before (skipped), {counts["partial"]} to '
             f'resume, {parallel} at a time')
@@ -382,15 +413,18 @@ def _run(campaign, runs_dir, parallel, seeds, arms, extra, compile_cache, tiny) 
         pending.remove(task)
         done = states[task.key][1]
         running[task.key] = _Child(task, done)
+        eta.launched(task.key, running[task.key].start, done)
         bar.event(f'started {task.key}' + (f' (resuming after step {done})' if done else ''))
       time.sleep(_POLL_S)
       for key, child in list(running.items()):
         code = child.poll()
         if code is None:
           states[key] = ('running', progress(child.task)[1])
+          eta.progressed(key, time.time(), states[key][1])
           continue
         del running[key]
         states[key] = progress(child.task)
+        eta.progressed(key, time.time(), states[key][1])
         seconds = child.record['wall_s']
         if code == 0 and states[key][0] == 'finished':
           bar.event(f'finished {key} ({seconds:.0f} s)')
@@ -401,8 +435,10 @@ def _run(campaign, runs_dir, parallel, seeds, arms, extra, compile_cache, tiny) 
           failed.append(key)
           bar.event(f'FAILED {key} (exit {code}): {child.last_line()}  [{child.log_path}]')
       done = sum(s for _, s in states.values())
+      left = eta.left(time.time(), {k: c.task.total - states[k][1] for k, c in running.items()},
+                      [t.total - states[t.key][1] for t in pending])
       bar.show(done, sum(1 for s, _ in states.values() if s == 'finished'), len(tasks),
-               len(running), force=not (pending or running))
+               len(running), left, force=not (pending or running))
     if not failed and all(s == 'finished' for s, _ in states.values()):
       bar.event(f'{campaign.name}: all {len(tasks)} runs finished')
   except (KeyboardInterrupt, Stopped) as e:
