@@ -447,14 +447,21 @@ def _read_holder(handle) -> str:
 
 
 class _DropOrbaxInfo(std_logging.Filter):
-  """Orbax logs several INFO lines per save; keep its warnings and errors only."""
+  """Orbax logs several INFO lines per save; keep its warnings and errors only, except
+  the traceback it logs when Ctrl-C cuts its wait for a save (the launcher reports the
+  stop in one line, and closing the checkpointer finishes the save)."""
 
   def filter(self, record: std_logging.LogRecord) -> bool:
-    return record.levelno > std_logging.INFO or 'orbax' not in record.pathname
+    if 'orbax' not in record.pathname:
+      return True
+    if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
+      return False
+    return record.levelno > std_logging.INFO
 
 
 def quiet_orbax_logs() -> None:
-  """Hide orbax's INFO chatter from absl logging (launchers call this once)."""
+  """Hide orbax's INFO chatter, and its traceback of a wait cut by Ctrl-C, from absl
+  logging (launchers call this once)."""
   flt = _DropOrbaxInfo()
   absl_logging.get_absl_handler().addFilter(flt)
   std_logging.getLogger('absl').addFilter(flt)

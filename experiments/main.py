@@ -168,7 +168,21 @@ def main(argv):
   if FLAGS.show_config:
     show_config(FLAGS.config)
     return
-  # Imported here: the checks above answer without loading JAX.
+  try:
+    train(FLAGS.config, FLAGS.workdir)
+  except KeyboardInterrupt:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the line
+    sys.stdout.flush()
+    sys.stderr.write(stopped(FLAGS.workdir) + '\n')
+    sys.stderr.flush()
+    # Out at once (the loop has closed its checkpoints, metrics and lock): after Ctrl-C
+    # cut an XLA compilation, the interpreter's exit crashes with SIGSEGV.
+    os._exit(130)  # pylint: disable=protected-access
+
+
+def train(config, workdir: str) -> None:
+  """`loop.train_and_evaluate`, its errors as one line `error: ...`."""
+  # Imported here: the checks of the arguments answer without loading JAX.
   with extras.needed_by('experiments/main.py', exit=True):
     # pylint: disable=g-import-not-at-top
     from bn_rnn_jax import checkpoint
@@ -177,12 +191,7 @@ def main(argv):
     # pylint: enable=g-import-not-at-top
   checkpoint.quiet_orbax_logs()
   try:
-    loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except KeyboardInterrupt:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the line
-    sys.stdout.flush()
-    print(stopped(FLAGS.workdir), file=sys.stderr)
-    sys.exit(130)
+    loop.train_and_evaluate(config, workdir)
   except (ValueError, FileNotFoundError, FloatingPointError, checkpoint.WorkdirInUse,
           extras.MissingExtra) as e:
     # Configuration, data, NaN, workdir-lock and missing-package problems are one line,
