@@ -9,7 +9,7 @@ r"""Train and evaluate one configuration.
 `--config` is an ml_collections config file, optionally with its argument after a colon
 (a variant or size, and presets such as `tiny`: each file's docstring lists them). Any
 field can be overridden with `--config.a.b=value`; `--show_config` prints the resolved
-config (every field, after `bn_rnn_jax.config.upgrade`), checks it and exits. Data are
+config (every field), checks it and exits. Data are
 read under the data root: `--config.data.root=/path/to/datasets` or the environment
 variable BN_RNN_JAX_DATA. `--workdir` receives config.json, checkpoints, metrics.jsonl and
 TensorBoard events, and a run started again in the same workdir resumes from its latest
@@ -18,10 +18,12 @@ the arguments, the config or the data ends the run with one line `error: ...`, a
 with one line naming the checkpoint the same command resumes from (exit status 130).
 """
 
+import _thread
 import os
 import re
 import signal
 import sys
+import threading
 
 # Config files import their siblings as `experiments.configs.<name>`; run as a script, the
 # repository root must be importable as it is under `python -m`.
@@ -141,8 +143,7 @@ def parse_flags(argv):
 
 
 def show_config(config) -> None:
-  """Print `config` as the run would use it (upgraded), then check it."""
-  config = config_lib.upgrade(config)
+  """Print `config` as the run would use it, then check it."""
   print(config.to_json_best_effort(indent=2))
   try:
     config_lib.validate_config(config)
@@ -168,6 +169,7 @@ def main(argv):
   if FLAGS.show_config:
     show_config(FLAGS.config)
     return
+  handle_ctrl_c()
   try:
     train(FLAGS.config, FLAGS.workdir)
   except KeyboardInterrupt:
@@ -178,6 +180,32 @@ def main(argv):
     # Out at once (the loop has closed its checkpoints, metrics and lock): after Ctrl-C
     # cut an XLA compilation, the interpreter's exit crashes with SIGSEGV.
     os._exit(130)  # pylint: disable=protected-access
+
+
+def handle_ctrl_c() -> None:
+  """From now on Ctrl-C raises KeyboardInterrupt in this process's main code, wherever it
+  lands (`_interrupt`, `_deliver_again`)."""
+  signal.signal(signal.SIGINT, _interrupt)
+  sys.unraisablehook = _deliver_again
+
+
+def _interrupt(signum, frame):
+  """Ctrl-C as KeyboardInterrupt wherever the main thread is. Python's own handler does
+  the same, but asyncio (orbax reads and writes checkpoints with it) swaps that one for a
+  cancellation of its task, which a task can absorb."""
+  del signum, frame
+  raise KeyboardInterrupt
+
+
+def _deliver_again(unraisable, previous=sys.unraisablehook):
+  """A KeyboardInterrupt raised where Python cannot pass it on (a garbage-collection
+  callback such as JAX's, a `__del__`) would be printed and dropped: Ctrl-C is delivered
+  to the main thread again a moment later, once it has left that place (raised from here,
+  it would be dropped again)."""
+  if isinstance(unraisable.exc_value, KeyboardInterrupt):
+    threading.Timer(0.01, _thread.interrupt_main, (signal.SIGINT,)).start()
+  else:
+    previous(unraisable)
 
 
 def train(config, workdir: str) -> None:

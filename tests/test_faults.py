@@ -136,6 +136,36 @@ def test_ctrl_c_ends_main_with_one_line_naming_the_checkpoint_it_resumes_from(tm
       f'{run / "checkpoints" / str(step)}.')
 
 
+# Ctrl-C landing while a garbage-collection callback runs (JAX registers one): raised
+# there, the KeyboardInterrupt would be printed and dropped, and the launch train on.
+_CTRL_C_IN_A_GC_CALLBACK = """
+import gc, os, signal, time
+from experiments import main
+main.handle_ctrl_c()
+def callback(phase, info):
+  if phase == 'start' and not callback.fired:
+    callback.fired = True
+    os.kill(os.getpid(), signal.SIGINT)
+    sum(range(1000))   # the handler runs here, inside the callback
+callback.fired = False
+gc.callbacks.append(callback)
+try:
+  gc.collect()
+  end = time.monotonic() + 5
+  while time.monotonic() < end:
+    pass
+  print('lost')
+except KeyboardInterrupt:
+  print('delivered')
+"""
+
+
+def test_ctrl_c_landing_in_a_garbage_collection_callback_still_stops_main():
+  result = helpers.run_python(['-c', _CTRL_C_IN_A_GC_CALLBACK], timeout=60)
+  assert result.stdout.strip() == 'delivered', result.stderr[-2000:]
+  assert 'Traceback' not in result.stderr, result.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_resume_from_an_older_checkpoint_logs_what_the_straight_run_logged(straight, tmp_path):
   # A shallow-copied meta would show here: a checkpoint with a partial
@@ -406,7 +436,7 @@ def test_junk_in_the_padding_reaches_nothing(variant):
       return jnp.sum(out * w), (carry, out, mutated)
     grads, aux = jax.grad(loss, argnums=(0, 1), has_aux=True)(variables['params'], x)
     with batch_stats.allow_untrained_statistics():  # fresh statistics, on purpose
-      eval_out = layer.apply(variables, x, mask, train=False, return_carry=False)
+      eval_out = layer.apply(variables, x, mask, train=False)
     return grads, aux, eval_out
 
   clean = everything(x)
