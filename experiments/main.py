@@ -184,17 +184,8 @@ def main(argv):
 
 def handle_ctrl_c() -> None:
   """From now on Ctrl-C raises KeyboardInterrupt in this process's main code, wherever it
-  lands (`_interrupt`, `_deliver_again`)."""
-  signal.signal(signal.SIGINT, _interrupt)
+  lands (`_deliver_again`)."""
   sys.unraisablehook = _deliver_again
-
-
-def _interrupt(signum, frame):
-  """Ctrl-C as KeyboardInterrupt wherever the main thread is. Python's own handler does
-  the same, but asyncio (orbax reads and writes checkpoints with it) swaps that one for a
-  cancellation of its task, which a task can absorb."""
-  del signum, frame
-  raise KeyboardInterrupt
 
 
 def _deliver_again(unraisable, previous=sys.unraisablehook):
