@@ -5,11 +5,6 @@ add the `config.data` fields of their dataset); any field can then be overridden
 command line (`--config.model.hidden_size=200`). A field left at None takes the default
 of the model, layer or variant it configures.
 
-`upgrade(config)` accepts the spellings of earlier releases with a DeprecationWarning:
-0 for "default" (`model.max_length`, `train.num_devices`, `eval.max_batches`,
-`eval.population_batch_size`; `optimizer.clip_norm` <= 0 for "off") and a
-`model.layer_options` sub-dict (its fields now live in `config.model`).
-
 `parse_arg` reads a config file's argument (`ptb_char.py:bn_lstm,tiny`), and
 `apply_tiny` sets the fields every config's `tiny` preset shares.
 """
@@ -18,7 +13,6 @@ from __future__ import annotations
 
 import math
 from typing import Optional, Sequence
-import warnings
 
 from bn_rnn_jax import extras
 
@@ -31,8 +25,9 @@ PARALLEL_BACKENDS = ('pmap', 'shard_map')
 EVAL_STATISTICS = ('estimate', 'running', 'batch')
 
 #: `config.model` fields that are `RecurrentLayer` fields, passed to every layer of the
-#: model (None = the variant's or the layer's default). `max_length` is resolved against
-#: the training length by the trainer.
+#: model (None = the variant's or the layer's default), and the `policy.Execution`
+#: settings, which `train.layer_options` passes as the layers' one `execution`.
+#: `max_length` is resolved against the training length by the trainer.
 LAYER_FIELDS = ('statistics', 'recurrent_init', 'input_init', 'initial_state',
                 'initial_state_noise', 'gamma_init', 'momentum', 'epsilon', 'forget_bias',
                 'min_step_count', 'min_statistics_count', 'padded_statistics', 'unroll', 'remat', 'backward',
@@ -190,57 +185,6 @@ def apply_tiny(config: ml_collections.ConfigDict) -> None:
   config.eval.population_batch_size = None
   config.checkpoint.every = 4
   config.checkpoint.keep = 1
-
-
-# ====================================================================== old spellings
-_ZERO_MEANS_DEFAULT = (('model', 'max_length'), ('train', 'num_devices'),
-                       ('eval', 'max_batches'), ('eval', 'population_batch_size'))
-
-
-def _deprecated(message: str) -> None:
-  warnings.warn(message, DeprecationWarning, stacklevel=3)
-
-
-def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A copy of `config` with the spellings of earlier releases translated (each with a
-  DeprecationWarning); the fields of today's `default_config()` pass unchanged."""
-  config = ml_collections.ConfigDict(config.to_dict())  # an unlocked, resolved copy
-  for section, name in _ZERO_MEANS_DEFAULT:
-    node = config.get(section)
-    if node is not None and node.get(name) == 0:
-      _deprecated(f'config.{section}.{name}=0 for "default" is deprecated; use None.')
-      node[name] = None
-  clip = config.optimizer.get('clip_norm')
-  if clip is not None and clip <= 0:
-    _deprecated('config.optimizer.clip_norm <= 0 for "off" is deprecated; use None.')
-    config.optimizer.clip_norm = None
-  distributed = config.get('distributed')
-  if distributed is not None:
-    if distributed.get('num_processes') == 0:
-      distributed.num_processes = None
-    if distributed.get('process_id', None) is not None and distributed.process_id < 0:
-      distributed.process_id = None
-  if 'compare' not in config.eval:
-    config.eval.compare = ()
-  if 'compare_running' in config.eval:
-    running = config.eval.compare_running
-    with config.eval.unlocked():
-      del config.eval['compare_running']
-      if running:
-        _deprecated("config.eval.compare_running=True is deprecated; use "
-                    "config.eval.compare=('running',).")
-        config.eval.compare = tuple(config.eval.get('compare', ())) + ('running',)
-  options = config.model.get('layer_options')
-  if options is not None:
-    with config.model.unlocked():
-      del config.model['layer_options']
-    if options:
-      _deprecated(f'config.model.layer_options is deprecated; set config.model.<field> '
-                  f'instead ({", ".join(f"config.model.{k}" for k in options)}).')
-    for name, value in options.items():
-      with config.model.unlocked():
-        config.model[name] = value
-  return config
 
 
 # ====================================================================== checks

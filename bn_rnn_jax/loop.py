@@ -66,7 +66,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   """
   started = time.monotonic()
   parallel.maybe_initialize_distributed(config)  # before any call that starts a backend
-  config = config_lib.upgrade(config)
   config_lib.validate_config(config)
   parallel.check_same_config(config)
   if workdir is None:

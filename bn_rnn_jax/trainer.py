@@ -88,12 +88,11 @@ def _device_steps(model, task, optimizer_json: str, steps_per_epoch: int,
 class Trainer:
   """The device-mapped steps of one run, and the state's placement on devices.
 
-  `config` is upgraded (`config.upgrade`) and validated first; `dataset` defaults to
+  `config` is validated first; `dataset` defaults to
   `input_pipeline.get_dataset(config)`.
   """
 
   def __init__(self, config, workdir: Optional[str] = None, dataset=None):
-    config = config_lib.upgrade(config)
     config_lib.validate_config(config)
     parallel.maybe_initialize_distributed(config)
     self.config = config

@@ -1,60 +1,23 @@
-"""`bn_rnn_jax.config`: the default config, its checks (one-line errors naming the field),
-and the old spellings it upgrades. The files of `experiments/configs/` are tested in
-`test_experiment_configs.py`."""
-
-import warnings
+"""`bn_rnn_jax.config`: the default config and its checks (one-line errors naming the
+field). The files of `experiments/configs/` are tested in `test_experiment_configs.py`."""
 
 import pytest
 
 from bn_rnn_jax import config as config_lib
+from bn_rnn_jax import policy
 from bn_rnn_jax import variants
 import training_fixtures as fx
 
 
-def test_default_config_passes_upgrade_unchanged_and_validates():
-  config = config_lib.default_config()
-  with warnings.catch_warnings():
-    warnings.simplefilter('error')  # today's spellings warn about nothing
-    upgraded = config_lib.upgrade(config)
-  assert upgraded.to_dict() == config.to_dict()
-  config_lib.validate_config(upgraded)
-
-
-@pytest.mark.parametrize('section,name', [('model', 'max_length'), ('train', 'num_devices'),
-                                          ('eval', 'max_batches'),
-                                          ('eval', 'population_batch_size')])
-def test_zero_for_default_is_upgraded_to_none_with_a_warning(section, name):
-  config = config_lib.default_config()
-  config[section][name] = 0
-  with pytest.warns(DeprecationWarning, match=f'config.{section}.{name}=0'):
-    upgraded = config_lib.upgrade(config)
-  assert upgraded[section][name] is None
-  assert config[section][name] == 0  # the caller's config is left as it was
-
-
-def test_clip_norm_off_is_none():
-  config = config_lib.default_config()
-  config.optimizer.clip_norm = 0.0
-  with pytest.warns(DeprecationWarning, match='clip_norm'):
-    assert config_lib.upgrade(config).optimizer.clip_norm is None
-  config.optimizer.clip_norm = -1.0
-  with pytest.raises(ValueError, match='clip_norm must be None'):
-    config_lib.validate_config(config)
-
-
-def test_layer_options_sub_dict_moves_to_model_fields():
-  config = config_lib.default_config()
-  config.model.layer_options = {'input_init': 'glorot_uniform', 'padded_statistics': True}
-  with pytest.warns(DeprecationWarning, match='config.model.input_init'):
-    upgraded = config_lib.upgrade(config)
-  assert 'layer_options' not in upgraded.model
-  assert upgraded.model.input_init == 'glorot_uniform'
-  fields = config_lib.layer_fields(upgraded)
-  assert fields['padded_statistics'] is True and fields['input_init'] == 'glorot_uniform'
+def test_default_config_validates():
+  config_lib.validate_config(config_lib.default_config())
 
 
 @pytest.mark.parametrize('field,value,message', [
     ('model.max_length', -3, 'config.model.max_length must be None'),
+    ('eval.max_batches', 0, 'config.eval.max_batches must be None'),
+    ('optimizer.clip_norm', 0.0, 'config.optimizer.clip_norm must be None'),
+    ('optimizer.clip_norm', -1.0, 'config.optimizer.clip_norm must be None'),
     ('train.num_devices', -2, 'config.train.num_devices must be None'),
     ('eval.population_batch_size', 150, 'multiple of config.train.batch_size=100'),
     ('parallel.backend', 'mesh', "config.parallel.backend must be one of"),
@@ -69,10 +32,13 @@ def test_bad_values_are_one_line_errors(field, value, message):
   assert '\n' not in str(info.value)
 
 
-def test_layer_fields_are_recurrent_layer_fields():
-  """Every field `layer_fields` passes on is one `RecurrentLayer` has."""
+def test_layer_fields_are_recurrent_layer_or_execution_fields():
+  """Every field `layer_fields` passes on is one `RecurrentLayer` has, or a setting of
+  `policy.Execution` (every one of which the config has)."""
   fields = config_lib.layer_fields(config_lib.default_config())
-  variants.check_fields(fields)
+  variants.check_fields({name: value for name, value in fields.items()
+                         if name not in policy.EXECUTION_FIELDS})
+  assert set(policy.EXECUTION_FIELDS) <= set(config_lib.LAYER_FIELDS)
   assert set(config_lib.LAYER_FIELDS) - {'max_length'} >= set(fields) - {'dtype'}
 
 

@@ -11,7 +11,6 @@ import sys
 
 import pytest
 
-from bn_rnn_jax import config as config_lib
 from experiments.campaign import spec
 import helpers
 
@@ -115,20 +114,19 @@ def test_unknown_config_field_is_one_line_with_did_you_mean(tmp_path):
                   "did you mean 'hidden_size'?")
 
 
-def test_show_config_prints_the_upgraded_config_without_loading_jax():
+def test_show_config_prints_the_config_without_loading_jax():
   result = _main(_config('ptb_char.py:lstm,tiny'), '--show_config',
-                 '--config.model.hidden_size=16', '--config.eval.max_batches=0',
+                 '--config.model.hidden_size=16', '--config.eval.max_batches=3',
                  python_flags=('-X', 'importtime'))
   assert result.returncode == 0, result.stderr[-2000:]
   shown = json.loads(result.stdout)
   expected = spec.load_config('experiments/configs/ptb_char.py', 'lstm,tiny')
   expected.model.hidden_size = 16
-  expected.eval.max_batches = None    # the old spelling 0, upgraded
-  assert shown == json.loads(config_lib.upgrade(expected).to_json_best_effort())
+  expected.eval.max_batches = 3
+  assert shown == json.loads(expected.to_json_best_effort())
   imported = {line.split('|')[-1].strip() for line in result.stderr.splitlines()
               if line.startswith('import time:')}
   assert 'ml_collections' in imported and 'jax' not in imported and 'flax' not in imported
-  assert 'DeprecationWarning' in result.stderr
 
 
 def test_show_config_checks_what_it_prints():

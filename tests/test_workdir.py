@@ -11,7 +11,6 @@ import shutil
 
 import pytest
 
-from bn_rnn_jax import config as config_lib
 from bn_rnn_jax import loop
 from bn_rnn_jax import metric_writer
 from bn_rnn_jax import workdir as workdir_lib
@@ -107,7 +106,7 @@ def test_an_allowed_change_is_recorded_with_its_step_and_becomes_the_runs(first,
   assert [(r['step'], r['changed']) for r in records] == [
       (4, {'optimizer.learning_rate': [0.001, 0.0001]})]
   # The run's config is now the changed one: the same flags pass, the first ones do not.
-  assert workdir_lib.check(config_lib.upgrade(_config(**lower)), run).changed == {}
+  assert workdir_lib.check(_config(**lower), run).changed == {}
   with pytest.raises(ValueError, match=r'optimizer.learning_rate \(0.0001 -> 0.001\)'):
     loop.train_and_evaluate(_config(**{'train.num_steps': 10}), run, dataset)
 
@@ -127,7 +126,7 @@ def test_an_allowed_change_the_checkpoint_refuses_leaves_the_workdir_untouched(
   assert helpers.one_line(error).startswith('The checkpoint of step 4 in ')
   assert _snapshot(run) == before
   assert not os.path.exists(os.path.join(run, workdir_lib.CHANGES))
-  assert workdir_lib.check(config_lib.upgrade(_config()), run).changed == {}
+  assert workdir_lib.check(_config(), run).changed == {}
   loop.train_and_evaluate(_config(**{'train.num_steps': 6}), run, dataset)
   assert max(r['step'] for r in metric_writer.read_metrics(run)) == 6
 
