@@ -276,7 +276,7 @@ def _build(impl: str, shape: dict, dtype: str = 'float32'):
     variables = model.init(jax.random.key(1), x, mask, train=True)
     def loss_fn(params):
       y, _ = model.apply({**variables, 'params': params}, x, mask, train=True,
-                         mutable=['batch_stats'], return_carry=False)
+                         mutable=['batch_stats'])
       return jnp.mean(jnp.square(y.astype(jnp.float32)))
   step = jax.jit(jax.value_and_grad(loss_fn))
   return step, variables['params']

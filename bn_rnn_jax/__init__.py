@@ -40,7 +40,7 @@ _NAMES = {
     'default_config': 'config',
     'train_and_evaluate': 'loop', 'Trainer': 'trainer',
 }
-_MODULES = ('batch_stats', 'cells', 'checkpoint', 'compat', 'config', 'export', 'extras',
+_MODULES = ('batch_stats', 'cells', 'checkpoint', 'config', 'export', 'extras',
             'flax_cells', 'initializers', 'input_pipeline', 'layer_vjp', 'loop',
             'metric_writer', 'models', 'modes', 'nnx', 'nnx_cells', 'normalization', 'optim',
             'parallel', 'policy', 'population', 'recurrent', 'sequence', 'stack', 'tasks',

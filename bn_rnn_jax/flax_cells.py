@@ -47,7 +47,6 @@ from flax import linen as nn
 
 from bn_rnn_jax import batch_stats
 from bn_rnn_jax import cells
-from bn_rnn_jax import compat
 from bn_rnn_jax import initializers
 from bn_rnn_jax import normalization
 
@@ -97,6 +96,15 @@ def enclosing_rnn_call() -> Optional[dict[str, Any]]:
     return None
   finally:
     del frame
+
+
+def require_max_length(cell: str, max_length: Optional[int]) -> None:
+  """A one-line error naming `cell` when `max_length` is None: a cell with
+  batch-normalised sites makes its statistics before it sees a sequence (a layer sizes
+  them from `init`'s input instead)."""
+  if max_length is None:
+    raise ValueError(f'{cell} keeps per-step batch statistics, made before it sees a '
+                     'sequence: pass max_length=T_max, the longest training sequence.')
 
 
 def lstm_cell_step(params: dict[str, Array], cfg: cells.StepConfig, carry: LSTMCarry,
@@ -170,9 +178,8 @@ class NormalizedLSTMCell(nn.RNNCellBase):
     features: H, the hidden size.
     recurrent_norm, input_norm, cell_norm: None | 'batch' | 'layer' on W_h h, W_x x, c_t.
     max_length: T_max, the rows of the per-step statistics (`[T_max, F]` per site);
-      inference past the last trained row reuses it. Required with batch statistics: a
-      cell makes them before it sees a sequence (None, deprecated, is the previous
-      release's 1000 rows, with a DeprecationWarning).
+      inference past the last trained row reuses it. Required with batch statistics
+      (`require_max_length`), unused without.
     use_running_average: population statistics (True) or batch statistics, folded into
       the running average (False), as in `nn.BatchNorm`; a field, or a call argument
       where the cell is called directly (`nn.RNN` passes none).
@@ -206,19 +213,13 @@ class NormalizedLSTMCell(nn.RNNCellBase):
     return cells.batch_sites(self.features, 4, self.recurrent_norm, self.input_norm,
                              self.cell_norm)
 
-  @nn.nowrap
-  def _max_length(self) -> Optional[int]:
-    """T_max of the statistics (`compat.cell_max_length`; a cell without batch-normalised
-    sites has none)."""
-    if not self._sites():
-      return self.max_length
-    return compat.cell_max_length(self.max_length, type(self).__name__)
-
   def _validate(self) -> None:
     for name in ('recurrent_norm', 'input_norm', 'cell_norm'):
       if getattr(self, name) not in cells.NORM_KINDS:
         raise ValueError(f'{name} must be one of {cells.NORM_KINDS}; got '
                          f'{getattr(self, name)!r}.')
+    if self._sites():
+      require_max_length(type(self).__name__, self.max_length)
     if self.features <= 0 or (self.max_length is not None and self.max_length <= 0):
       raise ValueError(f'features ({self.features}) and max_length ({self.max_length}) '
                        'must be positive.')
@@ -229,7 +230,7 @@ class NormalizedLSTMCell(nn.RNNCellBase):
   @nn.nowrap
   def _fresh(self, collection: str):
     return {site: self.variable(collection, site, normalization.init_population_stats,
-                                self._max_length(), width)
+                                self.max_length, width)
             for site, width in self._sites().items()}
 
   def setup(self):
@@ -306,7 +307,7 @@ class NormalizedLSTMCell(nn.RNNCellBase):
         axis_name=self.axis_name, compute_dtype=self.dtype, batch_sums=self.batch_sums)
     population = {site: v.value for site, v in self.stats.items()}
     carry, h, moments = lstm_cell_step(params, cfg, carry, x, population,
-                                       self._max_length())
+                                       self.max_length)
     if train and not self.is_initializing():
       for site, site_moments in moments.items():
         if site in self.stats and self.is_mutable_collection('batch_stats'):

@@ -20,7 +20,6 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bn_rnn_jax import batch_stats
-from bn_rnn_jax import compat
 from bn_rnn_jax import modes
 from bn_rnn_jax import stack
 from bn_rnn_jax import variants
@@ -116,7 +115,7 @@ class LanguageModel(nn.Module):
                train: Optional[bool] = None, use_running_average: Optional[bool] = None,
                deterministic: Optional[bool] = None,
                initial_carries: Optional[Sequence[Any]] = None, first_step=0,
-               return_carry: Optional[bool] = None):
+               return_carry: bool = False):
     mode = modes.resolve(train, use_running_average, deterministic).kwargs()
     if tokens.ndim != 2:
       raise ValueError(f'LanguageModel expects tokens [batch, time]; got {tokens.shape}.')
@@ -130,8 +129,7 @@ class LanguageModel(nn.Module):
         name='rnn')(x, mask, **mode, initial_carries=initial_carries,
                     first_step=first_step, return_carry=True)
     logits = nn.Dense(self.vocab_size, name='softmax')(h)
-    return compat.returned(carries, logits, return_carry, 'LanguageModel',
-                           self.is_initializing())
+    return (carries, logits) if return_carry else logits
 
   def step(self, carries: Optional[Sequence[Any]], tokens: Array, t,
            mask: Optional[Array] = None):
@@ -214,7 +212,7 @@ class SequenceTagger(nn.Module):
     h = stack.StackedRNN(
         variant=self.variant, hidden_size=self.hidden_size, num_layers=self.num_layers,
         dropout_rate=self.dropout_rate, bidirectional=self.bidirectional,
-        layer_options=self.layer_options, name='rnn')(x, mask, **mode, return_carry=False)
+        layer_options=self.layer_options, name='rnn')(x, mask, **mode)
     return nn.Dense(self.num_classes, kernel_init=kernel_init, name='softmax')(h)
 
 
@@ -325,8 +323,7 @@ class AttentiveReader(nn.Module):
         stack.StackedRNN, variant=spec['layer'], hidden_size=self.hidden_size,
         num_layers=self.num_layers, dropout_rate=self.dropout_rate,
         bidirectional=spec.get('bidirectional', False), layer_options=options)
-    y_d = encoder(name='document_encoder')(x_d, document_mask, **mode,
-                                           return_carry=False)              # [B, T, D]
+    y_d = encoder(name='document_encoder')(x_d, document_mask, **mode)     # [B, T, D]
     query_carries, _ = encoder(name='query_encoder')(x_q, query_mask, **mode,
                                                      return_carry=True)
     u = final_hidden(query_carries[-1], spec.get('bidirectional', False))     # [B, D]

@@ -70,7 +70,6 @@ initial values and finds the same parameters, statistics and evaluation outputs.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Iterable, Mapping
 
 import jax
@@ -80,7 +79,6 @@ from flax.nnx import bridge
 from flax.nnx.bridge import variables as bridge_variables
 
 from bn_rnn_jax import batch_stats
-from bn_rnn_jax import compat
 from bn_rnn_jax import modes
 from bn_rnn_jax import nnx_cells
 from bn_rnn_jax import population
@@ -176,9 +174,8 @@ class FromLinen(bridge.ToNNX):
     else:
       collection, mode = 'batch_stats', modes.TRAIN
       rngs = {name: self.to_nnx__rngs[name]() for name in RNG_STREAMS}
-    with (compat.outputs_discarded() if self._estimating else contextlib.nullcontext()):
-      outputs, mutated = self.to_nnx__module.apply(
-          variables, *args, **mode.kwargs(), rngs=rngs, mutable=[collection], **kwargs)
+    outputs, mutated = self.to_nnx__module.apply(
+        variables, *args, **mode.kwargs(), rngs=rngs, mutable=[collection], **kwargs)
     if self._estimating:
       self.minibatch_moments = MinibatchMoments(mutated.get(collection, {}))
     elif collection in mutated:

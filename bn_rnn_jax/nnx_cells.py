@@ -25,7 +25,6 @@ from flax import nnx
 
 from bn_rnn_jax import batch_stats
 from bn_rnn_jax import cells
-from bn_rnn_jax import compat
 from bn_rnn_jax import flax_cells
 from bn_rnn_jax import initializers
 from bn_rnn_jax import normalization
@@ -50,8 +49,7 @@ class NormalizedLSTMCell(nnx.RNNCellBase):
     hidden_features: H.
     recurrent_norm, input_norm, cell_norm: None | 'batch' | 'layer' on W_h h, W_x x, c_t.
     max_length: T_max, the rows of the per-step statistics (`[T_max, F]` per site).
-      Required with batch statistics: a cell makes them before it sees a sequence (None,
-      deprecated, is the previous release's 1000 rows, with a DeprecationWarning).
+      Required with batch statistics (`flax_cells.require_max_length`), unused without.
     use_running_average: population (True, `model.eval()`) or batch statistics (False,
       `model.train()`).
     momentum, epsilon, gamma_init, forget_bias: as `RecurrentLayer`.
@@ -91,7 +89,7 @@ class NormalizedLSTMCell(nnx.RNNCellBase):
     self.input_norm = norms['input_norm']
     self.cell_norm = norms['cell_norm']
     if self._sites():
-      max_length = compat.cell_max_length(max_length, type(self).__name__)
+      flax_cells.require_max_length(type(self).__name__, max_length)
     self.max_length, self.momentum, self.epsilon = max_length, momentum, epsilon
     self.min_statistics_count = min_statistics_count
     self.use_running_average = use_running_average

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,6 @@ import numpy as np
 from flax import linen as nn
 
 from bn_rnn_jax import batch_stats
-from bn_rnn_jax import compat
 from bn_rnn_jax import modes
 
 MOMENTS = batch_stats.MOMENTS
@@ -44,9 +43,8 @@ def minibatch_moments(model: nn.Module, variables, args: tuple, rngs=None) -> An
   of your own whose call takes `train` but not Flax's two flags runs with `train=True`.
   `rngs`: for a model that draws randomness even so; the library's models draw none.
   """
-  with compat.outputs_discarded():
-    _, mutated = model.apply(variables, *args, **_batch_statistics_kwargs(model),
-                             mutable=[MOMENTS], rngs=rngs)
+  _, mutated = model.apply(variables, *args, **_batch_statistics_kwargs(model),
+                           mutable=[MOMENTS], rngs=rngs)
   return mutated.get(MOMENTS, {})
 
 
@@ -153,9 +151,7 @@ def _minibatch_moments_jit(model, variables, args):
 _average_jit = jax.jit(average_minibatch_moments)
 
 
-def estimate_population_stats(model: nn.Module, variables, batches,
-                              rng: Optional[jax.Array] = None,
-                              rng_names: Sequence[str] = ('noise', 'dropout')):
+def estimate_population_stats(model: nn.Module, variables, batches):
   """The papers' population statistics of `model` on one device.
 
   Runs `model` on each batch with batch statistics and the current parameters, but
@@ -173,8 +169,6 @@ def estimate_population_stats(model: nn.Module, variables, batches,
     model: a module built from `RecurrentLayer` layers (a layer, a stack or a model).
     variables: its `{'params', 'batch_stats'}`.
     batches: iterable of argument tuples, e.g. `[(x, mask), ...]` of training data.
-    rng, rng_names: unused (the estimate draws no noise); accepted for earlier callers,
-      with a DeprecationWarning when `rng` is given.
 
   Returns:
     A `batch_stats` tree to evaluate with: `{**variables, 'batch_stats': result}`.
@@ -185,8 +179,7 @@ def estimate_population_stats(model: nn.Module, variables, batches,
     >>> batches = [(jnp.full((3, 5, 2), float(i)),) for i in range(4)]   # [batch, time, 2]
     >>> variables = layer.init(jax.random.key(0), *batches[0], train=False)
     >>> stats = br.estimate_population_stats(layer, variables, batches)
-    >>> outputs = layer.apply({**variables, 'batch_stats': stats}, *batches[0], train=False,
-    ...                       return_carry=False)
+    >>> outputs = layer.apply({**variables, 'batch_stats': stats}, *batches[0], train=False)
     >>> stats['cell']['mean'].shape, outputs.shape
     ((5, 4), (3, 5, 4))
   """
@@ -196,10 +189,6 @@ def estimate_population_stats(model: nn.Module, variables, batches,
     raise ValueError(f'estimate_population_stats compiles once per model, so the model '
                      f'must be hashable; {type(model).__name__} is not ({e}): give its '
                      'fields as tuples or frozen dataclasses, not lists or dicts.') from None
-  if rng is not None:
-    warnings.warn('estimate_population_stats(rng=...) is deprecated and unused: the '
-                  'estimate runs without dropout or noise.', DeprecationWarning, stacklevel=2)
-  del rng_names
   records = [_minibatch_moments_jit(model, variables, tuple(args)) for args in batches]
   if not records:
     raise ValueError('estimate_population_stats needs at least one batch.')

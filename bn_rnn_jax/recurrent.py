@@ -16,8 +16,7 @@ nothing in it differs between one device and many but a psum (`axis_name`).
 
 A call returns the outputs, or `(carry, outputs)` with `return_carry=True`, as
 `flax.linen.RNN`; how it runs (hoisted input term, remat, backward pass, batch sums,
-unroll) is one value, `execution` (`policy.Execution`). The spellings of the previous
-release still work, with a DeprecationWarning (`compat.py`).
+unroll) is one value, `execution` (`policy.Execution`).
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ from flax import linen as nn
 
 from bn_rnn_jax import batch_stats
 from bn_rnn_jax import cells
-from bn_rnn_jax import compat
 from bn_rnn_jax import initializers
 from bn_rnn_jax import layer_vjp
 from bn_rnn_jax import modes
@@ -80,10 +78,6 @@ class RecurrentLayer(nn.Module):
     execution: how the layer runs, never what it computes (`policy.Execution`: hoisted
       input term, remat, backward pass, batch sums, unroll; 'auto' = the backend's
       choice, `policy.resolve`).
-    hoist_input, remat, unroll, backward, batch_sums: deprecated, the previous
-      release's spelling of `execution`'s settings (`hoist_input=None` for 'auto'); one
-      set to another value than its default overrides `execution`'s, with a
-      DeprecationWarning.
     dtype: compute dtype of the matmuls (e.g. jnp.bfloat16); statistics stay float32.
     axis_name: device axis name (pmap / shard_map) for cross-device batch moments.
     padded_statistics: count padded entries in the batch moments, as the implementation
@@ -125,11 +119,6 @@ class RecurrentLayer(nn.Module):
   initial_state: str = 'zeros'
   initial_state_noise: float = 0.1
   execution: policy_lib.Execution = policy_lib.Execution()
-  hoist_input: Optional[bool] = None
-  remat: str = 'auto'
-  unroll: int = 1
-  backward: str = 'auto'
-  batch_sums: str = 'auto'
   dtype: Any = jnp.float32
   axis_name: Optional[str] = None
   padded_statistics: bool = False
@@ -171,20 +160,12 @@ class RecurrentLayer(nn.Module):
       raise ValueError('min_step_count guards masked per-step statistics; with '
                        'padded_statistics=True every step averages the whole batch.')
 
-  def execution_settings(self) -> policy_lib.Execution:
-    """`execution`, with the deprecated fields that are set merged in (`compat.py`)."""
-    old = {name: getattr(self, name) for name in compat.OLD_EXECUTION_DEFAULTS}
-    return compat.merge_execution(self.execution, old, 'RecurrentLayer')
-
   def execution_policy(self, batch, backend: Optional[str] = None
                        ) -> policy_lib.ExecutionPolicy:
     """How this layer runs on `backend` (default the current one) for a per-device `batch`
-    (`policy.resolve` of `execution_settings()`); a symbolic batch (`jax.export`) cannot
-    be compared with H, so `backward='auto'` is the autodiff of the scan there."""
-    return self._resolve(batch, self.execution_settings(), backend)
-
-  def _resolve(self, batch, execution: policy_lib.Execution,
-               backend: Optional[str] = None) -> policy_lib.ExecutionPolicy:
+    (`policy.resolve` of `execution`); a symbolic batch (`jax.export`) cannot be compared
+    with H, so `backward='auto'` is the autodiff of the scan there."""
+    execution = self.execution
     if not isinstance(batch, int):
       batch = 1
       if execution.backward == policy_lib.AUTO:
@@ -243,7 +224,7 @@ class RecurrentLayer(nn.Module):
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
                train: Optional[bool] = None, use_running_average: Optional[bool] = None,
                deterministic: Optional[bool] = None, initial_carry=None, first_step=0,
-               return_carry: Optional[bool] = None):
+               return_carry: bool = False):
     """Run the layer.
 
     Args:
@@ -261,9 +242,8 @@ class RecurrentLayer(nn.Module):
       first_step: inference only: the time index of `inputs[:, 0]` in the sequence, an
         int or an int scalar array; step t of `inputs` uses the population row of
         `first_step + t` (a continuation of a sequence run in pieces).
-      return_carry: False: return the outputs; True: `(final_carry, outputs)`. None
-        (deprecated) is the previous release's `(final_carry, outputs)`, with a
-        DeprecationWarning; the next release returns the outputs, as `nn.RNN`.
+      return_carry: False: return the outputs; True: `(final_carry, outputs)`, as
+        `nn.RNN`.
 
     Returns:
       `outputs [batch, time, hidden]` (zeros at padded steps), or `(final_carry,
@@ -282,8 +262,7 @@ class RecurrentLayer(nn.Module):
       # any product or moment; `where`, since NaN * 0 is NaN.
       inputs = jnp.where(mask[..., None] > 0, inputs, jnp.zeros_like(inputs))
     batch, length, input_size = inputs.shape
-    execution = self.execution_settings()
-    run = self._resolve(batch, execution)
+    run = self.execution_policy(batch)
     sites = self._batch_sites()
     max_length = self._max_length(length)
     if train and sites:
@@ -323,19 +302,19 @@ class RecurrentLayer(nn.Module):
     loop_sites = tuple(site for site in sites if site not in moments) if train else ()
     if run.backward == 'layer':
       final_carry, ys = self._scan_with_layer_backward(params, cfg, carry, xs, loop_sites,
-                                                       run.remat, execution.unroll)
+                                                       run.remat, self.execution.unroll)
     else:
       step = functools.partial(
           cells.lstm_step if self.cell == 'lstm' else cells.rnn_step, params, cfg)
       step = cells.rematerialized(cells.pack_moments(step, loop_sites), run.remat)
-      final_carry, ys = jax.lax.scan(step, carry, xs, unroll=execution.unroll)
+      final_carry, ys = jax.lax.scan(step, carry, xs, unroll=self.execution.unroll)
 
     if train and sites and not self.is_initializing():
       counts = self._step_counts(batch, length, mask_tm)
       moments.update(cells.unpack_moments(ys['moments'], loop_sites, sites, counts))
       self._record_moments(stats, moments)
-    return compat.returned(final_carry, jnp.swapaxes(ys['h'], 0, 1), return_carry,
-                           'RecurrentLayer', self.is_initializing())
+    outputs = jnp.swapaxes(ys['h'], 0, 1)
+    return (final_carry, outputs) if return_carry else outputs
 
   def step(self, carry, x: Array, t, mask: Optional[Array] = None):
     """One inference step, `layer.apply(variables, carry, x_t, t, method='step')`:

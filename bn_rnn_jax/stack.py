@@ -5,7 +5,7 @@ population rows of that step); a bidirectional one refuses, since its backward d
 starts from the end of the sequence.
 
 Both return the outputs, or `(carry, outputs)` with `return_carry=True`, as
-`flax.linen.RNN` (`RecurrentLayer`; `compat.py` for the previous release's default).
+`flax.linen.RNN` (`RecurrentLayer`).
 `StackedRNN` builds its layers from a variant name or from a *layer factory*: any
 callable `factory(hidden_size, name=..., **layer_options) -> module`, e.g.
 `functools.partial(RecurrentLayer, cell='rnn', max_length=100)` or a module class of
@@ -24,7 +24,6 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from bn_rnn_jax import compat
 from bn_rnn_jax import modes
 from bn_rnn_jax import sequence
 from bn_rnn_jax import variants
@@ -48,7 +47,7 @@ class Bidirectional(nn.Module):
   @nn.compact
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
                train: Optional[bool] = None, use_running_average: Optional[bool] = None,
-               deterministic: Optional[bool] = None, return_carry: Optional[bool] = None):
+               deterministic: Optional[bool] = None, return_carry: bool = False):
     mode = modes.resolve(train, use_running_average, deterministic).kwargs()
     mode['return_carry'] = True
     forward_carry, forward_out = self.forward_layer(inputs, mask, **mode)
@@ -56,8 +55,7 @@ class Bidirectional(nn.Module):
         sequence.reverse_valid(inputs, mask), mask, **mode)
     outputs = jnp.concatenate([forward_out, sequence.reverse_valid(backward_out, mask)],
                               axis=-1)
-    return compat.returned((forward_carry, backward_carry), outputs, return_carry,
-                           'Bidirectional', self.is_initializing())
+    return ((forward_carry, backward_carry), outputs) if return_carry else outputs
 
   def step(self, *args, **kwargs):
     del args, kwargs
@@ -107,7 +105,7 @@ class StackedRNN(nn.Module):
                train: Optional[bool] = None, use_running_average: Optional[bool] = None,
                deterministic: Optional[bool] = None,
                initial_carries: Optional[Sequence[Any]] = None, first_step=0,
-               return_carry: Optional[bool] = None):
+               return_carry: bool = False):
     mode = modes.resolve(train, use_running_average, deterministic)
     if self.num_layers <= 0:
       raise ValueError(f'num_layers must be positive; got {self.num_layers}.')
@@ -136,7 +134,7 @@ class StackedRNN(nn.Module):
         carry, x = self._layer(f'layer_{index}')(x, mask, **mode.kwargs(), **extra)
       carries.append(carry)
     x = self._dropout(x, mode.deterministic, axis_name)
-    return compat.returned(carries, x, return_carry, 'StackedRNN', self.is_initializing())
+    return (carries, x) if return_carry else x
 
   def _layer(self, name: Optional[str]) -> nn.Module:
     """One layer (one direction): of the variant named `variant`, or the factory's."""

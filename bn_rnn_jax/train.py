@@ -31,7 +31,6 @@ import numpy as np
 import optax
 from jax import lax
 
-from bn_rnn_jax import compat
 from bn_rnn_jax import config as config_lib
 from bn_rnn_jax import modes
 from bn_rnn_jax import parallel
@@ -78,8 +77,7 @@ def layer_options(config, train_length: int) -> variants.LayerOptions:
                      f'config.model.max_length={max_length} (T_max) is smaller.')
   fields = config_lib.layer_fields(config)
   settings = {name: fields.pop(name) for name in policy.EXECUTION_FIELDS if name in fields}
-  execution = compat.merge_execution(policy.Execution(), settings, 'config.model',
-                                     deprecated=False)
+  execution = policy.Execution(**settings)
   return variants.LayerOptions(fields, execution=execution, max_length=max_length,
                                axis_name=AXIS)
 

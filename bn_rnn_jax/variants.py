@@ -26,7 +26,6 @@ import dataclasses
 import difflib
 from typing import Any, Iterator, Mapping
 
-from bn_rnn_jax import compat
 from bn_rnn_jax import recurrent
 
 #: The papers' layers by name: `{name: RecurrentLayer fields}` (the table above).
@@ -65,14 +64,12 @@ class LayerOptions(Mapping[str, Any]):
 
   `LayerOptions(max_length=784, execution=policy.Execution(remat='full'))`; reads like a
   dict (`options['max_length']`, `dict(options)`, `options.get('axis_name')`). A field
-  not given keeps the variant's (or the layer's) default. The execution fields of the
-  previous release (`remat=` ...) are merged into `execution`, with a DeprecationWarning
-  (`compat.py`).
+  not given keeps the variant's (or the layer's) default.
   """
   items_: tuple[tuple[str, Any], ...] = ()
 
   def __init__(self, mapping: Mapping[str, Any] = (), /, **fields):
-    fields = compat.upgrade_layer_fields({**dict(mapping), **fields}, 'LayerOptions')
+    fields = {**dict(mapping), **fields}
     check_fields(fields)
     object.__setattr__(self, 'items_', tuple(sorted(fields.items())))
 
@@ -115,6 +112,6 @@ def make_layer(variant: str, hidden_size: int, **fields) -> recurrent.RecurrentL
   if variant not in VARIANTS:
     raise ValueError(f'Unknown RNN variant {variant!r}; choose one of {sorted(VARIANTS)}.')
   name = fields.pop('name', None)
-  fields = compat.upgrade_layer_fields({**VARIANTS[variant], **fields}, 'make_layer')
+  fields = {**VARIANTS[variant], **fields}
   check_fields(fields)
   return recurrent.RecurrentLayer(hidden_size=hidden_size, name=name, **fields)

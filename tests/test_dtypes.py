@@ -61,7 +61,7 @@ def test_float64_end_to_end(variant, backward):
 
     def loss(p, x):
       y, _ = layer.apply({**variables, 'params': p}, x, mask, train=True,
-                         mutable=['batch_stats'], return_carry=False)
+                         mutable=['batch_stats'])
       return jnp.sum(y * W64), y
     (_, out), (g_params, g_x) = jax.jit(jax.value_and_grad(
         loss, argnums=(0, 1), has_aux=True))(params, jnp.asarray(x))
@@ -79,8 +79,7 @@ def test_bfloat16_compute_keeps_float32_statistics(data):
   layer32 = br.make_layer('bn_lstm', H, max_length=T)
   layer16 = br.make_layer('bn_lstm', H, max_length=T, dtype=jnp.bfloat16)
   variables = layer32.init(jax.random.key(0), x, mask, train=True)
-  run = lambda layer: layer.apply(variables, x, mask, train=True, mutable=['batch_stats'],
-                                 return_carry=False)
+  run = lambda layer: layer.apply(variables, x, mask, train=True, mutable=['batch_stats'])
   (y32, stats32), (y16, stats16) = run(layer32), run(layer16)
   assert y16.dtype == jnp.float32
   for leaf in jax.tree.leaves(stats16):

@@ -116,9 +116,8 @@ def test_reloaded_model_runs_any_batch_and_length(tmp_path):
   rng = np.random.default_rng(0)
   x = rng.normal(size=(5, 4, 3)).astype(np.float32)
   variables = layer.init(jax.random.key(0), x, train=False)
-  _, updated = layer.apply(variables, x, train=True, mutable=['batch_stats'],
-                           return_carry=False)
-  infer = export.inference_function(layer, {**variables, **updated}, return_carry=False)
+  _, updated = layer.apply(variables, x, train=True, mutable=['batch_stats'])
+  infer = export.inference_function(layer, {**variables, **updated})
   exported = export.export(infer,
                            export.symbolic_specs((x,), [('batch', 'time', None)]))
   path = str(tmp_path / 'layer.jax')

@@ -15,8 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
+from flax import nnx
 
 from bn_rnn_jax import flax_cells
+from bn_rnn_jax import nnx_cells
 from bn_rnn_jax import population
 from bn_rnn_jax import variants
 import helpers
@@ -236,6 +238,21 @@ def test_called_step_by_step_equals_nn_rnn():
                                  mutable=['batch_stats'])
     inner = {**inner, **new}
     np.testing.assert_allclose(h, want[:, t], rtol=1e-5, atol=1e-6)
+
+
+def test_a_batch_normalised_cell_needs_max_length():
+  """A cell makes its statistics before it sees a sequence: without `max_length` a cell
+  with batch statistics is a one-line error (Linen and NNX); layer norm keeps none."""
+  x = jnp.ones((B, T, I))
+  with pytest.raises(ValueError, match='BNLSTMCell.*pass max_length') as error:
+    nn.RNN(flax_cells.BNLSTMCell(H, use_running_average=False),
+           variable_carry='batch_stats').init(jax.random.key(0), x)
+  helpers.one_line(error)
+  with pytest.raises(ValueError, match='BNInputLSTMCell.*pass max_length') as error:
+    nnx_cells.BNInputLSTMCell(I, H, rngs=nnx.Rngs(0))
+  helpers.one_line(error)
+  nn.RNN(flax_cells.LNLSTMCell(H)).init(jax.random.key(0), x)
+  nnx_cells.LNLSTMCell(I, H, rngs=nnx.Rngs(0))
 
 
 def test_misuse_is_a_one_line_error():

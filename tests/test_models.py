@@ -148,12 +148,11 @@ def test_inference_reuses_last_population_row_past_training_length():
       tokens)
   params = perturb(variables['params'], 2)
   _, updated = jax.jit(lambda v, t: model.apply(v, t, None, train=True,
-                                                mutable=['batch_stats'],
-                                                return_carry=False))(
+                                                mutable=['batch_stats']))(
       {**variables, 'params': params}, tokens)
   stats = updated['batch_stats']
   long_tokens = np.random.default_rng(3).integers(0, VOCAB, size=(2, 3 * LENGTH))
-  logits = jax.jit(lambda v, t: model.apply(v, t, None, train=False, return_carry=False))(
+  logits = jax.jit(lambda v, t: model.apply(v, t, None, train=False))(
       {'params': params, 'batch_stats': stats}, long_tokens)
   population = []
   for index in range(2):

@@ -242,6 +242,22 @@ def test_resolve_keeps_forced_choices_and_refuses_bad_ones(backend):
                    execution=policy.Execution(hoist_input=False))
 
 
+def test_execution_values_are_checked_in_one_line():
+  for name, bad in (('hoist_input', None), ('remat', 'sometimes'), ('unroll', 0),
+                    ('backward', 'both'), ('batch_sums', 'sum')):
+    with pytest.raises(ValueError, match=f'{name} must be') as error:
+      policy.Execution(**{name: bad})
+    assert repr(bad) in helpers.one_line(error)
+
+
+def test_config_keys_become_the_execution_value():
+  config = fx.tiny_config('bn_lstm', **{'model.remat': 'dots', 'model.unroll': 2,
+                                        'model.hoist_input': True})
+  options = train.layer_options(config, 5)
+  assert options['execution'] == policy.Execution(hoist_input=True, remat='dots', unroll=2)
+  assert not set(options) & set(policy.EXECUTION_FIELDS)
+
+
 def test_resolve_defaults_to_the_current_backend():
   fields = dict(cell='lstm', hidden_size=1000, batch=8, batch_norm=True,
                 sequence_input=False, execution=policy.Execution())

@@ -81,8 +81,7 @@ def test_estimate_population_stats_averages_minibatch_moments(data):
   for leaf in jax.tree.leaves(variables['batch_stats']):
     assert not np.any(np.isnan(np.asarray(leaf)))
   # The estimate drives inference: rows past the last seen one reuse row T-1.
-  out = layer.apply({**variables, 'batch_stats': stats}, x, mask, train=False,
-                    return_carry=False)
+  out = layer.apply({**variables, 'batch_stats': stats}, x, mask, train=False)
   assert np.all(np.isfinite(np.asarray(out)))
 
 
@@ -102,7 +101,7 @@ def test_estimate_population_stats_compiles_once_per_model(data):
 def test_the_estimate_runs_without_dropout_or_noise(data):
   """The estimate runs the network as inference does, with batch statistics: a model
   with h0 noise and dropout 0.5 records exactly the moments of the same parameters
-  without either, and needs no rng (an `rng` still given is ignored, with a warning)."""
+  without either, and needs no rng."""
   x, mask = data
   plain = br.SequenceClassifier(num_classes=2, variant='bn_lstm', hidden_size=H,
                                 num_layers=2, layer_options={'max_length': T})
@@ -113,11 +112,6 @@ def test_the_estimate_runs_without_dropout_or_noise(data):
   expected = br.estimate_population_stats(plain, variables, [(x, mask)] * 2)
   got = br.estimate_population_stats(noisy, variables, [(x, mask)] * 2)
   helpers.assert_trees_equal(got, expected)
-  with pytest.warns(DeprecationWarning, match='rng'):
-    again = br.estimate_population_stats(noisy, variables, [(x, mask)],
-                                         rng=jax.random.key(3))
-  helpers.assert_trees_equal(again, br.estimate_population_stats(plain, variables,
-                                                                 [(x, mask)]))
   # Training mode does draw them: the same batch gives other moments there.
   _, trained = noisy.apply(variables, x, mask, train=True, mutable=['batch_stats'],
                            rngs={'noise': jax.random.key(1), 'dropout': jax.random.key(2)})
@@ -176,8 +170,7 @@ def test_rows_of_one_sequence_are_named_and_fall_back_with_a_threshold():
                            what=f'{site} {key}')
   # Inference on a longer sequence normalises every step past row 1 with row 1.
   x = rng.normal(size=(3, 9, I))
-  got = layer.apply({**variables, 'batch_stats': stats}, jnp.float32(x), train=False,
-                    return_carry=False)
+  got = layer.apply({**variables, 'batch_stats': stats}, jnp.float32(x), train=False)
   population = {site: ref.population_lookup(helpers.float64(stats[site]), 9)
                 for site in records}
   assert np.all(population['cell'][0][2:] == population['cell'][0][1])

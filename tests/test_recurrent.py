@@ -282,12 +282,12 @@ def test_learned_initial_state_is_a_trained_parameter():
                                                                  'initial_hidden'))
   _, expected, _ = ref.run_layer(params, x, mask, 'bn_lstm', initial_carry=start)
   out, _ = layer.apply({**variables, 'params': jax.tree.map(jnp.asarray, params)}, x,
-                       mask, train=True, mutable=['batch_stats'], return_carry=False)
+                       mask, train=True, mutable=['batch_stats'])
   np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-4, atol=1e-5)
 
   def loss(p):
     y, _ = layer.apply({**variables, 'params': p}, x, mask, train=True,
-                       mutable=['batch_stats'], return_carry=False)
+                       mutable=['batch_stats'])
     return jnp.sum(y ** 2)
   grads = jax.grad(loss)(variables['params'])
   assert float(jnp.linalg.norm(grads['initial_hidden'])) > 0.0
@@ -490,8 +490,7 @@ def test_coinciding_rows_at_late_steps_keep_the_gradient_bounded():
     variables = layer.init(jax.random.key(0), jnp.zeros((B, length, I)), train=False)
     def loss(params, x):
       out, _ = layer.apply({'params': params, 'batch_stats': variables['batch_stats']},
-                           x, jnp.asarray(mask), train=True, mutable=['batch_stats'],
-                           return_carry=False)
+                           x, jnp.asarray(mask), train=True, mutable=['batch_stats'])
       return jnp.sum(out * w_out)
     grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(variables['params'], jnp.asarray(x))
     largest = [float(np.max(np.abs(g))) for g in jax.tree.leaves(grads)]
@@ -568,7 +567,7 @@ def test_constant_input_gradients_with_and_without_noise(initial_state):
     def loss(params, x):
       out, _ = layer.apply({'params': params, 'batch_stats': variables['batch_stats']},
                            x, train=True, mutable=['batch_stats'],
-                           rngs={'noise': jax.random.key(3)}, return_carry=False)
+                           rngs={'noise': jax.random.key(3)})
       return jnp.sum(out * w)
     return jax.grad(loss, argnums=(0, 1))(variables['params'], x)
 
@@ -601,13 +600,11 @@ def test_max_length_none_is_the_length_of_the_init_input():
   rows = jax.tree.map(lambda a: a.shape[0], variables['batch_stats'])
   assert rows == {'cell': {'count': T, 'mean': T, 'var': T},
                   'input': {'count': 1, 'mean': 1, 'var': 1}}  # sequence-wise: one row
-  train = lambda x: layer.apply(variables, x, train=True, mutable=['batch_stats'],
-                                return_carry=False)
+  train = lambda x: layer.apply(variables, x, train=True, mutable=['batch_stats'])
   _, updated = train(jnp.ones((B, T, I)))
   with pytest.raises(ValueError, match=rf'{T + 1} time steps.*max_length={T} rows'):
     train(jnp.ones((B, T + 1, I)))
-  out = layer.apply({**variables, **updated}, jnp.ones((B, 3 * T, I)), train=False,
-                    return_carry=False)
+  out = layer.apply({**variables, **updated}, jnp.ones((B, 3 * T, I)), train=False)
   assert out.shape == (B, 3 * T, H)
   norm = batch_stats.MaskedBatchNorm()
   assert norm.init(jax.random.key(0), jnp.ones((B, T, 2)), train=False)[

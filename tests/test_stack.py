@@ -40,12 +40,40 @@ def test_stack_equals_reference_layers_in_sequence(data):
   np.testing.assert_allclose(np.asarray(out), hidden, rtol=1e-4, atol=1e-5)
 
 
+def _return_carry_modules():
+  """(name, module, args): every module whose call takes `return_carry`."""
+  layer = lambda: variants.make_layer('bn_lstm', H, max_length=T)
+  x, mask = _DATA
+  tokens = np.arange(B * T).reshape(B, T) % 7
+  return [('layer', layer(), (x, mask)),
+          ('bidirectional', stack.Bidirectional(layer(), layer()), (x, mask)),
+          ('stack', br.StackedRNN('bn_lstm', H, num_layers=2,
+                                  layer_options={'max_length': T}), (x, mask)),
+          ('language_model', br.LanguageModel(vocab_size=7, hidden_size=H,
+                                              layer_options={'max_length': T}),
+           (tokens, mask))]
+
+
+@pytest.mark.parametrize('name,module,args', _return_carry_modules(),
+                         ids=lambda v: v if isinstance(v, str) else '')
+def test_a_call_returns_the_outputs_or_with_return_carry_the_carry_too(name, module, args):
+  """As `nn.RNN`: the outputs by default, `(carry, outputs)` with `return_carry=True`."""
+  variables = module.init(jax.random.key(0), *args, train=False)
+  run = lambda **kw: module.apply(variables, *args, train=True, mutable=['batch_stats'],
+                                  **kw)[0]
+  outputs = run()
+  carry, same = run(return_carry=True)
+  assert isinstance(outputs, jax.Array) and outputs.shape[:2] == (B, T), name
+  helpers.assert_trees_equal(same, outputs)
+  assert jax.tree.leaves(carry), name
+
+
 @pytest.mark.slow
 def test_stack_dropout_is_active_only_in_training(data):
   x, mask = data
   rnn = br.StackedRNN('lstm', H, num_layers=2, dropout_rate=0.5)
   variables = rnn.init(jax.random.key(0), x, mask, train=False)
-  run = functools.partial(rnn.apply, variables, x, mask, return_carry=False)
+  run = functools.partial(rnn.apply, variables, x, mask)
   eval_a, eval_b = run(train=False), run(train=False)
   np.testing.assert_array_equal(np.asarray(eval_a), np.asarray(eval_b))
   train_a = run(train=True, rngs={'dropout': jax.random.key(1)})
@@ -111,7 +139,7 @@ def test_a_layer_factory_stacks_a_layer_of_ones_own(data):
 
   both = br.StackedRNN(GRULayer, H, bidirectional=True)
   out = both.apply(both.init(jax.random.key(0), x, mask, train=False), x, mask,
-                   train=False, return_carry=False)
+                   train=False)
   assert out.shape == (B, T, 2 * H)
   classifier = br.SequenceClassifier(num_classes=3, variant=GRULayer, hidden_size=H)
   logits = classifier.apply(classifier.init(jax.random.key(0), x, mask, train=False),

@@ -1,6 +1,6 @@
 """`variants.py`: the papers' layers by name (each preset against the reference's own
-spelling of the paper), `make_layer`, and `LayerOptions` (hashable field overrides, old
-spellings upgraded with a warning or refused in one line)."""
+spelling of the paper), `make_layer`, and `LayerOptions` (hashable field overrides, an
+unknown field refused in one line)."""
 
 import pytest
 
@@ -32,24 +32,6 @@ def test_make_layer_overrides_fields_and_names_the_layer():
     variants.make_layer('bn_lstm', 4, hidden=3)
 
 
-@pytest.mark.parametrize('old,new', [
-    (dict(stats_per_step=True, input_statistics='frame'), 'per_step'),
-    (dict(input_statistics='sequence'), 'sequence'),
-    (dict(stats_per_step=False, input_statistics='sequence'), 'shared'),
-])
-def test_old_statistics_fields_are_translated_with_a_warning(old, new):
-  with pytest.warns(DeprecationWarning, match=f"statistics='{new}'"):
-    options = variants.LayerOptions(**old)
-  assert dict(options) == {'statistics': new}
-  with pytest.warns(DeprecationWarning):
-    assert variants.make_layer('bn_lstm', 4, **old).statistics == new
-
-
-def test_old_statistics_without_an_equivalent_is_a_one_line_error():
-  with pytest.raises(ValueError, match="statistics='per_step', 'sequence' or 'shared'"):
-    variants.LayerOptions(stats_per_step=False, input_statistics='frame')
-
-
 def test_unknown_layer_field_names_a_close_match():
   with pytest.raises(ValueError, match="did you mean 'max_length'"):
     variants.LayerOptions(max_lenght=3)
@@ -61,10 +43,3 @@ def test_layer_options_are_hashable_mappings():
   b = variants.LayerOptions(execution=full, max_length=7)
   assert a == b and hash(a) == hash(b) and dict(a) == {'max_length': 7, 'execution': full}
   assert a.replace(execution=none)['execution'] == none and a['execution'] == full
-
-
-def test_boolean_remat_is_upgraded_with_a_warning():
-  with pytest.warns(DeprecationWarning, match="remat='full'"):
-    layer = variants.make_layer('bn_lstm', 8, remat=True)
-  assert layer.execution == policy.Execution(remat='full')
-  assert layer.execution_policy(4).remat == 'full'

@@ -101,7 +101,7 @@ def gradient_norms(gamma: float, x: np.ndarray, y: np.ndarray, hidden_size: int,
   grads, hs = _state_gradients(params, classifier, h0, x, jnp.asarray(y))
   if check_layer:
     layer_out, _ = layer.apply({'params': params}, x, train=True, initial_carry=h0,
-                               mutable=['batch_stats'], return_carry=False)
+                               mutable=['batch_stats'])
     if not np.allclose(np.asarray(layer_out), np.swapaxes(np.asarray(hs), 0, 1),
                        atol=1e-5):
       raise AssertionError('The perturbed scan does not reproduce RecurrentLayer.')
