@@ -251,7 +251,7 @@ def test_gamma_sensitivity_mnist_digits(tmp_path):
 
 
 @needs_ptb
-@pytest.mark.slow
+@pytest.mark.exhaustive  # the script's digits form: the test above
 def test_gamma_sensitivity_ptb(tmp_path):
   gamma_sensitivity.run(
       str(tmp_path), None, PTB_DIR, [0.1, 1.0], tasks=('ptb',),
@@ -290,8 +290,7 @@ def test_laurent_appendix(tmp_path):
 
 # ---------------------------------------------------------------- estimate batch size
 
-@pytest.mark.slow
-@pytest.mark.parametrize('permute', [False, True])
+@pytest.mark.parametrize('permute', helpers.core_cases([False, True], core=[], also=[False]))
 def test_estimate_batch_size_digits(tmp_path, permute):
   """Every estimate setting is drawn `draws` times and scored; every site is swapped."""
   estimate_batch_size.run(str(tmp_path), None, num_steps=3, batch_size=16, hidden_size=8,

@@ -299,8 +299,7 @@ def _config(**overrides):
   return config
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize('min_step_count', [1, 3])
+@pytest.mark.parametrize('min_step_count', helpers.core_cases([1, 3], core=[], also=[3]))
 def test_train_step_on_eight_devices_equals_one(cloze_arrays, min_step_count):
   # With min_step_count=3 (2 examples per device) the fallback holds only if the valid
   # counts are those of the global batch.
@@ -320,7 +319,7 @@ def test_train_step_on_eight_devices_equals_one(cloze_arrays, min_step_count):
     np.testing.assert_allclose(valid8[name], valid1[name], rtol=2e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # the resume guarantee itself: tests/test_loop.py
 def test_kill_and_resume_is_exact(cloze_arrays, tmp_path):
   config = _config(**{'train.num_steps': 5, 'train.log_every': 2, 'eval.every': 2,
                       'checkpoint.every': 2, 'train.num_devices': 1,

@@ -332,7 +332,8 @@ def test_donation_memory_report_renders_the_saved_cpu_results():
   assert 'not measured' in report[-1]
 
 
-@pytest.mark.parametrize('measure', helpers.core_cases(['auto', 'always'], core=['auto']))
+@pytest.mark.exhaustive
+@pytest.mark.parametrize('measure', ['auto', 'always'])
 def test_donation_memory_quick_mode_runs(tmp_path, measure):
   """`--quick` end to end; `--measure always` also runs the measuring processes (peaks
   None on the CPU)."""

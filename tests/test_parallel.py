@@ -39,7 +39,7 @@ def test_check_divisible_and_local_devices_name_the_numbers():
 
 
 def test_batch_not_divisible_by_devices_is_one_clear_error():
-  config = fx.tiny_config(**{'train.batch_size': 12})
+  config = fx.tiny_config(**{'train.batch_size': 12, 'train.num_devices': 8})
   with pytest.raises(ValueError, match='batch_size 12 does not divide evenly over 8 devices'):
     loop.Trainer(config, None, fx.synthetic_dataset(config))
 
@@ -79,8 +79,8 @@ def _backend_run(config, dataset, backend, steps, workdir=None, dataset_for_run=
           trainer.evaluate(state, 'valid'))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize('make_dataset', ['classification', 'language_model'])
+@pytest.mark.parametrize('make_dataset', helpers.core_cases(
+    ['classification', 'language_model'], core=[], also=['language_model']))
 def test_shard_map_backend_equals_pmap(make_dataset):
   config = fx.tiny_config('bn_lstm', **{'model.initial_state': 'zeros',
                                         'optimizer.name': 'adam'})

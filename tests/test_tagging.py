@@ -166,7 +166,7 @@ def _synthetic_tagging(batch_size=16, seed=0):
       buckets=(8,), seed=seed, batch_size=batch_size, eval_batch_size=8)  # one shape
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # devices: tests/test_eight_devices_equal_one.py
 def test_tagging_train_step_on_eight_devices_equals_one():
   config = fx.tiny_config('bn_input_only_seq', **{'model.initial_state': 'zeros'})
   config.model.bidirectional = True

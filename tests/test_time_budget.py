@@ -112,7 +112,7 @@ def test_main_stops_cleanly_and_says_how_to_continue(tmp_path):
   assert '4' in os.listdir(tmp_path / 'checkpoints')
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_long_run_command_stops_packs_and_continues(tmp_path):
   """experiments/seq_mnist_long_run.sh on the 8x8 digits (the same command, the data
   swapped by its pass-through arguments): a stop at the first save, a tar without the
