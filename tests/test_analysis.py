@@ -146,7 +146,7 @@ def test_population_estimate_matches_numpy_moments():
   np.testing.assert_allclose(site['count'], np.full(64, 3.0 * terms[0].shape[0]))
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_initial_state_changes_gamma_and_shares_the_step():
   """`initial_state` sets the BN gammas; both states train with the one compiled step, and
   `evaluate_with` on the state's own running statistics equals the 'running' evaluation."""
@@ -210,7 +210,7 @@ def test_convergence_measure():
 
 
 @needs_ptb
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_population_stats(tmp_path):
   population_stats.run(str(tmp_path), PTB_DIR, hidden_size=8, num_steps=3, batch_size=8,
                        length=12, units_shown=5, population_batches=2)
@@ -232,7 +232,7 @@ def test_population_stats(tmp_path):
 
 # ---------------------------------------------------------------- gamma sensitivity (6)
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_gamma_sensitivity_mnist_digits(tmp_path):
   result = gamma_sensitivity.run(
       str(tmp_path), None, PTB_DIR, [0.1, 1.0], tasks=('mnist',),
@@ -274,7 +274,7 @@ def test_laurent_variant_parsing():
 
 
 @needs_ptb
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_laurent_appendix(tmp_path):
   variants = [('rnn_bn_input', 1.0), ('rnn_bn_recurrence', 0.1)]
   laurent_appendix.run(str(tmp_path), PTB_DIR, variants, num_steps=3, hidden_size=8,
@@ -290,7 +290,8 @@ def test_laurent_appendix(tmp_path):
 
 # ---------------------------------------------------------------- estimate batch size
 
-@pytest.mark.parametrize('permute', helpers.core_cases([False, True], core=[], also=[False]))
+@pytest.mark.exhaustive
+@pytest.mark.parametrize('permute', [False, True])
 def test_estimate_batch_size_digits(tmp_path, permute):
   """Every estimate setting is drawn `draws` times and scored; every site is swapped."""
   estimate_batch_size.run(str(tmp_path), None, num_steps=3, batch_size=16, hidden_size=8,
@@ -310,7 +311,7 @@ def test_estimate_batch_size_digits(tmp_path, permute):
   assert saved['length'] == 64
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_estimate_noise_digits(tmp_path):
   """Both estimates on the same batches, each arm's draws recorded; without noise the
   estimate is the library's (`estimate_population_stats`)."""
@@ -327,7 +328,7 @@ def test_estimate_noise_digits(tmp_path):
   assert saved['largest_relative_variance_change']['rnn/layer_0/recurrent'] > 0.0
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_estimate_trained_scores_a_runs_checkpoint_as_the_run_did(tmp_path):
   """Restored from the run's workdir, batch statistics and the running average score the
   whole validation split as the run's own last evaluation did; each estimate is drawn

@@ -299,7 +299,8 @@ def _config(**overrides):
   return config
 
 
-@pytest.mark.parametrize('min_step_count', helpers.core_cases([1, 3], core=[], also=[3]))
+@pytest.mark.exhaustive  # devices: tests/test_eight_devices_equal_one.py
+@pytest.mark.parametrize('min_step_count', [1, 3])
 def test_train_step_on_eight_devices_equals_one(cloze_arrays, min_step_count):
   # With min_step_count=3 (2 examples per device) the fallback holds only if the valid
   # counts are those of the global batch.

@@ -141,7 +141,7 @@ def test_cudnn_row_is_skipped_with_one_line_without_cudnn():
 TINY = dict(batch=4, time=3, features=2, hidden=8, bidirectional=False, padding=0.0)
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_rows_for_each_dtype_and_skipped_lines(monkeypatch):
   """Every implementation that runs here gets a row per dtype (ratios within a dtype);
   the rest one line each."""

@@ -217,8 +217,8 @@ TREES = dict(rtol=2e-5, atol=1e-6)   # float32 sums in another order
 
 # hidden 16: with 2 examples per device, backward='auto' takes the whole-layer pass on
 # 8 CPU devices (H >= 8 B) and the autodiff of the scan on 1 (B16): the same step.
-@pytest.mark.slow
-@pytest.mark.parametrize('variant,hidden', [('bn_lstm', 8), ('bn_lstm', 16)])
+@pytest.mark.parametrize('variant,hidden', helpers.core_cases(
+    [('bn_lstm', 8), ('bn_lstm', 16)], core=[], also=[('bn_lstm', 16)]))
 def test_pmapped_step_equals_single_device(variant, hidden):
   # h0 noise is drawn per global example (`sequence.per_example_keys`): 8 devices draw 1
   # device's.
@@ -296,7 +296,8 @@ def test_eight_devices_equal_one_with_noise_and_dropout():
     np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6, err_msg=jax.tree_util.keystr(path))
 
 
-@pytest.mark.slow
+# Two processes through main.py, lost and resumed: tests/test_multiprocess_main.py.
+@pytest.mark.exhaustive
 def test_two_processes_over_jax_distributed_equal_one_device(tmp_path):
   """2 processes x 2 CPU devices on 127.0.0.1 (gloo collectives), each feeding its half
   of the global batch, take the same step as one device on the whole batch."""

@@ -75,7 +75,7 @@ def test_classifier_run_exports_and_reloads_without_the_model_code(tmp_path):
   assert saved['check'] == description['check'] and tmp_path.name not in json.dumps(saved)
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # the export itself: the classifier's test above
 def test_language_model_run_exports_from_the_command_line(tmp_path, language_model_run):
   output = str(tmp_path / 'model.jax')
   done = _command('experiments.export', f'--workdir={language_model_run}', f'--output={output}')

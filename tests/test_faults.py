@@ -138,8 +138,11 @@ def test_ctrl_c_ends_main_with_one_line_naming_the_checkpoint_it_resumes_from(tm
 
 # Ctrl-C landing while a garbage-collection callback runs (JAX registers one): raised
 # there, the KeyboardInterrupt would be printed and dropped, and the launch train on.
+# Python's own Ctrl-C handler, as a process started from a terminal has it (a shell's
+# background job, as a test run may be, starts with SIGINT ignored).
 _CTRL_C_IN_A_GC_CALLBACK = """
 import gc, os, signal, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from experiments import main
 main.handle_ctrl_c()
 def callback(phase, info):

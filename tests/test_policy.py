@@ -20,8 +20,8 @@ input statistics always hoist; the tanh RNN always takes the autodiff of the sca
 The CPU's policy is also compared with the float64 NumPy reference (`tests/reference.py`,
 gradients by central finite differences) at float32's tolerance (as
 `tests/test_recurrent.py`): the policies agree with each other, and so with the maths.
-The default run forces every choice on the per-step BN-LSTM, the sequence-wise and the
-tanh-RNN variants; the exhaustive tier on every variant, each also against the reference.
+The default run forces every choice on the per-step BN-LSTM (the core tier one on the
+tanh RNN too); the exhaustive tier on every variant, each also against the reference.
 
 Tolerances between policies. Both sides are float32 programs of the same function; they
 differ only in the order of float32 sums (a batched product against one per step, a
@@ -288,7 +288,7 @@ def test_forced_accelerator_policy_is_what_accelerators_resolve(variant, backend
 @pytest.mark.parametrize('variant,choice', helpers.core_cases(
     _cases(), core=[('bn_lstm', 'gpu'), ('rnn_bn_recurrence', 'tpu')],
     also=[case for case in _cases()
-          if case[0] in ('bn_lstm', 'bn_input_only_seq', 'rnn_bn_recurrence')]))
+          if case[0] == 'bn_lstm']))
 def test_forced_choice_matches_cpu_policy(variant, choice):
   got = run(variant, tuple(FORCED[choice].items()))
   assert_same_training_pass(got, run(variant), RTOL_VALUES, RTOL_GRADS)
