@@ -4,7 +4,8 @@
   mark each quoted table with `<!-- campaign-table NAME TABLE -->` ... `<!-- /campaign-table -->`.
 * A campaign runs end to end at a tiny budget (two steps per run, the spec's tiny model,
   fixture data written here): runner, collector, tables, figure, speed. The default run
-  takes the quickstart campaign, the exhaustive tier every campaign and every arm.
+  takes the quickstart campaign (run, collect, tables, figure, run again, resume), the
+  exhaustive tier every campaign and every arm, and a killed campaign resumed.
 * The runner skips finished runs (nothing is evaluated twice) and resumes the others; the
   collector records the machine and no paths; each run's command line builds exactly the
   config the spec means.
@@ -498,11 +499,10 @@ QUICK_ARMS = {'init_options': ['lstm_ours', 'bn_lstm_authors'],
               'attentive_reader_200': ['lstm']}
 
 
-# The default run takes the quickstart campaign end to end; the exhaustive tier every
-# campaign (their configs are built and validated in process above).
-@pytest.mark.parametrize('name', [
-    pytest.param(name, marks=pytest.mark.slow if name == 'quickstart' else pytest.mark.exhaustive)
-    for name in spec.names()])
+# Every campaign (their configs are built and validated in process above); the default run
+# takes the quickstart campaign end to end in the run-again test below.
+@pytest.mark.exhaustive
+@pytest.mark.parametrize('name', spec.names())
 def test_campaign_end_to_end_at_a_tiny_budget(name, data, tiny_runs, tmp_path):
   result = _tiny(name, data, tiny_runs, tmp_path, QUICK_ARMS.get(name))
   if name.startswith('attentive_reader'):
@@ -546,7 +546,8 @@ def test_run_again_skips_finished_runs_and_resumes_the_others(data, tiny_runs, t
   assert len(collect.read_launches(resumed)) == 2
 
 
-@pytest.mark.slow
+# The quickstart campaign itself: the run-again test above.
+@pytest.mark.exhaustive
 def test_quickstart_runs_end_to_end(tmp_path):
   """`experiments/quickstart.py` (the README's first command) at a tiny budget: it runs
   the quickstart campaign, prints its table and draws the curves."""
@@ -564,7 +565,9 @@ def test_quickstart_runs_end_to_end(tmp_path):
   assert os.path.exists(tmp_path / 'quickstart' / 'bn_lstm_s0' / 'metrics.jsonl')
 
 
-@pytest.mark.slow
+# A stopped runner: tests/test_campaign_faults.py; a killed run resumes exactly:
+# tests/test_faults.py, tests/test_loop.py.
+@pytest.mark.exhaustive
 def test_a_killed_campaign_resumes_exactly(tiny_runs):
   """Kill the runner and its run (SIGKILL to the process group) after the first
   checkpoint; `run` again resumes the run from it and ends with the records of an

@@ -4,8 +4,8 @@ quoted table matches its JSON, and the README says what CI does.
 * `sphinx -W -b html docs` (warnings are errors) and the API reference holds every public
   name of every module (exhaustive tier).
 * `sphinx -b doctest docs`: every example of the guides and every `>>>` of a docstring
-  runs and prints what the page says (exhaustive tier; the default run runs two examples
-  of the layer guide alone, and the README's).
+  runs and prints what the page says, and each layer-guide example alone (exhaustive
+  tier; the default run runs the README's examples).
 * Every `<!-- json-table NAME -->` block of the README and docs/ equals `docs/tables.py`'s
   rendering of its JSON (the campaign tables: tests/test_campaign.py).
 * Every config field has its description in bn_rnn_jax/config.py.
@@ -163,7 +163,7 @@ def test_layer_guide_blocks_are_groups_of_their_own():
 
 @pytest.mark.parametrize('group,code,expected', [
     pytest.param(*block, id=block[0],
-                 marks=() if block[0] in ('cells', 'bidirectional') else pytest.mark.exhaustive)
+                 marks=pytest.mark.exhaustive)
     for block in LAYER_GUIDE])
 def test_layer_guide_block_runs_on_its_own(group, code, expected):
   """Each example of the layer guide, alone in a fresh process (one CPU device, as the

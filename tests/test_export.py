@@ -86,7 +86,7 @@ def test_language_model_run_exports_from_the_command_line(tmp_path, language_mod
   assert description['outputs'][0].startswith('float32[batch,time,')
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_sampler_prints_reproducible_text_past_the_training_length(language_model_run):
   """40 symbols after the prompt (the model trained on 12): the same seed, the same text;
   another seed, another text."""

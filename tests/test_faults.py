@@ -421,9 +421,9 @@ def _padded_batch(junk):
 
 # The two variants that leaked (sequence-wise input statistics, shared statistics), and one
 # per other code path (per-step BN everywhere; the tanh RNN); compile time is the budget.
-@pytest.mark.slow
-@pytest.mark.parametrize('variant', ['bn_input_only_seq', 'bn_lstm_shared', 'bn_lstm',
-                                     'rnn_bn_recurrence'])
+@pytest.mark.parametrize('variant', helpers.core_cases(
+    ['bn_input_only_seq', 'bn_lstm_shared', 'bn_lstm', 'rnn_bn_recurrence'], core=[],
+    also=['bn_input_only_seq']))
 def test_junk_in_the_padding_reaches_nothing(variant):
   layer = variants.make_layer(variant, 4, max_length=5, initial_state='zeros')
   x, mask = _padded_batch(0.0)

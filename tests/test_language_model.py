@@ -17,6 +17,7 @@ import training_fixtures as fx
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.exhaustive  # the trainer's language-model path: the next test
 def test_tiny_character_model_learns(tmp_path):
   """A 16-unit BN-LSTM on fixture text: training loss and validation bpc fall fast."""
   config = fx.tiny_text_config(fx.load_config('ptb_char', 'bn_lstm'),

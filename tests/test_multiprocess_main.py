@@ -93,11 +93,12 @@ def test_two_processes_lose_one_then_resume_to_the_two_device_run(tmp_path):
     assert p.returncode == 0, err[-3000:]
   assert 'Resumed from the checkpoint of step' in outputs[0]
 
+  # The same run in this process on two of its devices (FLAGS as fields).
   single = str(tmp_path / 'one')
-  done = subprocess.run([sys.executable, MAIN, *FLAGS, f'--workdir={single}'],
-                        cwd=helpers.REPO, env=_env(2), capture_output=True, text=True,
-                        timeout=900)
-  assert done.returncode == 0, done.stderr[-3000:]
+  config = fx.load_config('quickstart', 'tiny')
+  config.train.num_steps, config.checkpoint.every, config.checkpoint.keep = 12, 2, 2
+  config.train.log_every, config.eval.every, config.train.num_devices = 2, 12, 2
+  loop.train_and_evaluate(config, single)
   two, one = _final_params(workdir), _final_params(single)
   helpers.assert_trees_close(two.params, one.params, rtol=1e-4, atol=1e-6)
   helpers.assert_trees_close(two.batch_stats, one.batch_stats, rtol=1e-4, atol=1e-6)

@@ -79,8 +79,9 @@ def _backend_run(config, dataset, backend, steps, workdir=None, dataset_for_run=
           trainer.evaluate(state, 'valid'))
 
 
-@pytest.mark.parametrize('make_dataset', helpers.core_cases(
-    ['classification', 'language_model'], core=[], also=['language_model']))
+# A shard_map run resuming a pmap run: tests/test_loop.py.
+@pytest.mark.exhaustive
+@pytest.mark.parametrize('make_dataset', ['classification', 'language_model'])
 def test_shard_map_backend_equals_pmap(make_dataset):
   config = fx.tiny_config('bn_lstm', **{'model.initial_state': 'zeros',
                                         'optimizer.name': 'adam'})

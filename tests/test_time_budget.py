@@ -86,7 +86,8 @@ def test_bad_budget_is_one_clear_error(budget):
     config_lib.validate_config(config)
 
 
-@pytest.mark.slow
+# A budgeted stop and its resume: the in-process test above.
+@pytest.mark.exhaustive
 def test_main_stops_cleanly_and_says_how_to_continue(tmp_path):
   """The command line: exit status 0, the checkpoint of the stop, one line saying how to
   go on; the same command then finishes the run."""
