@@ -253,6 +253,13 @@ def rnn_speed(path: str = 'benchmarks/results/rnn_speed_cpu.json') -> str:
   return _benchmark_module('rnn_speed').format_table(_load(path)['results'])
 
 
+def suite_time(path: str = 'benchmarks/results/suite_time.json') -> str:
+  """`benchmarks/suite_time.py`'s line per test tier, and the machine."""
+  saved = _load(path)
+  return (_benchmark_module('suite_time').format_table(saved) + '\n\n' +
+          f"Machine: {_machine_facts(saved['machine'])}.")
+
+
 def batch_sums(path: str = 'benchmarks/results/rnn_speed_cpu.json') -> str:
   """`benchmarks/rnn_speed.py --report`'s table of the two ways to sum over the batch."""
   saved = _load(path)
@@ -395,7 +402,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     'speed_targets': speed_targets, 'trainer_overhead': trainer_overhead,
     'donation_memory': donation_memory,
     'machine': machine, 'run_time': run_time, 'figures': figures, 'variable_length': variable_length,
-    'launch_profile': launch_profile,
+    'launch_profile': launch_profile, 'suite_time': suite_time,
 }
 
 
