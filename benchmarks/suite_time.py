@@ -1,14 +1,16 @@
 """Wall time of the test tiers, each run as the README runs it.
 
-    python benchmarks/suite_time.py [--tiers=core,default] [--out=PATH] [--log_dir=DIR]
+    python benchmarks/suite_time.py [--tiers=default,core] [--out=PATH] [--log_dir=DIR]
     python benchmarks/suite_time.py --report [PATH]     # the saved lines
 
 Each tier is `python -m pytest -q tests <its arguments>` in a fresh process, in this
-repository, with a persistent compilation cache of its own: empty for the default and
-exhaustive tiers (as CI runs them), filled by an untimed run first for the core tier (as a
-developer runs it again while working). The JSON records, per tier, the command, the
-cache, the wall and CPU seconds (children included), pytest's closing line, and the machine
-(`benchmarks/results/suite_time.json` by default; docs/tables.py renders it).
+repository, in the order of `TIERS`, all of them with one persistent compilation cache
+that starts empty: the default and exhaustive tiers are timed cold, as CI runs them; the
+core tier warm, as a developer runs it again while working (after an untimed run when no
+tier before it filled the cache). The JSON records, per tier, the command, the cache, the
+wall and CPU seconds (children included), pytest's closing line and the load; and the
+machine (`benchmarks/results/suite_time.json` by default; docs/tables.py renders it). It
+is written once all tiers ran, so that each tier reads the results the docs quote.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(REPO, 'benchmarks', 'results', 'suite_time.json')
 # tier -> the arguments after `python -m pytest -q tests` (README, "Tests").
 TIERS = {
-    'core': ['-m', 'not slow'],  # the only tier timed with a filled cache (WARM)
     'default': ['--durations=20'],
+    'core': ['-m', 'not slow'],  # the only tier timed with a filled cache (WARM)
     'exhaustive': ['--exhaustive', '--durations=20'],
 }
 WARM = ('core',)
@@ -43,22 +45,22 @@ def command(tier: str) -> list[str]:
   return ['python', '-m', 'pytest', '-q', 'tests', *TIERS[tier]]
 
 
-def time_tier(tier: str, log: str = '') -> dict:
-  """Run one tier with an empty compilation cache; its times and closing line (pytest's
-  whole output written to `log` when given)."""
+def time_tier(tier: str, cache: str, filled: bool, log: str = '') -> dict:
+  """Run one tier with the compilation cache `cache` (filled by an untimed run first for
+  a WARM tier, unless `filled`); its times and closing line (pytest's whole output
+  written to `log` when given)."""
   argv = command(tier)
-  with tempfile.TemporaryDirectory(prefix='bn_rnn_jax_suite_cache_') as cache:
-    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache)
-    if tier in WARM:
-      subprocess.run([sys.executable, *argv[1:]], cwd=REPO, env=env, capture_output=True,
-                     check=False)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    load = [round(v, 2) for v in os.getloadavg()]
-    start = time.monotonic()
-    done = subprocess.run([sys.executable, *argv[1:]], cwd=REPO, env=env,
-                          capture_output=True, text=True, check=False)
-    wall = time.monotonic() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache)
+  if tier in WARM and not filled:
+    subprocess.run([sys.executable, *argv[1:]], cwd=REPO, env=env, capture_output=True,
+                   check=False)
+  before = resource.getrusage(resource.RUSAGE_CHILDREN)
+  load = [round(v, 2) for v in os.getloadavg()]
+  start = time.monotonic()
+  done = subprocess.run([sys.executable, *argv[1:]], cwd=REPO, env=env,
+                        capture_output=True, text=True, check=False)
+  wall = time.monotonic() - start
+  after = resource.getrusage(resource.RUSAGE_CHILDREN)
   if log:
     with open(log, 'w') as f:
       f.write(done.stdout + done.stderr)
@@ -86,7 +88,7 @@ def format_table(saved: dict) -> str:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--tiers', default='core,default',
+  parser.add_argument('--tiers', default='default,core',
                       help=f'comma-separated, of {", ".join(TIERS)}')
   parser.add_argument('--out', default=OUT)
   parser.add_argument('--report', nargs='?', const=OUT, default=None, metavar='PATH',
@@ -106,13 +108,14 @@ def main(argv=None) -> int:
   if os.path.exists(args.out):  # the tiers not run again keep their lines
     with open(args.out) as f:
       saved['tiers'] = {k: v for k, v in json.load(f)['tiers'].items() if k not in tiers}
-  for tier in tiers:
-    log = os.path.join(args.log_dir, f'{tier}.log') if args.log_dir else ''
-    saved['tiers'][tier] = time_tier(tier, log)
-    print(format_table({'tiers': {tier: saved['tiers'][tier]}}), flush=True)
-    with open(args.out, 'w') as f:
-      json.dump(saved, f, indent=1)
-      f.write('\n')
+  with tempfile.TemporaryDirectory(prefix='bn_rnn_jax_suite_cache_') as cache:
+    for position, tier in enumerate(sorted(tiers, key=list(TIERS).index)):
+      log = os.path.join(args.log_dir, f'{tier}.log') if args.log_dir else ''
+      saved['tiers'][tier] = time_tier(tier, cache, filled=position > 0, log=log)
+      print(format_table({'tiers': {tier: saved['tiers'][tier]}}), flush=True)
+  with open(args.out, 'w') as f:
+    json.dump(saved, f, indent=1)
+    f.write('\n')
   return max(run['exit_code'] for run in saved['tiers'].values())
 
 
