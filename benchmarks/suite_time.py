@@ -30,7 +30,7 @@ import machine_facts  # pylint: disable=g-bad-import-order
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(REPO, 'benchmarks', 'results', 'suite_time.json')
-# tier -> the arguments after `python -m pytest -q tests` (README, "Tests").
+# tier -> the arguments after `python -m pytest -q tests` (README, "Install, quickstart, tests").
 TIERS = {
     'default': ['--durations=20'],
     'core': ['-m', 'not slow'],  # the only tier timed with a filled cache (WARM)
