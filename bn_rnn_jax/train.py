@@ -93,11 +93,18 @@ def initial_variables(model, batch, seed: int):
   rng = jax.random.PRNGKey(seed + INIT_SEED_OFFSET)
   params_rng, noise_rng, dropout_rng = jax.random.split(rng, 3)
   rngs = {'params': params_rng, 'noise': noise_rng, 'dropout': dropout_rng}
-  try:
-    init = _jitted_init(model)
-  except TypeError:  # a model with an unhashable field
-    init = _jitted_init.__wrapped__(model)
+  init = call_cached(_jitted_init, model)
   return init(rngs, batch['inputs'], batch.get('mask'))
+
+
+def call_cached(fn, *args):
+  """`fn(*args)` through its `functools.lru_cache`, or uncached where an argument cannot
+  be hashed (a model with a dict field: its programs are its own)."""
+  try:
+    hash(args)
+  except TypeError:
+    return fn.__wrapped__(*args)
+  return fn(*args)
 
 
 @functools.lru_cache(maxsize=8)

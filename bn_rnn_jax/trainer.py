@@ -13,8 +13,8 @@ evaluates with other kinds too, logged beside as `<metric>_<kind>`.
 
 from __future__ import annotations
 
-import collections
 import functools
+import json
 import time
 from typing import Callable, NamedTuple, Optional
 
@@ -24,6 +24,7 @@ import optax
 from absl import logging
 
 from bn_rnn_jax import config as config_lib
+from bn_rnn_jax import extras
 from bn_rnn_jax import input_pipeline
 from bn_rnn_jax import optim
 from bn_rnn_jax import parallel
@@ -31,6 +32,9 @@ from bn_rnn_jax import population
 from bn_rnn_jax import tasks
 from bn_rnn_jax import train
 from bn_rnn_jax.train import TrainState
+
+with extras.needed_by(__name__):
+  import ml_collections
 
 _EVAL_LOG_EVERY_S = 10.0  # an evaluation logs its progress at most this often
 
@@ -47,28 +51,16 @@ class _DeviceSteps(NamedTuple):
 # Trainers of one model, task, optimizer and devices share their device-mapped steps, so
 # each program is traced and compiled once per process (tests, analyses and campaign
 # evaluations build many Trainers of one run).
-_STEPS: collections.OrderedDict = collections.OrderedDict()
-_STEPS_KEPT = 8
-
-
+@functools.lru_cache(maxsize=8)
 def _device_steps(model, task, optimizer_json: str, steps_per_epoch: int,
-                  carries_state: bool, devices: tuple, backend: str, donates_state: bool,
-                  config) -> _DeviceSteps:
-  """The steps for these arguments, built on first use (`config.optimizer` is the one
-  `optimizer_json` writes)."""
-  key = (model, task, optimizer_json, steps_per_epoch, carries_state, devices, backend,
-         donates_state)
-  try:
-    hash(key)
-  except TypeError:  # a model with an unhashable field: its steps are its own
-    key = None
-  if key in _STEPS:
-    _STEPS.move_to_end(key)
-    return _STEPS[key]
-  tx = optim.create_optimizer(config, steps_per_epoch)
+                  carries_state: bool, devices: tuple, backend: str,
+                  donates_state: bool) -> _DeviceSteps:
+  """The steps for these arguments; `optimizer_json` is `config.optimizer.to_json()`."""
+  optimizer = ml_collections.ConfigDict({'optimizer': json.loads(optimizer_json)})
+  tx = optim.create_optimizer(optimizer, steps_per_epoch)
   common = dict(model=model, task=task)
   device_map = functools.partial(parallel.device_map, devices=devices, backend=backend)
-  steps = _DeviceSteps(
+  return _DeviceSteps(
       tx=tx,
       train=device_map(functools.partial(train.train_step, tx=tx,
                                          carries_state=carries_state, **common),
@@ -78,11 +70,6 @@ def _device_steps(model, task, optimizer_json: str, steps_per_epoch: int,
                                               **common)),
       minibatch_moments=device_map(functools.partial(train.minibatch_moments_step, **common)),
       average_minibatch_moments=device_map(population.average_minibatch_moments))
-  if key is not None:
-    _STEPS[key] = steps
-  while len(_STEPS) > _STEPS_KEPT:
-    _STEPS.popitem(last=False)
-  return steps
 
 
 class Trainer:
@@ -112,10 +99,10 @@ class Trainer:
     # With config.train.donate_state the step donates its state (argument 0): the state
     # passed in is deleted by the call; `copy_state` keeps one that outlives it.
     self.donates_state = bool(config.train.get('donate_state', True))
-    steps = _device_steps(
-        self.model, self.task, config.optimizer.to_json(), self.dataset.steps_per_epoch,
-        self.dataset.carries_state, tuple(self.devices), self.backend, self.donates_state,
-        config)
+    steps = train.call_cached(
+        _device_steps, self.model, self.task, config.optimizer.to_json(),
+        self.dataset.steps_per_epoch, self.dataset.carries_state, tuple(self.devices),
+        self.backend, self.donates_state)
     self.tx = steps.tx
     self.p_train_step = steps.train
     self.p_eval_step = steps.eval
