@@ -10,6 +10,7 @@ subprocess of this environment, that they import no trainer, data or plotting pa
 
 import ast
 import importlib.metadata
+import json
 import os
 import re
 import subprocess
@@ -50,6 +51,42 @@ for model, args, kwargs in models * TRAIN:
   assert all(bool(jnp.all(jnp.isfinite(p))) for p in jax.tree.leaves(params))
 print(' '.join(sorted({name.split('.')[0] for name in sys.modules})))
 print(' '.join(sorted(name for name in sys.modules if name.startswith('bn_rnn_jax'))))
+'''
+
+
+#: The public names of the layers, cells, models and statistics (the package docstring).
+MODEL_NAMES = (
+    'RecurrentLayer', 'make_layer', 'VARIANTS', 'LayerOptions', 'Execution', 'StackedRNN',
+    'Bidirectional', 'MaskedBatchNorm', 'reverse_valid', 'BNLSTMCell', 'BNInputLSTMCell',
+    'LNLSTMCell', 'NormalizedLSTMCell', 'scan_collections', 'SequenceClassifier',
+    'LanguageModel', 'SequenceTagger', 'AttentiveReader', 'estimate_population_stats',
+    'batch_norm', 'batch_moments', 'layer_norm', 'normalize')
+#: Packages of the 'train' and 'data' extras that the path above must not import.
+TRAINER_PACKAGES = ('optax', 'orbax', 'absl', 'ml_collections', 'tensorflow_datasets')
+#: Our modules that import them (or need an extra); none may load on that path.
+TRAINER_MODULES = ('checkpoint', 'config', 'extras', 'input_pipeline', 'loop',
+                   'metric_writer', 'optim', 'parallel', 'tasks', 'train', 'trainer',
+                   'workdir')
+
+# Touches MODEL_NAMES with every import statement traced; prints, as JSON, the imports
+# made by our own modules (importer, module) and the bn_rnn_jax modules it loaded.
+TRACE_SCRIPT = '''
+import builtins, json, sys
+original, made = builtins.__import__, set()
+
+def traced(name, globals=None, locals=None, fromlist=(), level=0):
+  importer = (globals or {}).get('__name__') or ''
+  if level == 0 and importer.split('.')[0] == 'bn_rnn_jax':
+    made.add((importer, name))
+  return original(name, globals, locals, fromlist, level)
+
+builtins.__import__ = traced
+import bn_rnn_jax
+for name in %r:
+  getattr(bn_rnn_jax, name)
+builtins.__import__ = original
+print(json.dumps({'made': sorted(made),
+                  'ours': sorted(m for m in sys.modules if m.startswith('bn_rnn_jax.'))}))
 '''
 
 
@@ -100,6 +137,25 @@ def test_layers_and_cells_import_no_extra_package():
   done = helpers.run_python(['-c', SCRIPT % False], one_device=True)
   assert done.returncode == 0, done.stderr[-3000:]
   _check_output(done.stdout)
+
+
+def test_our_layers_cells_and_models_import_only_jax_numpy_and_flax():
+  """In a fresh process, `import bn_rnn_jax` and the layer, cell, model and statistics
+  names: our modules import nothing but the standard library, jax, numpy and flax, and
+  none of the trainer's modules loads. (Flax itself imports absl in `flax.linen` and
+  optax in `flax.nnx`, so those may be in `sys.modules`; what is checked here is what
+  our code imports.)"""
+  done = helpers.run_python(['-c', TRACE_SCRIPT % (MODEL_NAMES,)], one_device=True)
+  assert done.returncode == 0, done.stderr[-3000:]
+  traced = json.loads(done.stdout.strip().splitlines()[-1])
+  outside = sorted((importer, name) for importer, name in traced['made']
+                   if name.split('.')[0] not in sys.stdlib_module_names
+                   and name.split('.')[0] not in ('bn_rnn_jax', 'jax', 'numpy', 'flax'))
+  assert not outside, outside
+  assert not {name.split('.')[0] for _, name in traced['made']} & set(TRAINER_PACKAGES)
+  loaded = {name.split('.')[1] for name in traced['ours']}
+  assert not loaded & set(TRAINER_MODULES), sorted(loaded & set(TRAINER_MODULES))
+  assert {'models', 'flax_cells', 'recurrent', 'population'} <= loaded, sorted(loaded)
 
 
 @pytest.mark.exhaustive
