@@ -1,11 +1,12 @@
-"""`input_pipeline/tagging.py`: the Kaldi (speech frames) and Brown (POS tags) readers of
-the tagging task, on tiny fixture files written here, and on the real Brown corpus when
-it is under the data root."""
+"""`input_pipeline/kaldi.py` and `tagging.py`: the Kaldi (speech frames) and Brown (POS
+tags) readers of the tagging task, on tiny fixture files written here, and on the real
+Brown corpus when it is under the data root."""
 
 import numpy as np
 import pytest
 
 from bn_rnn_jax import config as config_lib
+from bn_rnn_jax.input_pipeline import kaldi
 from bn_rnn_jax.input_pipeline import tagging
 import helpers
 import real_data
@@ -47,7 +48,7 @@ def test_kaldi_reader_normalises_drops_long_utterances_and_pairs_labels(tmp_path
                          train_labels=str(tmp_path / 'train_ali.txt'),
                          valid_feats=str(tmp_path / 'valid.ark'),
                          valid_labels=str(tmp_path / 'valid_ali.ark'))
-  dataset = tagging.get_dataset(config)
+  dataset = kaldi.get_dataset(config)
   assert dataset.num_dropped == 1                      # utt3 has 12 > 10 frames
   kept = np.concatenate([feats[u] for u in ('utt0', 'utt1', 'utt2', 'utt4')])
   mean, std = kept.astype(np.float64).mean(0), kept.astype(np.float64).std(0)
@@ -76,14 +77,14 @@ def test_kaldi_label_length_mismatch_names_the_utterance(tmp_path):
   config = _kaldi_config(tmp_path, train_feats=str(tmp_path / 'f.scp'),
                          train_labels=str(tmp_path / 'ali.ark'))
   with pytest.raises(ValueError, match="utterance 'utt1' has 6 feature frames but 5 labels"):
-    tagging.get_dataset(config)
+    kaldi.get_dataset(config)
   config.data.train_labels = str(tmp_path / 'missing.txt')
   with pytest.raises(FileNotFoundError, match='missing.txt'):
-    tagging.get_dataset(config)
+    kaldi.get_dataset(config)
   (tmp_path / 'moved.scp').write_text(f'utt0 {tmp_path}/gone.ark:5\n')
   config.data.train_feats = str(tmp_path / 'moved.scp')
   with pytest.raises(FileNotFoundError, match="moved.scp.*cannot read '.*gone.ark'"):
-    tagging.get_dataset(config)
+    kaldi.get_dataset(config)
 
 
 # ------------------------------------------------------------------ Brown

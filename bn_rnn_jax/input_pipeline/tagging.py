@@ -349,13 +349,13 @@ def brown_dataset(config, process_index: int = 0, process_count: int = 1):
 # ====================================================================== entry points
 def get_dataset(config, workdir: Optional[str] = None, process_index: int = 0,
                 process_count: int = 1):
+  """The Brown dataset; the Kaldi one is `kaldi.get_dataset` (`input_pipeline.get_dataset`
+  picks the module by `config.data.name`)."""
   del workdir
   if config.data.name == 'brown':
     return brown_dataset(config, process_index, process_count)
-  if config.data.name == 'kaldi':
-    from bn_rnn_jax.input_pipeline import kaldi  # pylint: disable=g-import-not-at-top
-    return kaldi.kaldi_dataset(config, process_index, process_count)
-  raise ValueError(f'tagging.py has no dataset {config.data.name!r}.')
+  raise ValueError(f'tagging.py has no dataset {config.data.name!r}; the Kaldi reader is '
+                   'kaldi.py (bn_rnn_jax.input_pipeline.get_dataset picks it).')
 
 
 def default_data_config(name: str = 'brown') -> ml_collections.ConfigDict:
