@@ -302,17 +302,17 @@ def _finished_config(test_at_end):
 def test_finished_needs_the_last_records_the_config_asks_for():
   config = _finished_config(test_at_end=False)
   partial = [_record(2, 'train'), _record(2, 'valid')]
-  assert not runner.finished(partial, config)
-  assert not runner.finished(partial + [_record(4, 'train')], config)
-  assert runner.finished(partial + [_record(4, 'train'), _record(4, 'valid')], config)
+  assert not collect.finished(partial, config)
+  assert not collect.finished(partial + [_record(4, 'train')], config)
+  assert collect.finished(partial + [_record(4, 'train'), _record(4, 'valid')], config)
   config = _finished_config(test_at_end=True)
   done = partial + [_record(4, 'train'), _record(4, 'valid')]
-  assert not runner.finished(done, config)
-  assert runner.finished(done + [_record(4, 'test')], config)
+  assert not collect.finished(done, config)
+  assert collect.finished(done + [_record(4, 'test')], config)
   # A run a non-finite step stopped has ended: its records end with the stop record.
   stopped = {'step': 3, 'split': metric_writer.STOPPED, 'reason': 'non-finite'}
-  assert runner.finished(partial + [stopped], config)
-  assert not runner.finished([stopped] + partial, config)
+  assert collect.finished(partial + [stopped], config)
+  assert not collect.finished([stopped] + partial, config)
 
 
 def test_a_workdir_of_another_config_is_an_error(tmp_path):
@@ -601,7 +601,7 @@ def test_a_killed_campaign_resumes_exactly(tiny_runs):
   reached = max(r['step'] for r in _records_so_far(killed))
   assert reached >= 15
   budget['train.num_steps'] = (reached // 50 + 2) * 50   # two evaluations past the kill
-  assert not runner.finished(_records_so_far(killed), campaign.config_of(
+  assert not collect.finished(_records_so_far(killed), campaign.config_of(
       campaign.runs([0], ['lstm'])[0], budget))
   assert runner.run(campaign, str(tiny_runs / 'killed'), 1, [0], ['lstm'], budget,
                     compile_cache=True) == []

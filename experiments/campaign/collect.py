@@ -131,15 +131,39 @@ def trained_config(workdir: str, launches: Sequence[dict]) -> Optional[ml_collec
   return config
 
 
+def finished(records: Sequence[dict], config: ml_collections.ConfigDict) -> bool:
+  """Whether the records end as a finished run of `config` ends, or as a run a non-finite
+  step stopped (its outcome: another launch stops at the same step)."""
+  from bn_rnn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  if records and records[-1]['split'] == metric_writer.STOPPED:
+    return True
+  last = config.train.num_steps
+  if config.eval.get('test_at_end', False):
+    return any(r['split'] == 'test' and r['step'] == last for r in records)
+  at_end = {r['split'] for r in records if r['step'] == last}
+  return {'train', *config.eval.splits} <= at_end
+
+
+def config_differences(workdir: str, config: ml_collections.ConfigDict) -> list[tuple]:
+  """`(field, the run's value, config's value)` of each field of the run's meaning in
+  which the run in `workdir` differs from `config`, in field order (none without a run)."""
+  from bn_rnn_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  found = workdir_lib.run_config(workdir)
+  if found is None:
+    return []
+  wanted = workdir_lib.flat_config(config)
+  return [(k, found.get(k), wanted.get(k)) for k in sorted(set(found) | set(wanted))
+          if found.get(k) != wanted.get(k) and not workdir_lib.harmless(k)]
+
+
 def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence[int]] = None,
             arms: Optional[Sequence[str]] = None, extra: Mapping[str, Any] = (),
             command: str = '') -> dict:
   """The results JSON of the runs under `runs_dir/<campaign>/`. A run counts once its
   records reach the last step of the config it was trained with (`trained_config`, else
-  the one the flags plan; `runner.finished`): a run without records or unfinished is left
+  the one the flags plan; `finished`): a run without records or unfinished is left
   out with a note; the tables show what there is. The setup line and baselines are read
   from the first collected run's own config, not from the flags."""
-  from experiments.campaign import runner  # pylint: disable=g-import-not-at-top
   runs, notes, config = {}, [], None
   for run in campaign.runs(seeds, arms):
     workdir = os.path.join(runs_dir, campaign.name, run.name)
@@ -161,13 +185,13 @@ def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence
       planned = campaign.config_of(run, extra)
       own = trained_config(workdir, entry['launches'])
       trained = own or planned
-      if not runner.finished(entry['records'], trained):
+      if not finished(entry['records'], trained):
         last = max((r['step'] for r in entry['records']), default=0)
         notes.append(f'{run.name} (unfinished: step {last} of {trained.train.num_steps})')
         continue
       if config is None and own is not None:
         config = own
-      differ = runner.config_differences(workdir, planned)
+      differ = config_differences(workdir, planned)
       if differ:
         shown = ', '.join(f'{k} {there!r}, planned {wanted!r}'
                           for k, there, wanted in differ[:3])

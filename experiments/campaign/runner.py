@@ -100,7 +100,7 @@ def progress(task: Task) -> tuple[str, int]:
   check_config(task)
   from bn_rnn_jax import metric_writer  # pylint: disable=g-import-not-at-top
   records = metric_writer.read_metrics(task.workdir)
-  if finished(records, task.config):
+  if collect.finished(records, task.config):
     return 'finished', task.total
   logged = max((r['step'] for r in records if r['split'] == 'train'), default=0)
   if _locked(task.workdir):
@@ -116,42 +116,17 @@ def _latest_checkpoint(workdir: str) -> int:
   return max((int(name) for name in names if name.isdigit()), default=0)
 
 
-def finished(records: Sequence[dict], config: ml_collections.ConfigDict) -> bool:
-  """Whether the records end as a finished run of `config` ends, or as a run a non-finite
-  step stopped (its outcome: another launch stops at the same step)."""
-  from bn_rnn_jax import metric_writer  # pylint: disable=g-import-not-at-top
-  if records and records[-1]['split'] == metric_writer.STOPPED:
-    return True
-  last = config.train.num_steps
-  if config.eval.get('test_at_end', False):
-    return any(r['split'] == 'test' and r['step'] == last for r in records)
-  at_end = {r['split'] for r in records if r['step'] == last}
-  return {'train', *config.eval.splits} <= at_end
-
-
 def check_config(task: Task) -> None:
   """A workdir trained with another config is an error. The run's config is its own
   (config.json of its first launch, with the changes recorded since); fields that do not
   change what it computes (`bn_rnn_jax.workdir.HARMLESS`: a longer or shorter budget,
   cadences) may differ: the run goes on or is finished."""
-  differ = config_differences(task.workdir, task.config)
+  differ = collect.config_differences(task.workdir, task.config)
   if differ:
     shown = ', '.join(f'{k}: {there!r} there, {wanted!r} wanted'
                       for k, there, wanted in differ[:3])
     raise ValueError(f'{task.workdir} holds a run of another config ({shown}); remove it '
                      'or choose another --runs_dir.')
-
-
-def config_differences(workdir: str, config: ml_collections.ConfigDict) -> list[tuple]:
-  """`(field, the run's value, config's value)` of each field of the run's meaning in
-  which the run in `workdir` differs from `config`, in field order (none without a run)."""
-  from bn_rnn_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  found = workdir_lib.run_config(workdir)
-  if found is None:
-    return []
-  wanted = workdir_lib.flat_config(config)
-  return [(k, found.get(k), wanted.get(k)) for k in sorted(set(found) | set(wanted))
-          if found.get(k) != wanted.get(k) and not workdir_lib.harmless(k)]
 
 
 def _locked(workdir: str) -> bool:
