@@ -51,8 +51,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bn_rnn_jax import loop
 from bn_rnn_jax import metric_writer
 from bn_rnn_jax.input_pipeline import text
+from experiments import machine_facts
 from experiments.configs import ptb_char
-import machine_facts
 import trainer_overhead
 # pylint: enable=wrong-import-position
 

@@ -15,8 +15,11 @@ import sys
 
 import jax
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# pylint: disable=wrong-import-position
 import cudnn_lstm
-import machine_facts
+from experiments import machine_facts
+# pylint: enable=wrong-import-position
 
 WHEEL_LIST = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                           'accelerator_wheels.txt')

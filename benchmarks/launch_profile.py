@@ -33,14 +33,18 @@ import glob
 import json
 import os
 import statistics
+import sys
 import tempfile
 
 from absl import app
 from absl import flags
 import jax
 
-import machine_facts  # pylint: disable=g-bad-import-order
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# pylint: disable=wrong-import-position
+from experiments import machine_facts  # pylint: disable=g-bad-import-order
 import rnn_speed  # pylint: disable=g-bad-import-order
+# pylint: enable=wrong-import-position
 
 _SHAPE = flags.DEFINE_enum('shape', 'a', list(rnn_speed.SHAPES), 'Shape to trace.')
 _IMPLS = flags.DEFINE_list('traced', [rnn_speed.REFERENCE, rnn_speed.CUDNN, 'lstm', 'bn_lstm',

@@ -28,9 +28,9 @@ all the fwd+bwd's products (`dot_operands`): Flax's bfloat16 cell runs its backw
 products in bfloat16 too; our layer's whole-layer backward pass (`:layer`) does, but
 under the autodiff of the scan (`:scan`, the TPU's choice and the GPU's for batch norm) its `dtype` casts the
 forward products only (their outputs are float32, so the backward products take float32
-cotangents). The JSON
-records the machine (`machine_facts.py`: processor, cores, XLA flags, matmul precision,
-versions, device, load average) and the rows skipped, each with one line saying why.
+cotangents). The JSON records the machine (`experiments/machine_facts.py`: processor,
+cores, XLA flags, matmul precision, versions, device, load average) and the rows skipped,
+each with one line saying why.
 
 Implementations: `flax_optimized_lstm`; `cudnn_lstm`, cuDNN's LSTM through
 `jax.experimental.rnn` (`cudnn_lstm.py`: CUDA GPUs only, float32 only, skipped with one
@@ -60,7 +60,9 @@ same `seq_lengths`); (c) B64 T100 I50 H1000; (d) B32 T35 I650 H650 (a layer of
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import sys
 import time
 from typing import Optional
 
@@ -71,14 +73,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# pylint: disable=wrong-import-position
 from bn_rnn_jax import flax_cells
 from bn_rnn_jax import policy
 from bn_rnn_jax import stack
 from bn_rnn_jax import variants
 import batch_sum_speed  # pylint: disable=g-bad-import-order
 import cudnn_lstm  # pylint: disable=g-bad-import-order
-import machine_facts  # pylint: disable=g-bad-import-order
+from experiments import machine_facts  # pylint: disable=g-bad-import-order
 import program_facts  # pylint: disable=g-bad-import-order
+# pylint: enable=wrong-import-position
 
 SHAPES = {
     'a': dict(batch=64, time=784, features=1, hidden=100, bidirectional=False, padding=0.0),

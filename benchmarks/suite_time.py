@@ -26,9 +26,11 @@ import sys
 import tempfile
 import time
 
-import machine_facts  # pylint: disable=g-bad-import-order
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+# pylint: disable=wrong-import-position
+from experiments import machine_facts  # pylint: disable=g-bad-import-order
+# pylint: enable=wrong-import-position
 OUT = os.path.join(REPO, 'benchmarks', 'results', 'suite_time.json')
 # tier -> the arguments after `python -m pytest -q tests` (README, "Install, quickstart, tests").
 TIERS = {

@@ -50,9 +50,9 @@ from bn_rnn_jax import input_pipeline
 from bn_rnn_jax import loop
 from bn_rnn_jax import metric_writer
 from bn_rnn_jax.input_pipeline import mnist
+from experiments import machine_facts
 from experiments.configs import quickstart as quickstart_config
 from experiments.configs import seq_mnist as seq_mnist_config
-import machine_facts
 # pylint: enable=wrong-import-position
 
 

@@ -13,6 +13,7 @@ from jax.experimental import rnn
 import numpy as np
 import pytest
 
+from experiments import machine_facts
 import helpers
 
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -23,7 +24,6 @@ import cudnn_lstm
 import donation_memory
 import environment
 import launch_profile
-import machine_facts
 import program_facts
 import rnn_speed
 # pylint: enable=g-import-not-at-top,wrong-import-position

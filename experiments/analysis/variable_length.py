@@ -32,7 +32,7 @@ import optax
 
 import bn_rnn_jax as br
 from bn_rnn_jax import population
-from benchmarks import machine_facts
+from experiments import machine_facts
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUTPUT = os.path.join(os.path.dirname(_HERE), 'results')

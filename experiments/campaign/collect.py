@@ -40,7 +40,7 @@ def machine(xla_flags: Optional[str] = None) -> dict:
   `xla_flags`: those of the process the record is about (default this one's). Nothing here
   starts a JAX backend: the runner records its children's machine.
   """
-  from benchmarks import machine_facts  # pylint: disable=g-import-not-at-top
+  from experiments import machine_facts  # pylint: disable=g-import-not-at-top
   versions = {}
   for name in _LIBRARIES:
     try:

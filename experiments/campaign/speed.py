@@ -27,7 +27,7 @@ def measure(campaign: spec_lib.Campaign, extra: Mapping[str, Any] = (),
   speed = campaign.speed
   if speed is None:
     raise ValueError(f'Campaign {campaign.name!r} has no speed table.')
-  from benchmarks import machine_facts  # pylint: disable=g-import-not-at-top
+  from experiments import machine_facts  # pylint: disable=g-import-not-at-top
   arms = list(arms or speed.arms)
   facts = machine_facts.machine()   # before the timed work: the load is what else ran
   load_at_start = facts['load_average_1_5_15_min']

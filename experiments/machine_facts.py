@@ -1,4 +1,6 @@
-"""What a benchmark's numbers came from, recorded in every result JSON (no paths).
+"""What a benchmark's or a campaign's numbers came from, recorded in every result JSON
+(no paths). The benchmarks (`benchmarks/`) import it from here: they may import
+`experiments`, which imports nothing of `benchmarks`.
 
 `machine()` gives the processor model and cores, the XLA flags and the matmul precision
 in force, the versions of jax, jaxlib and flax (and CUDA and cuDNN where the backend has
