@@ -137,8 +137,8 @@ class FlaxLSTM(nn.Module):
 
 
 class CellLSTM(nn.Module):
-  """`nn.RNN(BNLSTMCell)` in training (batch statistics, their running average carried
-  through the scan), bidirectional if asked; `dtype` as `FlaxLSTM`'s."""
+  """`bn_rnn_jax.RNN(BNLSTMCell)` in training (batch statistics folded into their running
+  average), bidirectional if asked; `dtype` as `FlaxLSTM`'s."""
   hidden: int
   max_length: int
   bidirectional: bool = False
@@ -146,10 +146,9 @@ class CellLSTM(nn.Module):
 
   @nn.compact
   def __call__(self, x, seq_lengths=None):
-    rnn = lambda: nn.RNN(
+    rnn = lambda: flax_cells.RNN(
         flax_cells.BNLSTMCell(self.hidden, max_length=self.max_length, dtype=self.dtype,
-                              use_running_average=False),
-        **flax_cells.scan_collections(self))
+                              use_running_average=False))
     if self.bidirectional:
       return nn.Bidirectional(rnn(), rnn())(x, seq_lengths=seq_lengths)
     return rnn()(x, seq_lengths=seq_lengths)

@@ -9,13 +9,13 @@ experiment configs import) does not import JAX.
 
   Layers     RecurrentLayer, make_layer, VARIANTS, LayerOptions, Execution, StackedRNN,
              Bidirectional, MaskedBatchNorm, reverse_valid
-  Cells      BNLSTMCell, BNInputLSTMCell, LNLSTMCell, NormalizedLSTMCell (for Flax's
-             nn.RNN / nn.Bidirectional), scan_collections
+  Cells      BNLSTMCell, BNInputLSTMCell, LNLSTMCell, NormalizedLSTMCell, LSTMCarry, and
+             RNN (Flax's nn.RNN, passing the cells their lengths)
   Models     SequenceClassifier, LanguageModel, SequenceTagger, AttentiveReader
   Statistics estimate_population_stats, batch_norm, batch_moments, layer_norm, normalize
   Training   default_config, train_and_evaluate, Trainer
-  Modules    nnx (the cells as native Flax NNX modules, any layer or model through the
-             NNX bridge), export (`jax.export` of a trained model), batch_stats
+  Modules    nnx_cells (the cells and RNN in Flax NNX), nnx_bridge (any layer or model
+             as an NNX module, the estimate in NNX), export (`jax.export` of a trained model), batch_stats
              (statistics sites and their misuse checks), ...
 """
 
@@ -30,7 +30,7 @@ _NAMES = {
     'StackedRNN': 'stack', 'Bidirectional': 'stack',
     'MaskedBatchNorm': 'batch_stats',
     'BNLSTMCell': 'flax_cells', 'BNInputLSTMCell': 'flax_cells', 'LNLSTMCell': 'flax_cells',
-    'NormalizedLSTMCell': 'flax_cells', 'scan_collections': 'flax_cells',
+    'NormalizedLSTMCell': 'flax_cells', 'LSTMCarry': 'flax_cells', 'RNN': 'flax_cells',
     'reverse_valid': 'sequence',
     'SequenceClassifier': 'models', 'LanguageModel': 'models',
     'SequenceTagger': 'models', 'AttentiveReader': 'models',
@@ -42,7 +42,7 @@ _NAMES = {
 }
 _MODULES = ('batch_stats', 'cells', 'checkpoint', 'config', 'export', 'extras',
             'flax_cells', 'initializers', 'input_pipeline', 'layer_vjp', 'loop',
-            'metric_writer', 'models', 'modes', 'nnx', 'nnx_cells', 'normalization', 'optim',
+            'metric_writer', 'models', 'modes', 'nnx_bridge', 'nnx_cells', 'normalization', 'optim',
             'parallel', 'policy', 'population', 'recurrent', 'sequence', 'stack', 'tasks',
             'train', 'trainer', 'variants', 'workdir')
 

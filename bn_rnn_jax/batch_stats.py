@@ -46,6 +46,7 @@ import contextvars
 from typing import Any, Iterator, Mapping, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
@@ -188,27 +189,39 @@ def site_variable(module: nn.Module, site: str, rows: int, features: int, *,
 
 
 def record(module: nn.Module, variable, site: str, mean: Array, var: Array, count: Array,
-           momentum: float, min_count: float = 1) -> None:
+           momentum: float, min_count: float = 1, first_row=0,
+           full_count: Optional[Array] = None) -> None:
   """Fold one minibatch's moments into `variable` (when `batch_stats` is mutable) and
   write them to `MOMENTS` (when that is mutable), each row weighted by its valid count.
 
   mean, var: `[T, F]` per-step moments or `[F]` for a single row; count: `[T]` or scalar
   global valid counts (a row whose count is 0 saw only padding and is not written, nor
   is one whose count is below `min_count`: `normalization.minibatch_moments_record`).
+  first_row: the row of step 0. full_count: the count of a step every sequence of the
+  batch reaches (`normalization.update_running_stats`; default the largest of `count`).
   """
   mean, var, count = jax.lax.stop_gradient((mean, var, count))
   rows = variable.value['count'].shape[0]
-  minibatch = normalization.minibatch_moments_record(mean, var, count, rows, min_count)
+  minibatch = normalization.minibatch_moments_record(mean, var, count, rows, min_count,
+                                                     first_row)
   if module.is_mutable_collection('batch_stats'):
-    variable.value = normalization.update_running_stats(variable.value, minibatch, momentum)
+    variable.value = normalization.update_running_stats(variable.value, minibatch, momentum,
+                                                        full_count)
   if module.is_mutable_collection(MOMENTS):
+    if module.has_variable(MOMENTS, site):  # a sequence recorded piece by piece
+      earlier = module.get_variable(MOMENTS, site)
+      written = minibatch['count'] != 0
+      minibatch = jax.tree.map(
+          lambda new, old: jnp.where(written.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
+          minibatch, earlier)
     module.put_variable(MOMENTS, site, minibatch)
 
 
 def population_rows(site_stats, length: int, first_step=0) -> tuple[Array, Array]:
   """`(mean, var)`, each `[length, F]`: the population rows of steps `first_step ..
   first_step + length - 1` (row `min(t, last seen)`; a single row serves every step).
-  `first_step`: an int, or an int scalar array (e.g. a sampling loop's counter)."""
+  `first_step`: an int or int scalar array (e.g. a sampling loop's counter), or a
+  `[batch]` vector of each row's step (then `[length, batch, F]`)."""
   return normalization.population_rows(site_stats, length, first_step)
 
 

@@ -31,6 +31,7 @@ from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from bn_rnn_jax import policy
@@ -302,7 +303,7 @@ def check_length(length: int, max_length: int, what: str = 'sequence') -> None:
 
 
 def minibatch_moments_record(mean: Array, var: Array, count: Array, num_rows: int,
-                             min_count: float = 1) -> dict[str, Array]:
+                             min_count: float = 1, first_row=0) -> dict[str, Array]:
   """One minibatch's per-step moments as a `[num_rows]` record for `batch_moments`.
 
   Args:
@@ -310,6 +311,9 @@ def minibatch_moments_record(mean: Array, var: Array, count: Array, num_rows: in
       shared over time.
     count: `[T]` (or scalar) global valid counts: the examples behind each row's moments.
     num_rows: rows of the statistics buffer (T_max, or 1 when shared over time).
+    first_row: the row of step 0 (an int or an int scalar array: a sequence run in
+      pieces records its later pieces from their first step on); the caller checks
+      `first_row + T <= num_rows` (`check_rows`).
     min_count: the fewest examples a row's moments may rest on (`RecurrentLayer`'s
       `min_step_count`); a row that rests on fewer is *thin*.
 
@@ -326,14 +330,41 @@ def minibatch_moments_record(mean: Array, var: Array, count: Array, num_rows: in
   # record must not depend on how much padding a batch carries.
   mean = jnp.where(seen[:, None], jnp.atleast_2d(mean), 0.0)
   var = jnp.where(seen[:, None], jnp.atleast_2d(var), 1.0)
-  pad = num_rows - mean.shape[0]
-  if pad < 0:
-    check_length(mean.shape[0], num_rows)
+  count = jnp.where(seen, count, jnp.where(thin, -count, 0.0))
+  if isinstance(first_row, int) and first_row == 0:
+    pad = num_rows - mean.shape[0]
+    if pad < 0:
+      check_length(mean.shape[0], num_rows)
+    return {
+        'mean': jnp.pad(mean, ((0, pad), (0, 0))),
+        'var': jnp.pad(var, ((0, pad), (0, 0)), constant_values=1.0),
+        'count': jnp.pad(count, (0, pad)),
+    }
+  rows = first_row + jnp.arange(mean.shape[0])
+  fresh = init_population_stats(num_rows, mean.shape[-1])
   return {
-      'mean': jnp.pad(mean, ((0, pad), (0, 0))),
-      'var': jnp.pad(var, ((0, pad), (0, 0)), constant_values=1.0),
-      'count': jnp.pad(jnp.where(seen, count, jnp.where(thin, -count, 0.0)), (0, pad)),
+      'mean': fresh['mean'].at[rows].set(mean, mode='drop'),
+      'var': fresh['var'].at[rows].set(var, mode='drop'),
+      'count': fresh['count'].at[rows].set(count, mode='drop'),
   }
+
+
+def check_rows(first_row, length: int, num_rows: int) -> None:
+  """Training steps `first_row .. first_row + length - 1` must have statistics rows (an
+  error, never a clamp): checked at once when `first_row` (an int, or an int array of
+  rows' steps) is concrete; when it is traced (a step counter carried under `jit`), a
+  `jax.debug.callback` raises when the batch runs."""
+  def check(first):
+    last = int(np.max(first)) + length
+    if last > num_rows:
+      raise ValueError(
+          f'Training steps {last - length}..{last - 1} need per-step statistics rows, but '
+          f'max_length={num_rows}: raise max_length to at least {last} (population '
+          'statistics past the training length are reused at inference only).')
+  if isinstance(first_row, jax.core.Tracer):
+    jax.debug.callback(check, first_row)
+  else:
+    check(np.asarray(first_row))
 
 
 def record_weights(record: dict[str, Array]) -> Array:
@@ -372,15 +403,18 @@ def update_running_stats(stats: dict[str, Array], record: dict[str, Array],
 def population_rows(stats: dict[str, Array], length: int,
                     first_step=0) -> tuple[Array, Array]:
   """Population mean and var for steps `first_step .. first_step + length - 1`:
-  `[length, F]` each.
+  `[length, F]` each, or `[length, batch, F]` when `first_step` is a `[batch]` vector
+  (the rows of a batch at different steps).
 
   Step t reads row `min(t, last_seen)`, `last_seen` being the last row that any training
   batch reached, so inference runs on sequences of any length (Cooijmans et al. sec. 3).
-  `first_step` may be a traced int scalar (a loop that runs one step at a time).
+  `first_step` may be traced (a loop that runs one step at a time).
   """
   num_rows = stats['count'].shape[0]
   seen_rows = jnp.sum((stats['count'] > 0).astype(jnp.int32))
   last_seen = jnp.maximum(seen_rows - 1, 0)
-  rows = jnp.minimum(first_step + jnp.arange(length), jnp.minimum(last_seen, num_rows - 1))
+  first_step = jnp.asarray(first_step)
+  steps = jnp.arange(length).reshape((length,) + (1,) * first_step.ndim) + first_step
+  rows = jnp.minimum(steps, jnp.minimum(last_seen, num_rows - 1))
   # jnp.take, not indexing: statistics held as NumPy arrays take traced rows too.
   return jnp.take(stats['mean'], rows, axis=0), jnp.take(stats['var'], rows, axis=0)

@@ -224,7 +224,7 @@ class RecurrentLayer(nn.Module):
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
                train: Optional[bool] = None, use_running_average: Optional[bool] = None,
                deterministic: Optional[bool] = None, initial_carry=None, first_step=0,
-               return_carry: bool = False):
+               full_count=None, return_carry: bool = False):
     """Run the layer.
 
     Args:
@@ -239,9 +239,14 @@ class RecurrentLayer(nn.Module):
       deterministic: no h0 noise (the zeros inference starts from), as `nn.Dropout`.
       initial_carry: optional state to start from (e.g. carried across truncated-BPTT
         segments): `(c, h)` for the LSTM, `h` for the RNN, each `[batch, hidden]`.
-      first_step: inference only: the time index of `inputs[:, 0]` in the sequence, an
-        int or an int scalar array; step t of `inputs` uses the population row of
-        `first_step + t` (a continuation of a sequence run in pieces).
+      first_step: the time index of `inputs[:, 0]` in the sequence (a continuation of a
+        sequence run in pieces): an int, an int scalar array, or a `[batch]` vector of
+        each row's step. Step t of row b uses the statistics row `first_step[b] + t`.
+        In training the rows valid at `inputs[:, 0]` must share it (their moments pool
+        per step), and the rows must exist (`normalization.check_rows`).
+      full_count: the global count of a step every sequence of the batch reaches: the
+        base of the running average's per-row weights (default: the largest step count
+        of this call; a caller running sequences in pieces passes the batch's).
       return_carry: False: return the outputs; True: `(final_carry, outputs)`, as
         `nn.RNN`.
 
@@ -253,9 +258,6 @@ class RecurrentLayer(nn.Module):
     self._validate(inputs, mask)
     mode = modes.resolve(train, use_running_average, deterministic)
     train = mode.batch_statistics  # what the statistics code below calls training
-    if train and not (isinstance(first_step, int) and first_step == 0):
-      raise ValueError(f'first_step={first_step} is for inference (population statistics):'
-                       ' batch statistics fill the rows from step 0.')
     sequence.check_time_index(first_step, 'first_step (the time index of inputs[:, 0])')
     if mask is not None:
       # Padding is inert: whatever it holds (junk, inf, NaN) is replaced by zeros before
@@ -265,8 +267,13 @@ class RecurrentLayer(nn.Module):
     run = self.execution_policy(batch)
     sites = self._batch_sites()
     max_length = self._max_length(length)
+    if train:
+      first_step = sequence.common_step(first_step, mask)
     if train and sites:
-      normalization.check_length(length, max_length)
+      if isinstance(first_step, int) and first_step == 0:
+        normalization.check_length(length, max_length)
+      else:
+        normalization.check_rows(first_step, length, max_length)
     stats = {site: batch_stats.site_variable(
         self, site, batch_stats.num_rows(site, self.statistics, max_length), features,
         batch_statistics=train) for site, features in sites.items()}
@@ -312,7 +319,7 @@ class RecurrentLayer(nn.Module):
     if train and sites and not self.is_initializing():
       counts = self._step_counts(batch, length, mask_tm)
       moments.update(cells.unpack_moments(ys['moments'], loop_sites, sites, counts))
-      self._record_moments(stats, moments)
+      self._record_moments(stats, moments, first_step, full_count)
     outputs = jnp.swapaxes(ys['h'], 0, 1)
     return (final_carry, outputs) if return_carry else outputs
 
@@ -371,7 +378,8 @@ class RecurrentLayer(nn.Module):
     `_step_rows`), or None."""
     z = cells.matmul(time_major, params['input_kernel'], self.dtype)
     reduce_axes = (0, 1) if batch_stats.sequence_wise_input(self.statistics) else (1,)
-    stats = None if input_rows is None else tuple(a[:, None, :] for a in input_rows)
+    stats = None if input_rows is None else tuple(
+        a if a.ndim == 3 else a[:, None, :] for a in input_rows)
     return cells.apply_norm(
         self.input_norm, z, params.get('input_scale'), None, train=cfg.train,
         mask=None if self.padded_statistics else mask_tm,
@@ -393,9 +401,11 @@ class RecurrentLayer(nn.Module):
     return {site: batch_stats.population_rows(stats[site].value, length, first_step)
             for site in stats if not train or self._per_step_training_statistics(site)}
 
-  def _record_moments(self, stats, moments) -> None:
-    """Fold this minibatch's moments into the population statistics (`batch_stats`)."""
+  def _record_moments(self, stats, moments, first_step, full_count) -> None:
+    """Fold this minibatch's moments into the population statistics (`batch_stats`);
+    per-step rows from `first_step` on."""
     for site, (mean, var, count) in moments.items():
+      first_row = 0
       # Steps that fell back on the population rows trained with no moments of theirs.
       guard = self.min_step_count if self._per_step_training_statistics(site) else 1
       min_count = 1   # the fewest sequences a recorded row rests on
@@ -413,5 +423,7 @@ class RecurrentLayer(nn.Module):
         # (`normalization.minibatch_moments_record`); padded statistics count the batch.
         min_count = guard if self.padded_statistics else max(guard,
                                                             self.min_statistics_count)
-      batch_stats.record(self, stats[site], site, mean, var, count, self.momentum, min_count)
+        first_row = first_step
+      batch_stats.record(self, stats[site], site, mean, var, count, self.momentum, min_count,
+                         first_row, full_count)
 

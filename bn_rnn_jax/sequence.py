@@ -54,11 +54,32 @@ def check_mask_prefix(mask) -> None:
 
 
 def check_time_index(value, what: str) -> None:
-  """Raise if a concrete time index is negative (a traced one passes unchecked)."""
-  if isinstance(value, jax.core.Tracer) or np.ndim(value) != 0:
+  """Raise if a concrete time index (a scalar, or a vector of rows' steps) is negative
+  or not an integer; a traced one passes unchecked."""
+  if isinstance(value, jax.core.Tracer):
     return
-  if int(value) < 0:
-    raise ValueError(f'{what} must be >= 0; got {int(value)}.')
+  values = np.asarray(value)
+  if not np.issubdtype(values.dtype, np.integer):
+    raise ValueError(f'{what} must be an integer; got dtype {values.dtype}.')
+  if values.size and int(values.min()) < 0:
+    raise ValueError(f'{what} must be >= 0; got {int(values.min())}.')
+
+
+def common_step(first_step, mask: Optional[Array]):
+  """The step of a training batch's first column, from each row's step `first_step`
+  (an int, a scalar, or `[batch]`): the rows valid there (`mask [batch, time]`) pool
+  their batch moments per step, so they must share it. Rows at different steps are an
+  error when the values are concrete; traced, the largest step of those rows is taken."""
+  if np.ndim(first_step) == 0:
+    return first_step
+  valid = (jnp.ones(np.shape(first_step), bool) if mask is None else mask[:, 0] > 0)
+  if not isinstance(first_step, jax.core.Tracer) and not isinstance(valid, jax.core.Tracer):
+    steps = np.unique(np.asarray(first_step)[np.asarray(valid)])
+    if steps.size > 1:
+      raise ValueError(f'Training rows start at different steps {steps.tolist()}: batch '
+                       'statistics pool the rows of one step, so a batch trains from one '
+                       'step (rows at other steps are padding in this call).')
+  return jnp.max(jnp.where(valid, first_step, 0))
 
 
 def reverse_valid(x: Array, mask: Optional[Array]) -> Array:

@@ -1,4 +1,4 @@
-"""`flax_cells.py`: the cells under `nn.RNN` / `nn.Bidirectional` against the float64 NumPy
+"""`flax_cells.py`: the cells under `RNN` / `nn.Bidirectional` against the float64 NumPy
 reference (`reference.py`) and against `RecurrentLayer` with the same variables.
 
 Outputs, final state, gradients (reference gradients by central finite differences) and
@@ -37,8 +37,8 @@ GRAD_RTOL = 2e-4
 
 
 class Encoder(nn.Module):
-  """A cell under `nn.RNN` (or both directions of `nn.Bidirectional`), as a user's module
-  holds it: `(x [B, T, I], lengths [B], train=...)` -> `(carry, outputs)`."""
+  """A cell under `flax_cells.RNN` (or both directions of `nn.Bidirectional`), as a user's
+  module holds it: `(x [B, T, I], lengths [B], train=...)` -> `(carry, outputs)`."""
   variant: str
   bidirectional: bool = False
 
@@ -47,7 +47,7 @@ class Encoder(nn.Module):
     def rnn(name):
       cell = CELLS[self.variant](H, max_length=MAX_LEN, momentum=MOMENTUM,
                                  use_running_average=not train, name=name)
-      return nn.RNN(cell, **flax_cells.scan_collections(self))
+      return flax_cells.RNN(cell)
     if self.bidirectional:
       return nn.Bidirectional(rnn('forward'), rnn('backward'))(
           x, seq_lengths=lengths, return_carry=True)
@@ -94,7 +94,7 @@ def train_fn(variant):
   def loss(variables, x, lengths):
     (carry, out), new = model.apply(variables, x, lengths, train=True,
                                     mutable=['batch_stats', 'minibatch_moments'])
-    value = jnp.sum(out * W_OUT) + sum(jnp.sum(a * w) for a, w in zip(carry[:2], W_CARRY))
+    value = jnp.sum(out * W_OUT) + sum(jnp.sum(a * w) for a, w in zip(carry, W_CARRY))
     return value, (carry, out, new)
 
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
@@ -109,7 +109,7 @@ def ref_loss(variant, params, x, mask):
     [(v, lengths) for v in CELLS for lengths in (FIXED, UNEVEN)],
     core=[('bn_lstm', UNEVEN), ('bn_input_only', FIXED), ('ln_lstm', UNEVEN)]))
 def test_training_matches_reference(variant, lengths):
-  """nn.RNN(cell)(x, seq_lengths=...): outputs, last carry, gradients, statistics."""
+  """RNN(cell)(x, seq_lengths=...): outputs, last carry, gradients, statistics."""
   params, fresh = variant_params(variant)
   x, mask = _inputs(0, lengths)
   (_, (carry, out, new)), (g_vars, g_x) = train_fn(variant)(
@@ -154,14 +154,14 @@ def test_equals_the_layer_with_the_same_variables(variant):
       layer_vars, x, jnp.asarray(mask, jnp.float32), train=True, mutable=['batch_stats'],
       return_carry=True)
   np.testing.assert_allclose(out, layer_out, rtol=1e-5, atol=1e-6)
-  helpers.assert_trees_close(tuple(carry[:2]), layer_carry, rtol=1e-5, atol=1e-6)
+  helpers.assert_trees_close(tuple(carry), layer_carry, rtol=1e-5, atol=1e-6)
   helpers.assert_trees_close(new.get('batch_stats', {}).get('cell', {}),
                              layer_new.get('batch_stats', {}), rtol=1e-5, atol=1e-6)
 
 
 def test_bidirectional_matches_reference():
-  """nn.Bidirectional reverses each sequence's valid part; the backward cell's statistics
-  are those of the reversed sequences."""
+  """nn.Bidirectional of two RNNs reverses each sequence's valid part; the backward cell's
+  statistics are those of the reversed sequences."""
   variant = 'bn_lstm'
   params, fresh = variant_params(variant)
   params_b = ref.random_params({k: v.shape for k, v in params.items()},
@@ -223,21 +223,27 @@ def test_population_inference_past_max_length(variant):
     assert_close(out, want_out)
 
 
-def test_called_step_by_step_equals_nn_rnn():
-  """The cell called in a Python loop (every step valid) equals nn.RNN without lengths;
+def test_called_step_by_step_equals_rnn():
+  """The cell called in a Python loop with each step's mask equals `RNN` with lengths:
+  outputs, carry and every statistic (the running average's row weights included);
   use_running_average as a call argument."""
   cell = flax_cells.BNLSTMCell(H, max_length=MAX_LEN)
-  x = jnp.asarray(_inputs(8, FIXED)[0], jnp.float32)
+  x, mask = _inputs(8, UNEVEN)
+  x = jnp.asarray(x, jnp.float32)
   variables = _variables('bn_lstm', 'cell')
-  want = nn.RNN(cell.clone(use_running_average=False), variable_carry='batch_stats').apply(
-      variables, x, mutable=['batch_stats'])[0]
+  (want_carry, want), want_new = flax_cells.RNN(cell).apply(
+      variables, x, seq_lengths=jnp.asarray(UNEVEN), use_running_average=False,
+      return_carry=True, mutable=['batch_stats'])
   carry = cell.initialize_carry(None, x[:, 0].shape)
   inner = {collection: tree['cell'] for collection, tree in variables.items()}
   for t in range(T):
-    (carry, h), new = cell.apply(inner, carry, x[:, t], use_running_average=False,
-                                 mutable=['batch_stats'])
+    (carry, h), new = cell.apply(inner, carry, x[:, t], jnp.asarray(mask[:, t]),
+                                 use_running_average=False, mutable=['batch_stats'])
     inner = {**inner, **new}
     np.testing.assert_allclose(h, want[:, t], rtol=1e-5, atol=1e-6)
+  helpers.assert_trees_close(carry, want_carry, rtol=1e-5, atol=1e-6)
+  helpers.assert_trees_close(inner['batch_stats'], want_new['batch_stats']['cell'],
+                             rtol=1e-5, atol=1e-6)
 
 
 def test_a_batch_normalised_cell_needs_max_length():
@@ -245,38 +251,44 @@ def test_a_batch_normalised_cell_needs_max_length():
   with batch statistics is a one-line error (Linen and NNX); layer norm keeps none."""
   x = jnp.ones((B, T, I))
   with pytest.raises(ValueError, match='BNLSTMCell.*pass max_length') as error:
-    nn.RNN(flax_cells.BNLSTMCell(H, use_running_average=False),
-           variable_carry='batch_stats').init(jax.random.key(0), x)
+    flax_cells.RNN(flax_cells.BNLSTMCell(H, use_running_average=False)).init(
+        jax.random.key(0), x)
   helpers.one_line(error)
   with pytest.raises(ValueError, match='BNInputLSTMCell.*pass max_length') as error:
     nnx_cells.BNInputLSTMCell(I, H, rngs=nnx.Rngs(0))
   helpers.one_line(error)
-  nn.RNN(flax_cells.LNLSTMCell(H)).init(jax.random.key(0), x)
+  flax_cells.RNN(flax_cells.LNLSTMCell(H)).init(jax.random.key(0), x)
   nnx_cells.LNLSTMCell(I, H, rngs=nnx.Rngs(0))
 
 
 def test_misuse_is_a_one_line_error():
   x, lengths = jnp.ones((B, T, I)), jnp.asarray(UNEVEN)
   cell = flax_cells.BNLSTMCell(H, max_length=MAX_LEN, use_running_average=False)
-  variables = nn.RNN(cell, variable_carry='batch_stats').init(jax.random.key(0), x)
-  with pytest.raises(ValueError, match='out of reach') as error:  # no collections given
-    nn.RNN(cell).apply(variables, x, seq_lengths=lengths, mutable=['batch_stats'])
-  helpers.one_line(error)
+  rnn = flax_cells.RNN(cell)
+  variables = rnn.init(jax.random.key(0), x)
   with pytest.raises(ValueError, match='silently') as error:      # training, read-only
-    nn.RNN(cell, variable_broadcast=('params', 'batch_stats')).apply(variables, x)
+    rnn.apply(variables, x)
   helpers.one_line(error)
-  evaluate = cell.clone(use_running_average=True)
   with pytest.raises(ValueError, match='no training batch') as error:
-    nn.RNN(evaluate, variable_broadcast=('params', 'batch_stats')).apply(variables, x)
+    flax_cells.RNN(cell.clone(use_running_average=True)).apply(variables, x)
   helpers.one_line(error)
   with pytest.raises(ValueError, match='max_length') as error:
-    nn.RNN(cell, variable_carry='batch_stats').apply(variables, jnp.ones((B, 9, I)),
-                                                     mutable=['batch_stats'])
+    rnn.apply(variables, jnp.ones((B, 9, I)), mutable=['batch_stats'])
+  helpers.one_line(error)
+  with pytest.raises(ValueError, match='needs mask=') as error:   # plain nn.RNN training
+    nn.RNN(cell, variable_carry='batch_stats').apply(variables, x, mutable=['batch_stats'])
   helpers.one_line(error)
   with pytest.raises(ValueError, match='cell_norm') as error:
     flax_cells.NormalizedLSTMCell(H, cell_norm='group').init(
         jax.random.key(0), cell.initialize_carry(None, (B, I)), x[:, 0])
   helpers.one_line(error)
-  with pytest.raises(ValueError, match=r'x_t \[batch, features\]') as error:
-    cell.initialize_carry(None, (B, T, I))
+  for bad, match in ((jnp.ones((1, B), jnp.int32), 'batch shape'),
+                     (jnp.full((B,), 2.0), 'integers'),
+                     (jnp.asarray([1, 9, 2, 3]), r'seq_lengths\[1\] = 9 is outside 0..5'),
+                     (jnp.asarray([1, -1, 2, 3]), 'outside')):
+    with pytest.raises(ValueError, match=match) as error:
+      rnn.apply(variables, x, seq_lengths=bad, mutable=['batch_stats'])
+    helpers.one_line(error)
+  with pytest.raises(TypeError, match=r'LSTMCarry\(c, h, step\) or \(c, h\)') as error:
+    rnn.apply(variables, x, initial_carry=jnp.zeros((B, H)), mutable=['batch_stats'])
   helpers.one_line(error)

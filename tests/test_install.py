@@ -58,7 +58,7 @@ print(' '.join(sorted(name for name in sys.modules if name.startswith('bn_rnn_ja
 MODEL_NAMES = (
     'RecurrentLayer', 'make_layer', 'VARIANTS', 'LayerOptions', 'Execution', 'StackedRNN',
     'Bidirectional', 'MaskedBatchNorm', 'reverse_valid', 'BNLSTMCell', 'BNInputLSTMCell',
-    'LNLSTMCell', 'NormalizedLSTMCell', 'scan_collections', 'SequenceClassifier',
+    'LNLSTMCell', 'NormalizedLSTMCell', 'LSTMCarry', 'RNN', 'SequenceClassifier',
     'LanguageModel', 'SequenceTagger', 'AttentiveReader', 'estimate_population_stats',
     'batch_norm', 'batch_moments', 'layer_norm', 'normalize')
 #: Packages of the 'train' and 'data' extras that the path above must not import.

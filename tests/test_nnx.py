@@ -1,4 +1,4 @@
-"""The NNX modules (`bn_rnn_jax.nnx`): `FromLinen` against the Linen modules it wraps, and
+"""The NNX modules (`nnx_bridge.py`, `nnx_cells.py`): `FromLinen` against the Linen modules it wraps, and
 the native cells (`nnx_cells.py`) against the float64 reference (at the end).
 
 The same BN-LSTM classifier is trained from Linen (`models.SequenceClassifier`, `apply`
@@ -18,7 +18,8 @@ from flax import nnx
 
 from bn_rnn_jax import batch_stats
 from bn_rnn_jax import models
-from bn_rnn_jax import nnx as br_nnx
+from bn_rnn_jax import nnx_bridge as br_nnx
+from bn_rnn_jax import nnx_cells
 from bn_rnn_jax import population
 from bn_rnn_jax import stack
 from bn_rnn_jax import variants
@@ -197,7 +198,7 @@ def test_an_untrained_nnx_model_refuses_to_evaluate():
 
 
 # ----------------------------------------------------------------------------- native cells
-# `nnx_cells.py` in `nnx.RNN` / `nnx.Bidirectional` against the float64 reference
+# `nnx_cells.py` in `nnx_cells.RNN` / `nnx.Bidirectional` against the float64 reference
 # (`reference.py`), with the uneven lengths and tolerances of test_flax_cells.py.
 CELL_LENGTHS = (5, 2, 4, 5)
 CELL_T, CELL_H, MAX_LEN, MOMENTUM = 5, 4, 7, 0.9
@@ -223,15 +224,15 @@ def _nnx_cell(variant, params, fresh):
   return cell
 
 
-NNX_CELLS = {'bn_lstm': br_nnx.BNLSTMCell, 'bn_input_only': br_nnx.BNInputLSTMCell,
-             'ln_lstm': br_nnx.LNLSTMCell}
+NNX_CELLS = {'bn_lstm': nnx_cells.BNLSTMCell, 'bn_input_only': nnx_cells.BNInputLSTMCell,
+             'ln_lstm': nnx_cells.LNLSTMCell}
 
 
 @pytest.mark.parametrize('variant', helpers.core_cases(list(NNX_CELLS), core=['bn_lstm']))
-def test_nnx_cell_in_nnx_rnn_matches_reference(variant):
+def test_nnx_cell_in_rnn_matches_reference(variant):
   """Outputs, last carry, gradients and the running statistics after one update."""
   params, fresh, x, mask = _cell_case(variant, 30)
-  rnn = nnx.RNN(_nnx_cell(variant, params, fresh), return_carry=True)
+  rnn = nnx_cells.RNN(_nnx_cell(variant, params, fresh), return_carry=True)
   rnn.train()
   w_out = np.random.default_rng(3).normal(size=(4, CELL_T, CELL_H))
 
@@ -272,8 +273,8 @@ class CellTagger(nnx.Module):
   """A bidirectional BN-LSTM of native cells and a softmax at every step."""
 
   def __init__(self, rngs: nnx.Rngs):
-    cell = lambda: br_nnx.BNLSTMCell(I, CELL_H, max_length=MAX_LEN, rngs=rngs)
-    self.rnn = nnx.Bidirectional(nnx.RNN(cell()), nnx.RNN(cell()))
+    cell = lambda: nnx_cells.BNLSTMCell(I, CELL_H, max_length=MAX_LEN, rngs=rngs)
+    self.rnn = nnx.Bidirectional(nnx_cells.RNN(cell()), nnx_cells.RNN(cell()))
     self.head = nnx.Linear(2 * CELL_H, C, rngs=rngs)
 
   def __call__(self, x, lengths):

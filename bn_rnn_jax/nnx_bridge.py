@@ -1,11 +1,4 @@
-"""The library's cells, layers and models in Flax NNX.
-
-The cells are native NNX modules (`nnx_cells.py`, here by name): `BNLSTMCell`,
-`BNInputLSTMCell`, `LNLSTMCell` and `NormalizedLSTMCell`, built from their sizes, for
-`nnx.RNN` and `nnx.Bidirectional`, statistics in `nnx.BatchStat`:
-
-  rnn = nnx.RNN(BNLSTMCell(in_features, hidden, max_length=T, rngs=nnx.Rngs(0)))
-  outputs = rnn(x, seq_lengths=lengths)           # x [batch, time, in_features]
+"""Any module of this library as a Flax NNX module, and the papers' estimate in NNX.
 
 `FromLinen(module, *example_args, rngs=...)` makes any module of this library (a
 `RecurrentLayer`, a `StackedRNN`, a model) an NNX module: a `flax.nnx.bridge.ToNNX`, whose
@@ -13,16 +6,15 @@ variables are the Linen ones by name (`nnx.Param`, and `nnx.BatchStat` for the p
 statistics: per site the same `{'mean': [R, F], 'var': [R, F], 'count': [R]}` rows as the
 Linen `batch_stats`); a call runs the Linen module's own `apply` on them, so the numerics
 are the same cells and statistics. What it adds to the bridge:
-What it adds to the bridge:
 
   model.train() / model.eval()   batch statistics (folding them into the `BatchStat`
                                  running average) / population statistics, through
                                  `use_running_average` as in `nnx.BatchNorm`;
   estimate_population_stats(model, batches)
                                  the papers' estimate in one call: every wrapped module
-                                 and native cell gets the average of its minibatch
-                                 moments over the batches, computed with the current
-                                 parameters;
+                                 (the NNX cells of `nnx_cells.py` among them) gets the
+                                 average of its minibatch moments over the batches,
+                                 computed with the current parameters;
   wrapped.step(carry, x_t, t)    one step at a time (`RecurrentLayer.step`,
                                  `StackedRNN.step`, `LanguageModel.step`).
 
@@ -37,12 +29,12 @@ layer guide, docs/guide/layers.md, runs a small one), with `tx = optax.adam(1e-3
 
   from flax import nnx
   import bn_rnn_jax as br
-  from bn_rnn_jax import nnx as br_nnx
+  from bn_rnn_jax import nnx_bridge
 
   class Classifier(nnx.Module):
     def __init__(self, rngs: nnx.Rngs):
       layer = br.make_layer('bn_lstm', 100, max_length=784)
-      self.rnn = br_nnx.FromLinen(layer, jnp.zeros((1, 784, 1)), rngs=rngs)
+      self.rnn = nnx_bridge.FromLinen(layer, jnp.zeros((1, 784, 1)), rngs=rngs)
       self.head = nnx.Linear(100, 10, rngs=rngs)
 
     def __call__(self, x, mask=None):               # x [batch, time, 1]
@@ -60,7 +52,7 @@ layer guide, docs/guide/layers.md, runs a small one), with `tx = optax.adam(1e-3
   model.train()
   for x, labels in batches:
     train_step(model, optimizer, x, labels)
-  br_nnx.estimate_population_stats(model, [(x,) for x, _ in batches])
+  nnx_bridge.estimate_population_stats(model, [(x,) for x, _ in batches])
   model.eval()
   logits = model(x_valid)
 
@@ -80,14 +72,7 @@ from flax.nnx.bridge import variables as bridge_variables
 
 from bn_rnn_jax import batch_stats
 from bn_rnn_jax import modes
-from bn_rnn_jax import nnx_cells
 from bn_rnn_jax import population
-# pylint: disable=g-importing-member,unused-import
-from bn_rnn_jax.nnx_cells import BNInputLSTMCell
-from bn_rnn_jax.nnx_cells import BNLSTMCell
-from bn_rnn_jax.nnx_cells import LNLSTMCell
-from bn_rnn_jax.nnx_cells import NormalizedLSTMCell
-# pylint: enable=g-importing-member,unused-import
 
 #: The rng streams the library's modules read in training (h0 noise, dropout).
 RNG_STREAMS = ('noise', 'dropout')
@@ -140,16 +125,18 @@ class FromLinen(bridge.ToNNX):
   def __init__(self, module: nn.Module, *example_args, rngs: nnx.Rngs, **example_kwargs):
     super().__init__(module, rngs=rngs)
     keys = {'params': rngs.params(), **{name: rngs[name]() for name in RNG_STREAMS}}
-    variables = module.init(keys, *example_args, train=False, **example_kwargs)
+    variables = module.init(keys, *example_args, **modes.EVAL.kwargs(), **example_kwargs)
     for name, value in bridge_variables.linen_vars_to_nnx_attrs(variables).items():
       setattr(self, name, value)
     self.use_running_average = False
     self._estimating = False
 
   def _nnx_attributes(self) -> dict[str, Any]:
+    """The attributes that hold the Linen variables (not the module, flags or sizes)."""
     return {name: value for name, value in vars(self).items()
             if not name.startswith(('to_nnx__', '_pytree__', '_'))
-            and name not in ('use_running_average', 'minibatch_moments')}
+            and name != 'minibatch_moments'
+            and any(_is_variable(leaf) for leaf in jax.tree.leaves(value, is_leaf=_is_variable))}
 
   def linen_variables(self) -> dict[str, Any]:
     """`{'params', 'batch_stats'}` as plain arrays, for the Linen module's `apply`."""
@@ -168,7 +155,7 @@ class FromLinen(bridge.ToNNX):
     # (which `model.train()` / `eval()` set) included: the Linen module is applied here.
     variables = self.linen_variables()
     if self.use_running_average and not self._estimating:
-      return self.to_nnx__module.apply(variables, *args, train=False, **kwargs)
+      return self.to_nnx__module.apply(variables, *args, **modes.EVAL.kwargs(), **kwargs)
     if self._estimating:  # the papers' estimate: batch statistics, no dropout or noise
       collection, mode, rngs = batch_stats.MOMENTS, modes.BATCH_STATISTICS, None
     else:
@@ -201,16 +188,14 @@ def _cells(model: nnx.Module) -> dict[str, nnx_cells.NormalizedLSTMCell]:
 
 
 @nnx.jit
-def _minibatch_moments(model: nnx.Module, args: tuple) -> dict[str, Any]:
-  """`{path: MOMENTS collection}` of one training-mode pass of `model(*args)`."""
+def _minibatch_moments(model: nnx.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+  """`{path: MOMENTS collection}` of one training-mode pass of `model(*args, **kwargs)`."""
   model.set_attributes(FromLinen, _estimating=True, raise_if_not_found=False)
-  for cell in _cells(model).values():
-    cell.start_estimate()
   try:
-    model(*args)
+    model(*args, **kwargs)
   finally:
     model.set_attributes(FromLinen, _estimating=False, raise_if_not_found=False)
-    records = {path: cell.finish_estimate() for path, cell in _cells(model).items()}
+  records = {}
   for path, module in _wrapped(model).items():
     if hasattr(module, 'minibatch_moments'):  # not when `model` did not call it
       records[path] = module.minibatch_moments.get_value()
@@ -218,24 +203,24 @@ def _minibatch_moments(model: nnx.Module, args: tuple) -> dict[str, Any]:
   return records
 
 
-def estimate_population_stats(model: nnx.Module, batches: Iterable[tuple]) -> None:
-  """The papers' population statistics for every `FromLinen` and every cell with batch
-  statistics in `model`, in place.
+def estimate_population_stats(model: nnx.Module, batches: Iterable[Any]) -> None:
+  """The papers' population statistics for every `FromLinen` in `model` (the NNX cells
+  among them), in place.
 
-  Runs `model(*args)` for each `args` in `batches` (training data) with the wrapped
-  modules in training mode writing only their minibatch moments (parameters and
-  statistics untouched; other NNX modules, e.g. `nnx.Dropout`, run in the mode they are
-  in), then sets each wrapped module's `batch_stats` to the average of its moments per
-  row (`population.average_minibatch_moments`, as the Linen
+  Runs `model` on each batch of `batches` (training data: a tuple of positional
+  arguments, or a mapping of keyword arguments, e.g. `{'inputs': x, 'seq_lengths':
+  lengths}` for an `nnx_cells.RNN`) with the wrapped modules in training mode writing
+  only their minibatch moments (parameters and statistics untouched; other NNX modules,
+  e.g. `nnx.Dropout`, run in the mode they are in), then sets each wrapped module's
+  `batch_stats` to the average of its moments per row
+  (`population.average_minibatch_moments`, as the Linen
   `population.estimate_population_stats`). Compiled once per model and batch shape.
   """
-  records = [_minibatch_moments(model, tuple(args)) for args in batches]
+  records = [_minibatch_moments(model, *((), dict(batch)) if isinstance(batch, Mapping)
+                                else (tuple(batch), {})) for batch in batches]
   if not records:
     raise ValueError('estimate_population_stats needs at least one batch.')
   estimate = population.average_minibatch_moments(records)
   for path, module in _wrapped(model).items():
     if estimate.get(path):
       module.load_linen_variables({'batch_stats': estimate[path]})
-  for path, cell in _cells(model).items():
-    if path in estimate:
-      cell.load_linen_variables({'params': {}, 'batch_stats': estimate[path]})
