@@ -284,12 +284,13 @@ def layer_norm(x: Array, scale: Optional[Array] = None, bias: Optional[Array] = 
 # Population statistics.
 
 
-def init_population_stats(num_rows: int, features: int) -> dict[str, Array]:
+def init_population_stats(num_rows: int, features: int, dtype=jnp.float32
+                          ) -> dict[str, Array]:
   """Fresh statistics of one normalisation site: mean 0, var 1, no batch seen."""
   return {
-      'mean': jnp.zeros((num_rows, features), jnp.float32),
-      'var': jnp.ones((num_rows, features), jnp.float32),
-      'count': jnp.zeros((num_rows,), jnp.float32),
+      'mean': jnp.zeros((num_rows, features), dtype),
+      'var': jnp.ones((num_rows, features), dtype),
+      'count': jnp.zeros((num_rows,), dtype),
   }
 
 
@@ -323,7 +324,9 @@ def minibatch_moments_record(mean: Array, var: Array, count: Array, num_rows: in
     did not reach (padding only, or past T), and minus the count on thin rows, which
     carry the fresh (0, 1) values and no weight (`thin_rows` reports them).
   """
-  count = jnp.atleast_1d(count).astype(jnp.float32)
+  # Counts (the running average's weights) in the moments' dtype: float64 under x64.
+  dtype = jnp.promote_types(jnp.result_type(mean), jnp.float32)
+  count = jnp.atleast_1d(count).astype(dtype)
   seen = count >= jnp.maximum(min_count, 1e-6)
   thin = (count > 0) & ~seen
   # Rows that did not count get the fresh (0, 1) values, like the rows past T: the
@@ -341,7 +344,7 @@ def minibatch_moments_record(mean: Array, var: Array, count: Array, num_rows: in
         'count': jnp.pad(count, (0, pad)),
     }
   rows = first_row + jnp.arange(mean.shape[0])
-  fresh = init_population_stats(num_rows, mean.shape[-1])
+  fresh = init_population_stats(num_rows, mean.shape[-1], dtype)
   return {
       'mean': fresh['mean'].at[rows].set(mean, mode='drop'),
       'var': fresh['var'].at[rows].set(var, mode='drop'),

@@ -106,3 +106,31 @@ def test_layer_norm_statistics_are_float32():
   assert got.dtype == jnp.float32
   want = normalization.layer_norm(x.astype(jnp.bfloat16).astype(jnp.float32))
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+
+
+def test_float64_statistics_follow_their_dtype():
+  """With `jax_enable_x64`, a float64 layer's running average (counts and rates included)
+  is float64 and matches the float64 reference's two updates to 1e-12."""
+  x, mask = (np.asarray(a, np.float64) for a in _DATA)
+  variables, _, _ = _float64_reference('bn_lstm')
+  params = helpers.float64(variables['params'])
+  momentum = 0.9
+  with jax.enable_x64(True):
+    layer = br.make_layer('bn_lstm', H, max_length=T, momentum=momentum)
+    f64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), variables)
+    stats = f64['batch_stats']
+    for scale in (1.0, 2.0):
+      _, new = layer.apply({**f64, 'batch_stats': stats}, jnp.asarray(scale * x),
+                           jnp.asarray(mask), train=True, mutable=['batch_stats'])
+      stats = new['batch_stats']
+  assert all(a.dtype == jnp.float64 for a in jax.tree.leaves(stats))
+  want = {site: reference.init_population(*s['mean'].shape)
+          for site, s in variables['batch_stats'].items()}
+  for scale in (1.0, 2.0):
+    moments = reference.run_layer(params, scale * x, mask, 'bn_lstm')[2]
+    want = {site: reference.ema_update(want[site], reference.minibatch_record(
+        moments[site], False, T), momentum) for site in want}
+  for site in want:
+    for key in ('mean', 'var', 'count'):
+      np.testing.assert_allclose(np.asarray(stats[site][key]), want[site][key], rtol=1e-12,
+                                 atol=1e-12, err_msg=f'{site} {key}')
