@@ -59,7 +59,8 @@ class StepConfig:
     train: batch statistics (True) or the population statistics given per step (False).
     epsilon: variance epsilon of every normalisation.
     axis_name: pmap axis for cross-device batch moments.
-    compute_dtype: dtype of the matmuls (e.g. bfloat16); normalisation runs in float32.
+    compute_dtype: dtype of the matmuls (e.g. bfloat16); None: float32, or float64 with
+      float64 operands (`matmul`). Normalisation runs in float32 or wider.
     padded_statistics: batch moments count padded entries too (see
       `RecurrentLayer.padded_statistics`); the state still ignores padding.
     min_step_count: a training step whose batch moments average fewer valid entries is
@@ -74,7 +75,7 @@ class StepConfig:
   train: bool = True
   epsilon: float = normalization.DEFAULT_EPSILON
   axis_name: Optional[str] = None
-  compute_dtype: Any = jnp.float32
+  compute_dtype: Any = None
   padded_statistics: bool = False
   min_step_count: int = 1
   batch_sums: str = 'auto'
@@ -88,13 +89,12 @@ def _statistics_mask(cfg: StepConfig, mask: Optional[Array]) -> Optional[Array]:
 def matmul(x: Array, kernel: Array, compute_dtype) -> Array:
   """`x @ kernel` in `compute_dtype`, returned in (at least) float32 for the statistics.
 
-  With `jax_enable_x64` on and float64 inputs or kernel, a float32 `compute_dtype` (the
-  default) follows them: the product is computed and returned in float64, so a float64
-  layer stays float64 end to end. A narrower compute dtype (bfloat16) is kept as asked.
+  `compute_dtype` None follows the operands, at least float32: with `jax_enable_x64` and
+  float64 inputs or kernel the product is computed and returned in float64, so a float64
+  layer stays float64 end to end. A given dtype (bfloat16) is kept as asked.
   """
   wide = jnp.promote_types(jnp.result_type(x, kernel), jnp.float32)
-  if jnp.dtype(compute_dtype) == jnp.float32:
-    compute_dtype = wide
+  compute_dtype = wide if compute_dtype is None else compute_dtype
   out = jnp.dot(x.astype(compute_dtype), kernel.astype(compute_dtype),
                 preferred_element_type=wide)
   return out.astype(wide)

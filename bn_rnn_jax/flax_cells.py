@@ -131,7 +131,7 @@ class NormalizedLSTMCell(nn.RNNCellBase):
   forget_bias: float = 0.0
   recurrent_init: str = 'orthogonal'
   input_init: str = 'orthogonal'
-  dtype: Any = jnp.float32
+  dtype: Optional[Any] = None
   axis_name: Optional[str] = None
   min_statistics_count: int = batch_stats.DEFAULT_MIN_STATISTICS_COUNT
   execution: policy.Execution = policy.Execution()

@@ -60,8 +60,7 @@ def _with_h(carry, h):
 def _sequence_matmul(a: jax.Array, b: jax.Array, compute_dtype, out_dtype) -> jax.Array:
   """`sum_{t, b} a[t, b, :]^T b[t, b, :]`: `[T, B, M] x [T, B, N] -> [M, N]`, one product."""
   wide = jnp.promote_types(jnp.result_type(a, b), jnp.float32)
-  if jnp.dtype(compute_dtype) == jnp.float32:
-    compute_dtype = wide
+  compute_dtype = wide if compute_dtype is None else compute_dtype
   out = lax.dot_general(a.astype(compute_dtype), b.astype(compute_dtype),
                         (((0, 1), (0, 1)), ((), ())), preferred_element_type=wide)
   return out.astype(out_dtype)
@@ -70,8 +69,7 @@ def _sequence_matmul(a: jax.Array, b: jax.Array, compute_dtype, out_dtype) -> ja
 def _times_transpose(d: jax.Array, kernel: jax.Array, compute_dtype) -> jax.Array:
   """`d @ kernel^T` for `d [..., G*H]`, `kernel [F, G*H]` -> `[..., F]`."""
   wide = jnp.promote_types(jnp.result_type(d, kernel), jnp.float32)
-  if jnp.dtype(compute_dtype) == jnp.float32:
-    compute_dtype = wide
+  compute_dtype = wide if compute_dtype is None else compute_dtype
   return lax.dot_general(d.astype(compute_dtype), kernel.astype(compute_dtype),
                          (((d.ndim - 1,), (1,)), ((), ())), preferred_element_type=wide)
 

@@ -78,7 +78,9 @@ class RecurrentLayer(nn.Module):
     execution: how the layer runs, never what it computes (`policy.Execution`: hoisted
       input term, remat, backward pass, batch sums, unroll; 'auto' = the backend's
       choice, `policy.resolve`).
-    dtype: compute dtype of the matmuls (e.g. jnp.bfloat16); statistics stay float32.
+    dtype: the dtype of the matmuls and of the outputs, as Flax's `dtype` (e.g.
+      jnp.bfloat16); None: float32, or float64 with float64 inputs or weights under x64.
+      The state and the statistics stay float32 (or float64).
     axis_name: device axis name (pmap / shard_map) for cross-device batch moments.
     padded_statistics: count padded entries in the batch moments, as the implementation
       of Cooijmans et al. sec. 5.4 did (zero-padded batches; their BN-LSTM and
@@ -119,7 +121,7 @@ class RecurrentLayer(nn.Module):
   initial_state: str = 'zeros'
   initial_state_noise: float = 0.1
   execution: policy_lib.Execution = policy_lib.Execution()
-  dtype: Any = jnp.float32
+  dtype: Optional[Any] = None
   axis_name: Optional[str] = None
   padded_statistics: bool = False
   min_step_count: int = 1
@@ -321,6 +323,8 @@ class RecurrentLayer(nn.Module):
       moments.update(cells.unpack_moments(ys['moments'], loop_sites, sites, counts))
       self._record_moments(stats, moments, first_step, full_count)
     outputs = jnp.swapaxes(ys['h'], 0, 1)
+    if self.dtype is not None:
+      outputs = outputs.astype(self.dtype)
     return (final_carry, outputs) if return_carry else outputs
 
   def step(self, carry, x: Array, t, mask: Optional[Array] = None):

@@ -74,14 +74,14 @@ def test_float64_end_to_end(variant, backward):
 
 
 @pytest.mark.slow
-def test_bfloat16_compute_keeps_float32_statistics(data):
+def test_bfloat16_compute_gives_bfloat16_outputs_and_keeps_float32_statistics(data):
   x, mask = data
   layer32 = br.make_layer('bn_lstm', H, max_length=T)
   layer16 = br.make_layer('bn_lstm', H, max_length=T, dtype=jnp.bfloat16)
   variables = layer32.init(jax.random.key(0), x, mask, train=True)
   run = lambda layer: layer.apply(variables, x, mask, train=True, mutable=['batch_stats'])
   (y32, stats32), (y16, stats16) = run(layer32), run(layer16)
-  assert y16.dtype == jnp.float32
+  assert y16.dtype == jnp.bfloat16 and y32.dtype == jnp.float32
   for leaf in jax.tree.leaves(stats16):
     assert leaf.dtype == jnp.float32
   # bf16 matmuls carry ~3 significant digits.
