@@ -248,9 +248,34 @@ def _benchmark_module(name: str):
   return importlib.import_module(name)
 
 
-def rnn_speed(path: str = 'benchmarks/results/rnn_speed_cpu.json') -> str:
-  """`benchmarks/rnn_speed.py --report`'s main table."""
-  return _benchmark_module('rnn_speed').format_table(_load(path)['results'])
+def _kept(rows: list[dict], omit: str) -> list[dict]:
+  """`rows` without those whose impl is in the comma-separated `omit`."""
+  left_out = set(filter(None, omit.split(',')))
+  return [row for row in rows if row['impl'] not in left_out]
+
+
+def rnn_speed(path: str = 'benchmarks/results/rnn_speed_cpu.json', omit: str = '') -> str:
+  """`benchmarks/rnn_speed.py --report`'s main table (without the impls in `omit`)."""
+  return _benchmark_module('rnn_speed').format_table(_kept(_load(path)['results'], omit))
+
+
+def cell_speed(path: str = 'benchmarks/results/rnn_speed_cells_cpu.json') -> str:
+  """The BN-LSTM cell under `RNN` (`bn_lstm_cell`) beside the layer (`bn_lstm`) of the
+  same `rnn_speed.py` run: process CPU time and peak memory, and their ratios."""
+  rows = {(r['shape'], r['impl']): r for r in _load(path)['results']
+          if r.get('dtype', 'float32') == 'float32'}
+  out = []
+  for shape in sorted({shape for shape, _ in rows}):
+    layer, cell = rows.get((shape, 'bn_lstm')), rows.get((shape, 'bn_lstm_cell'))
+    if layer is None or cell is None:
+      continue
+    mib = lambda row: row['peak_bytes'] / 2**20
+    out.append([_benchmark_module('rnn_speed').shape_label(shape),
+                f"{layer['cpu_ms']:.0f}", f"{cell['cpu_ms']:.0f}",
+                f"{cell['cpu_ms'] / layer['cpu_ms']:.2f}", f'{mib(layer):.1f}',
+                f'{mib(cell):.1f}', f"{cell['peak_bytes'] / layer['peak_bytes']:.2f}"])
+  return markdown(['shape', 'layer CPU ms', 'cell CPU ms', 'cell / layer', 'layer peak MiB',
+                   'cell peak MiB', 'cell / layer'], out)
 
 
 def suite_time(path: str = 'benchmarks/results/suite_time.json') -> str:
@@ -334,9 +359,13 @@ def speed_targets(path: str = 'benchmarks/results/rnn_speed_cpu.json') -> str:
   return markdown(['target', 'shape', 'bound', 'measured', ''], out)
 
 
-def launch_profile(path: str = 'benchmarks/results/launch_profile_gpu_a.json') -> str:
-  """`benchmarks/launch_profile.py --report`: kernels per time step, and their share."""
-  return _benchmark_module('launch_profile').format_table(_load(path))
+def launch_profile(path: str = 'benchmarks/results/launch_profile_gpu_a.json',
+                   omit: str = '') -> str:
+  """`benchmarks/launch_profile.py --report`: kernels per time step, and their share
+  (without the impls in `omit`)."""
+  saved = _load(path)
+  return _benchmark_module('launch_profile').format_table(
+      {**saved, 'rows': _kept(saved['rows'], omit)})
 
 
 def trainer_overhead(path: str = 'benchmarks/results/trainer_overhead_cpu.json') -> str:
@@ -402,7 +431,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     'speed_targets': speed_targets, 'trainer_overhead': trainer_overhead,
     'donation_memory': donation_memory,
     'machine': machine, 'run_time': run_time, 'figures': figures, 'variable_length': variable_length,
-    'launch_profile': launch_profile, 'suite_time': suite_time,
+    'launch_profile': launch_profile, 'suite_time': suite_time, 'cell_speed': cell_speed,
 }
 
 
