@@ -23,13 +23,11 @@ What the forward scan stores for the reverse one is the layer's `remat` option:
   'dots'  the step's carry and matmul outputs; the pointwise part is recomputed;
   'full'  the step's carry only; the matmuls and the pointwise part are recomputed.
 
-Which one is faster depends on H / B (measured on a 2-core CPU with
-`benchmarks/rnn_speed.py`). The autodiff path reads and writes the `[H, G*H]` gradient
-accumulators at every step; this one stores and rereads `[B, G*H]` cotangents per step
-instead. With a small H / B the accumulators stay in cache and the autodiff path wins;
-with a large one (H1000 at B64, H650 at B32) this one does. `RecurrentLayer(backward=
-'auto')` picks it on CPU for LSTM layers with H >= 8 B, and on a GPU for LSTM layers
-without batch norm (`policy.py`, measured there too); TPUs keep the autodiff path.
+Which one is faster depends on H / B (docs/speed.md). The autodiff path reads and
+writes the `[H, G*H]` gradient accumulators at every step; this one stores and rereads
+`[B, G*H]` cotangents per step instead. With a small H / B the accumulators stay in
+cache and the autodiff path wins; with a large one this one does. `policy.resolve` says
+where 'auto' takes it.
 
 Batch moments are outputs without a gradient (the cells stop it), so they take no part
 in the backward pass; forward-mode differentiation (`jax.jvp`) of this path is not

@@ -14,38 +14,29 @@ layer's size and per-device batch:
   | `batch_sums` | 'contraction' | 'reduce' | 'reduce' |
 
 The CPU and GPU columns are set from `benchmarks/rnn_speed.py` runs (docs/speed.md has
-both tables); the TPU column is reasoned, not measured.
+the tables and the measured ratios); the TPU column is reasoned, not measured.
 
 Why, per choice:
 - `hoist_input`: W_x x for all steps as one large product before the scan (as cuDNN
   does) or inside each step. On CPU the hoisted `[T, B, G*H]` block costs memory traffic
-  that the in-step product avoids: a hoisted plain LSTM ran 1.2-1.5x slower than Flax's
-  in-loop `OptimizedLSTMCell`, the in-step one matched it. On a GPU the hoisted product
-  was as fast or faster (BN-LSTM at B64 H1000: 1.08x Flax's time hoisted, 1.20x in the
-  step). Sequence-wise input statistics need every step's input term before the scan,
-  so those layers always hoist.
+  that the in-step product avoids; on a GPU the one large product wins. Sequence-wise
+  input statistics need every step's input term before the scan, so those layers always
+  hoist.
 - `remat` (what the backward pass recomputes instead of storing per step): on CPU a
-  batch-normalised step at H <= 128 is cheaper to recompute whole ('full': one more
+  small batch-normalised step is cheaper to recompute whole ('full': one more
   `[B, H] x [H, G*H]` product) than to store and reload its pointwise intermediates;
-  above it, storing the matmul outputs ('dots') was faster at H240 and H1000
-  (`benchmarks/rnn_speed.py`). On a GPU, 'dots' was as fast as storing everything or
-  faster at H100 and H1000, in float32 and bfloat16, with 30-40 % less peak memory; TPUs
-  keep everything ('none') until measured.
+  larger ones store the matmul outputs ('dots'). On a GPU 'dots' is as fast as storing
+  everything and holds less memory; TPUs keep everything ('none') until measured.
 - `backward`: the autodiff of `lax.scan` ('scan') adds `h^T dz` into the `[H, G*H]`
   weight gradient at every step; the whole-layer pass of `layer_vjp` ('layer') stores
   `[B, G*H]` cotangents and forms the weight gradients in one product after the reverse
-  scan, so it gains as H / B grows: on CPU it was faster for LSTMs at B64 H1000 and B32
-  H650, slower at B64 H100 and B40 H240. On a GPU it was faster for plain LSTMs at both
-  B64 H100 and B64 H1000 (0.80 and 0.72 of Flax's time against 0.87 and 0.83); for the
-  BN-LSTM it was slower than the autodiff with 'dots' at H100 and equal at H1000
-  (float32), with 1.7x the peak memory. It defines no forward-mode
-  derivative (`jax.jvp`): a layer that needs one takes `backward='scan'`. The tanh RNN
-  and TPUs were not measured and keep 'scan'.
+  scan, so it gains as H / B grows (CPU) and saves launches (GPU, plain LSTMs), at the
+  cost of memory. It defines no forward-mode derivative (`jax.jvp`): a layer that needs
+  one takes `backward='scan'`. The tanh RNN and TPUs keep 'scan'.
 - `batch_sums` (the sums over the batch of the moments and of batch norm's backward
-  pass): XLA's CPU reduction over the batch axis slows several times once the kept part
-  passes about 32K elements (a `[64, 800]` sum per scan step took 5-9x a contraction with
-  ones), so CPU contracts with ones; on a GPU the two ran equally fast at every size
-  measured, and other backends reduce.
+  pass): XLA's CPU reduction over the batch axis slows sharply once the kept part is
+  large, where a contraction with ones does not, so CPU contracts; other backends
+  reduce.
 """
 
 from __future__ import annotations
