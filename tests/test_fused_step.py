@@ -1,0 +1,222 @@
+"""`fused_step.py`: the fused BN-LSTM step (Pallas kernels run in Pallas's interpreter, and
+the same step functions as plain JAX) against the float64 reference (`reference.py`):
+outputs, final state, per-step moments, every gradient (central finite differences),
+inference with population rows; against `RecurrentLayer`'s scan on the same variables;
+and the Pallas kernels lowered for CUDA from this CPU machine at benchmark shapes.
+
+Shapes are tiny and deliberately not powers of two (B=5, H=6, I=3, T=6), with uneven
+lengths and junk in the padded positions; `block_h=4` splits the hidden units over two
+Pallas programs (H padded to 8, the batch to 8).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bn_rnn_jax import fused_step
+from bn_rnn_jax import policy
+from bn_rnn_jax import variants
+import helpers
+import reference as ref
+
+B, T, I, H = 5, 6, 3, 6
+LENGTHS = (6, 4, 2, 5, 6)      # uneven; the last step has two valid rows
+BLOCK_H = 4
+GARBAGE = 30.0                 # scale of the junk in padded positions
+KERNELS = {'pallas': dict(kernel='pallas', interpret=True, block_h=BLOCK_H),
+           'xla': dict(kernel='xla')}
+SITES = ('input', 'recurrent', 'cell')
+
+_rng = np.random.default_rng(0)
+MASK = helpers.prefix_mask(LENGTHS, T, np.float64)
+X = np.where(MASK[..., None] > 0, _rng.normal(size=(B, T, I)),
+             GARBAGE * _rng.normal(size=(B, T, I)))
+CARRY0 = (_rng.normal(size=(B, H)), _rng.normal(size=(B, H)))   # (c0, h0)
+W_OUT = _rng.normal(size=(B, T, H))        # loss weights on the outputs
+W_CARRY = _rng.normal(size=(2, B, H))      # loss weights on the final (c, h)
+PARAMS = ref.random_params(
+    {'input_kernel': (I, 4 * H), 'recurrent_kernel': (H, 4 * H), 'bias': (4 * H,),
+     'input_scale': (4 * H,), 'recurrent_scale': (4 * H,), 'cell_scale': (H,),
+     'cell_bias': (H,)}, np.random.default_rng(1))
+# Population rows of every step (inference): means around 0, variances around 1.
+_widths = {'input': 4 * H, 'recurrent': 4 * H, 'cell': H}
+POPULATION = {site: (_rng.normal(0.0, 0.5, (T, f)), _rng.uniform(0.5, 1.5, (T, f)))
+              for site, f in _widths.items()}
+
+# float32 against float64 at tests/test_recurrent.py's tolerances.
+assert_close = functools.partial(helpers.assert_close, rtol=1e-4)
+GRAD_RTOL = 2e-4
+
+
+def _split(arrays):
+  params = {k: v for k, v in arrays.items() if not k.startswith('__')}
+  return params, arrays['__x'], (arrays['__c0'], arrays['__h0'])
+
+
+def _loss_terms(carry, out):
+  return jnp.sum(out * W_OUT) + jnp.sum(carry[0] * W_CARRY[0]) + jnp.sum(
+      carry[1] * W_CARRY[1])
+
+
+@functools.cache
+def fused_run(kernel, inference=False):
+  """Loss, gradients w.r.t. params, x and the initial carry, carry, outputs, moments."""
+  population = helpers.float32(POPULATION) if inference else None
+
+  def loss(arrays, mask):
+    params, x, carry0 = _split(arrays)
+    carry, out, moments = fused_step.fused_bn_lstm(
+        params, x, mask, initial_carry=carry0, population=population, **KERNELS[kernel])
+    return _loss_terms(carry, out), (carry, out, moments)
+
+  arrays = {**PARAMS, '__x': X, '__c0': CARRY0[0], '__h0': CARRY0[1]}
+  (_, (carry, out, moments)), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(
+      *helpers.float32((arrays, MASK)))
+  return helpers.float64(dict(carry=carry, out=out, moments=moments, grads=grads))
+
+
+@functools.cache
+def reference_run(inference=False):
+  """The reference's forward values and central finite differences of the same loss."""
+  kw = dict(train=False, population=POPULATION) if inference else {}
+
+  def loss(arrays):
+    params, x, carry0 = _split(arrays)
+    carry, out, _ = ref.run_layer(params, x, MASK, 'bn_lstm', initial_carry=carry0, **kw)
+    return np.sum(out * W_OUT) + np.sum(carry[0] * W_CARRY[0]) + np.sum(carry[1] * W_CARRY[1])
+
+  carry, out, moments = ref.run_layer(PARAMS, X, MASK, 'bn_lstm', initial_carry=CARRY0, **kw)
+  arrays = {**PARAMS, '__x': X, '__c0': CARRY0[0], '__h0': CARRY0[1]}
+  return dict(carry=carry, out=out, moments=moments, grads=ref.numerical_grad(loss, arrays))
+
+
+def _check_forward(got, want):
+  assert_close(got['out'], want['out'], what='outputs')
+  assert np.all(got['out'][MASK == 0] == 0.0), 'padded outputs must be exactly 0'
+  assert_close(got['carry'][0], want['carry'][0], what='final c')
+  assert_close(got['carry'][1], want['carry'][1], what='final h')
+
+
+def _check_gradients(got, want):
+  assert set(got['grads']) == set(want['grads'])
+  for name, g in got['grads'].items():
+    assert_close(g, want['grads'][name], rtol=GRAD_RTOL, what=f'd loss / d {name}')
+  assert np.all(got['grads']['__x'][MASK == 0] == 0.0), 'padded inputs get no gradient'
+
+
+@pytest.mark.parametrize('kernel', KERNELS)
+def test_forward_and_moments_match_the_reference(kernel):
+  """Outputs (0 on padded steps), the final state of rows of every length, and each
+  step's mean and variance over the valid rows of the three sites, with their counts."""
+  got, want = fused_run(kernel), reference_run()
+  _check_forward(got, want)
+  for site in SITES:
+    mean, var, count = got['moments'][site]
+    assert_close(mean, np.stack([m[0] for m in want['moments'][site]]), what=f'{site} mean')
+    assert_close(var, np.stack([m[1] for m in want['moments'][site]]), what=f'{site} var')
+    np.testing.assert_array_equal(count, [m[2] for m in want['moments'][site]])
+
+
+@pytest.mark.parametrize('kernel', KERNELS)
+def test_gradients_match_finite_differences(kernel):
+  """Every parameter's gradient, the input's and the initial state's, through the
+  custom_vjp (reverse scan of the backward kernel, dW_h after the loop) and the hoisted
+  input term's batch norm."""
+  _check_gradients(fused_run(kernel), reference_run())
+
+
+def test_inference_with_population_rows_matches_the_reference():
+  """Each step normalised with its given population rows (no batch moments): outputs,
+  final state and gradients."""
+  got, want = fused_run('pallas', inference=True), reference_run(inference=True)
+  _check_forward(got, want)
+  assert got['moments'] == {}
+  _check_gradients(got, want)
+
+
+def test_fused_scan_equals_the_layers_scan():
+  """`RecurrentLayer` (hoisted input term, autodiff of the scan) and the fused scan on
+  the layer's own variables: outputs, final state, the moments the layer records per
+  step, and the gradients."""
+  layer = variants.make_layer('bn_lstm', H, max_length=T, execution=policy.Execution(
+      hoist_input=True, backward='scan'))
+  params, stat_shapes = helpers.reference_params(layer, (B, T, I), seed=3)
+  stats = {site: ref.init_population(s['mean'].shape[0], s['mean'].shape[1])
+           for site, s in stat_shapes.items()}
+
+  def layer_loss(params, x, mask, carry0):
+    (carry, out), new = layer.apply(
+        {'params': params, 'batch_stats': helpers.float32(stats)}, x, mask,
+        use_running_average=False, deterministic=False, initial_carry=carry0,
+        mutable=['batch_stats', 'minibatch_moments'], return_carry=True)
+    return _loss_terms(carry, out), (carry, out, new['minibatch_moments'])
+
+  def fused_loss(params, x, mask, carry0):
+    carry, out, moments = fused_step.fused_bn_lstm(params, x, mask, initial_carry=carry0,
+                                                   **KERNELS['pallas'])
+    return _loss_terms(carry, out), (carry, out, moments)
+
+  args = helpers.float32((params, X, MASK, CARRY0))
+  grad = lambda f: jax.jit(jax.value_and_grad(f, argnums=(0, 1, 3), has_aux=True))(*args)
+  (_, (l_carry, l_out, recorded)), l_grads = helpers.float64(grad(layer_loss))
+  (_, (f_carry, f_out, moments)), f_grads = helpers.float64(grad(fused_loss))
+  assert_close(f_out, l_out, rtol=1e-5, what='outputs')
+  for a, b in zip(f_carry, l_carry):
+    assert_close(a, b, rtol=1e-5, what='final carry')
+  assert set(recorded) == set(SITES)
+  for site in SITES:
+    mean, var, count = moments[site]
+    assert_close(mean, recorded[site]['mean'], rtol=1e-5, what=f'{site} mean')
+    assert_close(var, recorded[site]['var'], rtol=1e-5, what=f'{site} var')
+    np.testing.assert_array_equal(count, recorded[site]['count'])
+  # Both differ from the reference only by float32 rounding, which the two-row batch
+  # statistics of the last step amplify (tests/test_recurrent.py's hoisted-vs-in-step
+  # tolerance).
+  for a, b, name in zip(jax.tree.leaves(f_grads), jax.tree.leaves(l_grads),
+                        [jax.tree_util.keystr(p) for p, _ in
+                         jax.tree.leaves_with_path(f_grads)]):
+    assert_close(a, b, rtol=5e-4, what=name)
+
+
+def test_layout_pads_to_powers_of_two():
+  """The Pallas layout: the batch to a power of two, H to a multiple of the block; the
+  pure-JAX path pads nothing."""
+  assert fused_step.layout(B, H, block_h=BLOCK_H) == fused_step.Layout(8, 8, 4)
+  assert fused_step.layout(64, 100) == fused_step.Layout(64, 128, 32)
+  assert fused_step.layout(64, 1000) == fused_step.Layout(64, 1024, 32)
+  assert fused_step.layout(B, H, 'xla') == fused_step.Layout(B, H, H)
+  with pytest.raises(ValueError, match='power of two'):
+    fused_step.layout(B, H, block_h=6)
+  with pytest.raises(ValueError, match='kernel must be one of'):
+    fused_step.layout(B, H, 'cuda')
+
+
+# The Triton lowering's custom call: jaxlib 0.10.2 passes the Triton IR to XLA
+# ('__gpu$xla.gpu.triton'); later jaxlibs compile it first ('triton_kernel_call_ffi').
+TRITON_CALLS = ('__gpu$xla.gpu.triton', 'triton_kernel_call_ffi')
+
+
+@pytest.mark.parametrize('batch,steps,inputs,hidden', [(64, 784, 1, 100), (64, 100, 50, 1000)],
+                         ids=['a', 'c'])
+def test_lowers_for_cuda_at_benchmark_shapes(batch, steps, inputs, hidden):
+  """Forward and backward of the fused layer lowered for CUDA from this CPU machine
+  (abstract arguments, nothing allocated): one Triton kernel in the forward scan and one
+  in the reverse scan."""
+  s = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+  params = {'input_kernel': s(inputs, 4 * hidden), 'recurrent_kernel': s(hidden, 4 * hidden),
+            'bias': s(4 * hidden), 'input_scale': s(4 * hidden),
+            'recurrent_scale': s(4 * hidden), 'cell_scale': s(hidden),
+            'cell_bias': s(hidden)}
+
+  def loss(params, x, mask):
+    _, out, _ = fused_step.fused_bn_lstm(params, x, mask)
+    return jnp.mean(out ** 2)
+
+  lowered = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(
+      params, s(batch, steps, inputs), s(batch, steps)).lower(lowering_platforms=('cuda',))
+  text = lowered.as_text()
+  assert sum(text.count(f'@{name}(') for name in TRITON_CALLS) == 2, 'two Triton kernels'
+  assert 'bn_lstm_step_forward' in text and 'bn_lstm_step_backward' in text
