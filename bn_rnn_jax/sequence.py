@@ -68,17 +68,23 @@ def check_time_index(value, what: str) -> None:
 def common_step(first_step, mask: Optional[Array]):
   """The step of a training batch's first column, from each row's step `first_step`
   (an int, a scalar, or `[batch]`): the rows valid there (`mask [batch, time]`) pool
-  their batch moments per step, so they must share it. Rows at different steps are an
-  error when the values are concrete; traced, the largest step of those rows is taken."""
+  their batch moments per step, so they must share it (rows at other steps take part as
+  padding only). Rows at different steps are an error: at once when the values are
+  concrete, when the batch runs when they are traced (a `jax.debug.callback`)."""
   if np.ndim(first_step) == 0:
     return first_step
   valid = (jnp.ones(np.shape(first_step), bool) if mask is None else mask[:, 0] > 0)
-  if not isinstance(first_step, jax.core.Tracer) and not isinstance(valid, jax.core.Tracer):
-    steps = np.unique(np.asarray(first_step)[np.asarray(valid)])
+
+  def check(steps, valid):
+    steps = np.unique(np.asarray(steps)[np.asarray(valid)])
     if steps.size > 1:
       raise ValueError(f'Training rows start at different steps {steps.tolist()}: batch '
                        'statistics pool the rows of one step, so a batch trains from one '
                        'step (rows at other steps are padding in this call).')
+  if isinstance(first_step, jax.core.Tracer) or isinstance(valid, jax.core.Tracer):
+    jax.debug.callback(check, first_step, valid)
+  else:
+    check(first_step, valid)
   return jnp.max(jnp.where(valid, first_step, 0))
 
 

@@ -622,12 +622,7 @@ def test_training_past_max_length_across_chunks_is_an_error(api):
     jax.block_until_ready(model.copy().rnn(X[:, :3], **past))
 
 
-@pytest.mark.parametrize('jit', [
-    False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
-        'Under jit the carried steps are traced: sequence.common_step takes the largest '
-        'step of the valid rows instead of raising, so rows at steps 1 and 2 train with '
-        'the statistics row of step 3 (and their moments are recorded there).')))],
-                         ids=['eager', 'jit'])
+@pytest.mark.parametrize('jit', [False, True], ids=['eager', 'jit'])
 def test_training_rows_at_different_steps_is_an_error(jit):
   """A training chunk whose valid rows start at different steps (the first chunk's
   lengths 3, 1, 2) cannot pool one step's batch moments: an error eagerly, and under
