@@ -277,10 +277,11 @@ def _build(impl: str, shape: dict, dtype: str = 'float32'):
       return jnp.mean(jnp.square(y.astype(jnp.float32)))
   else:
     model = _layer(impl, shape, dtype)
-    variables = model.init(jax.random.key(1), x, mask, train=True)
+    variables = model.init(jax.random.key(1), x, mask, use_running_average=False,
+                           deterministic=False)
     def loss_fn(params):
-      y, _ = model.apply({**variables, 'params': params}, x, mask, train=True,
-                         mutable=['batch_stats'])
+      y, _ = model.apply({**variables, 'params': params}, x, mask, use_running_average=False,
+                         deterministic=False, mutable=['batch_stats'])
       return jnp.mean(jnp.square(y.astype(jnp.float32)))
   step = jax.jit(jax.value_and_grad(loss_fn))
   return step, variables['params']

@@ -25,18 +25,18 @@ statistics of the longest (Cooijmans et al. sec. 3).
 Misuse is an error, as in `flax.linen.BatchNorm` (`site_variable` checks both, for every
 site of every module):
 
-  batch statistics (`train=True` or `use_running_average=False`): outside `init`, one
-               of `batch_stats` (training) or `MOMENTS` (the papers' estimate pass,
-               `population.minibatch_moments`) must be mutable;
-               else the pass would update nothing. To use batch statistics and keep
-               none, pass `mutable=['batch_stats']` and drop the update.
-  population statistics (`train=False` or `use_running_average=True`): a site whose
-               statistics no training batch reached (`count` 0 in every
-               row) would normalise with mean 0, variance 1. Checked when the
-               statistics are concrete values (an eager `apply`, or variables closed
-               over by a jitted function); under `jax.jit` / `pmap` they are tracers and
-               pass unchecked: call `untrained_sites(variables['batch_stats'])` before
-               jitting. `allow_untrained_statistics()` opts out.
+  batch statistics (`use_running_average=False`): outside `init`, one of
+               `batch_stats` (training) or `MOMENTS` (the papers' estimate pass,
+               `population.minibatch_moments`) must be mutable; else the pass would
+               update nothing. To use batch statistics and keep none, pass
+               `mutable=['batch_stats']` and drop the update.
+  population statistics (`use_running_average=True`): a site whose statistics no
+               training batch reached (`count` 0 in every row) would normalise with
+               mean 0, variance 1. Checked when the statistics are concrete values (an
+               eager `apply`, or variables closed over by a jitted function); under
+               `jax.jit` / `pmap` they are tracers and pass unchecked: call
+               `untrained_sites(variables['batch_stats'])` before jitting.
+               `allow_untrained_statistics()` opts out.
 """
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ _UNTRAINED_ALLOWED = contextvars.ContextVar('untrained_statistics_allowed', defa
 
 @contextlib.contextmanager
 def allow_untrained_statistics() -> Iterator[None]:
-  """Inside this context `train=False` accepts statistics no training batch reached
-  (they normalise with mean 0, variance 1), e.g. to look at an untrained model."""
+  """Inside this context `use_running_average=True` accepts statistics no training batch
+  reached (they normalise with mean 0, variance 1), e.g. to look at an untrained model."""
   token = _UNTRAINED_ALLOWED.set(True)
   try:
     yield
@@ -124,12 +124,13 @@ def _where(module: nn.Module, site: str) -> str:
 
 
 def _check_recorded(module: nn.Module, site: str) -> None:
-  """train=True must be able to write its moments somewhere."""
+  """Batch statistics (`use_running_average=False`) must be able to write their moments
+  somewhere."""
   if not (module.is_mutable_collection('batch_stats') or module.is_mutable_collection(MOMENTS)):
     raise ValueError(
-        f"{_where(module, site)}: train=True needs mutable=['batch_stats'] in apply (or "
-        f"mutable=['{MOMENTS}'] for the population estimate pass); without it the "
-        'population statistics would silently not be updated.')
+        f"{_where(module, site)}: use_running_average=False needs mutable=['batch_stats'] "
+        f"in apply (or mutable=['{MOMENTS}'] for the population estimate pass); without "
+        'it the population statistics would silently not be updated.')
 
 
 def is_untrained(site_stats) -> bool:
@@ -148,7 +149,8 @@ def untrained_sites(stats_tree) -> list[str]:
   Example:
     >>> import bn_rnn_jax as br
     >>> layer = br.make_layer('bn_lstm', 4, max_length=5)
-    >>> variables = layer.init(jax.random.key(0), jnp.ones((2, 5, 1)), train=False)
+    >>> variables = layer.init(jax.random.key(0), jnp.ones((2, 5, 1)),
+    ...                        use_running_average=True, deterministic=True)
     >>> br.batch_stats.untrained_sites(variables['batch_stats'])
     ['recurrent', 'input', 'cell']
   """
@@ -165,12 +167,13 @@ def untrained_sites(stats_tree) -> list[str]:
 
 
 def _check_trained(module: nn.Module, site: str, site_stats: Any) -> None:
-  """train=False must not read statistics that no training batch reached."""
+  """Population statistics (`use_running_average=True`) must not be ones that no
+  training batch reached."""
   if is_untrained(site_stats) and not _UNTRAINED_ALLOWED.get():
     raise ValueError(
-        f'{_where(module, site)}: train=False with population statistics no training batch '
-        'reached (count 0 in every row: mean 0, variance 1); train or estimate them first, '
-        'or call inside batch_stats.allow_untrained_statistics().')
+        f'{_where(module, site)}: use_running_average=True with population statistics no '
+        'training batch reached (count 0 in every row: mean 0, variance 1); train or '
+        'estimate them first, or call inside batch_stats.allow_untrained_statistics().')
 
 
 def site_variable(module: nn.Module, site: str, rows: int, features: int, *,
@@ -238,8 +241,8 @@ class MaskedBatchNorm(nn.Module):
       T_max is the time length of `init`'s x).
     batch_sums: how the batch sums run (`policy.batch_sums_for`).
 
-  Call: `(x, mask | None, train=... | use_running_average=...)` -> x normalised
-  (float32).
+  Call: `(x, mask | None, use_running_average=...)` -> x normalised (float32);
+  `deterministic=` is taken and unused (no noise), as the layers take it.
   """
   statistics: str = 'per_step'
   max_length: Optional[int] = None
@@ -251,9 +254,9 @@ class MaskedBatchNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, mask: Optional[Array] = None, *,
-               train: Optional[bool] = None, use_running_average: Optional[bool] = None,
+               use_running_average: Optional[bool] = None,
                deterministic: Optional[bool] = None) -> Array:
-    batch = modes.resolve(train, use_running_average, deterministic).batch_statistics
+    batch = modes.resolve(use_running_average, deterministic).batch_statistics
     if self.statistics not in ('per_step', 'sequence'):
       raise ValueError("MaskedBatchNorm.statistics must be 'per_step' or 'sequence'; got "
                        f'{self.statistics!r}.')

@@ -56,7 +56,8 @@ class StepConfig:
     recurrent_norm: normalisation of the recurrent term W_h h (None, 'batch', 'layer').
     input_norm: normalisation of the input term W_x x, when it is computed in the step.
     cell_norm: normalisation of c_t before the output tanh (LSTM only).
-    train: batch statistics (True) or the population statistics given per step (False).
+    batch_statistics: batch statistics (True) or the population statistics given per
+      step (False).
     epsilon: variance epsilon of every normalisation.
     axis_name: pmap axis for cross-device batch moments.
     compute_dtype: dtype of the matmuls (e.g. bfloat16); None: float32, or float64 with
@@ -72,7 +73,7 @@ class StepConfig:
   recurrent_norm: Optional[str] = None
   input_norm: Optional[str] = None
   cell_norm: Optional[str] = None
-  train: bool = True
+  batch_statistics: bool = True
   epsilon: float = normalization.DEFAULT_EPSILON
   axis_name: Optional[str] = None
   compute_dtype: Any = None
@@ -101,7 +102,7 @@ def matmul(x: Array, kernel: Array, compute_dtype) -> Array:
 
 
 def apply_norm(kind: Optional[str], z: Array, scale: Optional[Array], bias: Optional[Array],
-               *, train: bool, mask: Optional[Array] = None, stats=None,
+               *, batch_statistics: bool, mask: Optional[Array] = None, stats=None,
                reduce_axes=(0,), epsilon: float, axis_name: Optional[str] = None,
                min_count: int = 1, batch_sums: str = 'auto'):
   """Normalise `z [..., F]` by `kind`.
@@ -125,7 +126,7 @@ def apply_norm(kind: Optional[str], z: Array, scale: Optional[Array], bias: Opti
     return normalization.layer_norm(z, scale, bias, epsilon), None
   if kind != 'batch':
     raise ValueError(f'Unknown normalisation {kind!r}; expected one of {NORM_KINDS}.')
-  if train:
+  if batch_statistics:
     y, mean, var, count = normalization.batch_norm(
         z, scale, bias, mask=mask, reduce_axes=reduce_axes, axis_name=axis_name,
         epsilon=epsilon, batch_sums=batch_sums)
@@ -172,14 +173,15 @@ def _step_input_term(params: Params, cfg: StepConfig, terms: dict[str, Array],
   if 'input_term' in terms:
     return terms['input_term'], None
   return apply_norm(cfg.input_norm, terms['input'], params.get('input_scale'), None,
-                    train=cfg.train, mask=_statistics_mask(cfg, inputs.get('mask')),
+                    batch_statistics=cfg.batch_statistics,
+                    mask=_statistics_mask(cfg, inputs.get('mask')),
                     stats=inputs.get('stats', {}).get('input'), epsilon=cfg.epsilon,
                     axis_name=cfg.axis_name, min_count=cfg.min_step_count,
                     batch_sums=cfg.batch_sums)
 
 
 def _fuse_batch_norms(cfg: StepConfig, terms) -> bool:
-  return (cfg.train and 'input' in terms and cfg.input_norm == 'batch'
+  return (cfg.batch_statistics and 'input' in terms and cfg.input_norm == 'batch'
           and cfg.recurrent_norm == 'batch')
 
 
@@ -211,8 +213,9 @@ def _fused_batch_norm_terms(params: Params, cfg: StepConfig, terms, mask, stats)
   if 'input' in stats:  # population rows for steps with too few valid rows
     rows = tuple(jnp.concatenate(pair) for pair in zip(stats['input'], stats['recurrent']))
   y, (mean, var, count) = apply_norm(
-      'batch', z, scale, None, train=True, mask=mask, stats=rows, epsilon=cfg.epsilon,
-      axis_name=cfg.axis_name, min_count=cfg.min_step_count, batch_sums=cfg.batch_sums)
+      'batch', z, scale, None, batch_statistics=True, mask=mask, stats=rows,
+      epsilon=cfg.epsilon, axis_name=cfg.axis_name, min_count=cfg.min_step_count,
+      batch_sums=cfg.batch_sums)
   width = terms['input'].shape[-1]
   moments = {'input': (mean[:width], var[:width], count),
              'recurrent': (mean[width:], var[width:], count)}
@@ -254,8 +257,8 @@ def lstm_cell(params: Params, cfg: StepConfig, carry: tuple[Array, Array],
   mask = inputs.get('mask')
   stats = inputs.get('stats', {})
   moments = {}
-  kw = dict(train=cfg.train, mask=_statistics_mask(cfg, mask), epsilon=cfg.epsilon,
-            axis_name=cfg.axis_name, min_count=cfg.min_step_count,
+  kw = dict(batch_statistics=cfg.batch_statistics, mask=_statistics_mask(cfg, mask),
+            epsilon=cfg.epsilon, axis_name=cfg.axis_name, min_count=cfg.min_step_count,
             batch_sums=cfg.batch_sums)
 
   if _fuse_batch_norms(cfg, terms):
@@ -313,9 +316,10 @@ def rnn_cell(params: Params, cfg: StepConfig, carry: Array, terms: dict[str, Arr
     pre = pre + params['bias']
   else:
     pre, recurrent_moments = apply_norm(
-        cfg.recurrent_norm, pre, params['scale'], params['bias'], train=cfg.train,
-        mask=_statistics_mask(cfg, mask), stats=stats.get('recurrent'), epsilon=cfg.epsilon,
-        axis_name=cfg.axis_name, min_count=cfg.min_step_count, batch_sums=cfg.batch_sums)
+        cfg.recurrent_norm, pre, params['scale'], params['bias'],
+        batch_statistics=cfg.batch_statistics, mask=_statistics_mask(cfg, mask),
+        stats=stats.get('recurrent'), epsilon=cfg.epsilon, axis_name=cfg.axis_name,
+        min_count=cfg.min_step_count, batch_sums=cfg.batch_sums)
     if recurrent_moments is not None:
       moments['recurrent'] = recurrent_moments
   h = jnp.tanh(pre)

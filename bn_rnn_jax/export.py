@@ -1,6 +1,6 @@
 """A trained model as a self-contained program: `jax.export` with its variables baked in.
 
-  infer = inference_function(model, variables)    # model.apply(variables, *args, train=False)
+  infer = inference_function(model, variables)    # evaluation: population statistics
   specs = symbolic_specs((x, mask), (('batch', 'time', None), ('batch', 'time')))
   exported = export(infer, specs)                 # a jax.export.Exported
   save(exported, 'model.jax')
@@ -34,10 +34,12 @@ from jax import export as jax_export
 
 from bn_rnn_jax import batch_stats
 from bn_rnn_jax import extras
+from bn_rnn_jax import modes
 
 
 def inference_function(model, variables, **call_kwargs) -> Callable[..., Any]:
-  """`f(*args) = model.apply(variables, *args, train=False, **call_kwargs)`.
+  """`f(*args) = model.apply(variables, *args, use_running_average=True,
+  deterministic=True, **call_kwargs)`.
 
   The variables are closed over, so `jax.export` bakes them in as constants. Raises a
   one-line ValueError when a site's statistics were never trained (`batch_stats.py`):
@@ -49,7 +51,7 @@ def inference_function(model, variables, **call_kwargs) -> Callable[..., Any]:
                      f'{", ".join(untrained)}; train or estimate them first.')
 
   def infer(*args):
-    return model.apply(variables, *args, train=False, **call_kwargs)
+    return model.apply(variables, *args, **modes.EVAL.kwargs(), **call_kwargs)
   return infer
 
 

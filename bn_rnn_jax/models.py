@@ -3,11 +3,11 @@ tagger (Laurent et al. sec. 5.1) and Attentive Reader (Cooijmans et al. sec. 5.4
 
 Modules only; losses and metrics live in `tasks.py`, training in `train.py`. Each model
 takes `layer_options` (`variants.LayerOptions`, or a dict), the `RecurrentLayer` fields
-of its recurrent stack. Each model's call takes `train=` or Flax's pair
-`use_running_average=` / `deterministic=` (`modes.py`), as its layers do. The
-classifier, the tagger and the reader return logits; the language model returns logits,
-or `(carries, logits)` with `return_carry=True` (the state carried across truncated-BPTT
-segments), as the layers return outputs or `(carry, outputs)`.
+of its recurrent stack. Each model's call takes Flax's pair `use_running_average=` /
+`deterministic=` (`modes.py`), as its layers do. The classifier, the tagger and the
+reader return logits; the language model returns logits, or `(carries, logits)` with
+`return_carry=True` (the state carried across truncated-BPTT segments), as the layers
+return outputs or `(carry, outputs)`.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ class SequenceClassifier(nn.Module):
   hidden state and the backward direction's final state (which has read the sequence
   back to its first step), concatenated `[B, 2H]`.
 
-  Call: `(inputs [B, T, I], mask [B, T] | None, train=...)` -> logits `[B, num_classes]`.
+  Call: `(inputs [B, T, I], mask [B, T] | None, use_running_average=...,
+  deterministic=...)` -> logits `[B, num_classes]`.
   """
   num_classes: int
   variant: str = 'bn_lstm'
@@ -68,9 +69,9 @@ class SequenceClassifier(nn.Module):
 
   @nn.compact
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
-               train: Optional[bool] = None, use_running_average: Optional[bool] = None,
+               use_running_average: Optional[bool] = None,
                deterministic: Optional[bool] = None):
-    mode = modes.resolve(train, use_running_average, deterministic).kwargs()
+    mode = modes.resolve(use_running_average, deterministic).kwargs()
     carries, _ = stack.StackedRNN(
         variant=self.variant, hidden_size=self.hidden_size, num_layers=self.num_layers,
         dropout_rate=self.dropout_rate, bidirectional=self.bidirectional,
@@ -92,10 +93,11 @@ class LanguageModel(nn.Module):
   No `bidirectional` option: a backward direction would read the very symbols the model
   is asked to predict.
 
-  Call: `(tokens [B, T] int, mask [B, T] | None, train=..., initial_carries=None,
-  first_step=0, return_carry=False)` -> `logits [B, T, vocab_size]`, or with
-  `return_carry=True` `(final_carries, logits)`, a carry per layer. Pass the returned
-  carries back in to carry state across truncated-BPTT segments (Zaremba et al. 2014).
+  Call: `(tokens [B, T] int, mask [B, T] | None, use_running_average=...,
+  deterministic=..., initial_carries=None, first_step=0, return_carry=False)` -> `logits
+  [B, T, vocab_size]`, or with `return_carry=True` `(final_carries, logits)`, a carry per
+  layer. Pass the returned carries back in to carry state across truncated-BPTT segments
+  (Zaremba et al. 2014).
   `step` runs one symbol at a time (sampling; `experiments/sample.py`).
   """
   vocab_size: int
@@ -112,11 +114,11 @@ class LanguageModel(nn.Module):
 
   @nn.compact
   def __call__(self, tokens: Array, mask: Optional[Array] = None, *,
-               train: Optional[bool] = None, use_running_average: Optional[bool] = None,
+               use_running_average: Optional[bool] = None,
                deterministic: Optional[bool] = None,
                initial_carries: Optional[Sequence[Any]] = None, first_step=0,
                return_carry: bool = False):
-    mode = modes.resolve(train, use_running_average, deterministic).kwargs()
+    mode = modes.resolve(use_running_average, deterministic).kwargs()
     if tokens.ndim != 2:
       raise ValueError(f'LanguageModel expects tokens [batch, time]; got {tokens.shape}.')
     if self.embed_size is None:
@@ -140,7 +142,7 @@ class LanguageModel(nn.Module):
     if tokens.ndim != 1:
       raise ValueError(f'LanguageModel.step expects tokens [batch]; got {tokens.shape}.')
     carries, logits = self(tokens[:, None], None if mask is None else mask[:, None],
-                           train=False, initial_carries=carries, first_step=t,
+                           **modes.EVAL.kwargs(), initial_carries=carries, first_step=t,
                            return_carry=True)
     return carries, logits[:, 0]
 
@@ -169,7 +171,8 @@ class SequenceTagger(nn.Module):
     variant, hidden_size, num_layers, dropout_rate, bidirectional, layer_options: as
       `stack.StackedRNN`.
 
-  Call: `(inputs, mask [B, T] | None, train=...)` -> logits `[B, T, num_classes]`.
+  Call: `(inputs, mask [B, T] | None, use_running_average=..., deterministic=...)` ->
+  logits `[B, T, num_classes]`.
   Logits at padded steps are those of a zero hidden state; losses must mask them.
   """
   num_classes: int
@@ -190,9 +193,9 @@ class SequenceTagger(nn.Module):
 
   @nn.compact
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
-               train: Optional[bool] = None, use_running_average: Optional[bool] = None,
+               use_running_average: Optional[bool] = None,
                deterministic: Optional[bool] = None):
-    mode = modes.resolve(train, use_running_average, deterministic).kwargs()
+    mode = modes.resolve(use_running_average, deterministic).kwargs()
     if self.kernel_init not in _KERNEL_INITS:
       raise ValueError(f'kernel_init must be one of {sorted(_KERNEL_INITS)}; got '
                        f'{self.kernel_init!r}.')
@@ -264,10 +267,11 @@ class AttentiveReader(nn.Module):
     embed_size: word embedding width (None = hidden_size).
     num_layers, dropout_rate, layer_options: as `StackedRNN` (max_length, axis_name, ...).
 
-  Call: `(inputs, mask=None, train=...)`, inputs the dict of `reading.py`'s batches
-  (`document`, `document_mask` `[B, T]`, `query`, `query_mask` `[B, Q]`, `candidates`
-  `[B, E]`); `mask` is unused (both masks are in `inputs`). Returns logits `[B, E]`; the
-  attention `s [B, T]` is sown as `intermediates/attention`.
+  Call: `(inputs, mask=None, use_running_average=..., deterministic=...)`, inputs the
+  dict of `reading.py`'s batches (`document`, `document_mask` `[B, T]`, `query`,
+  `query_mask` `[B, Q]`, `candidates` `[B, E]`); `mask` is unused (both masks are in
+  `inputs`). Returns logits `[B, E]`; the attention `s [B, T]` is sown as
+  `intermediates/attention`.
   """
   vocab_size: int
   num_entities: int
@@ -289,7 +293,7 @@ class AttentiveReader(nn.Module):
     return READER_VARIANTS[self.variant]
 
   def _norm(self, statistics: Optional[str], name: str):
-    """`N(x, mask, train=...)` of one attention term: identity or `MaskedBatchNorm`."""
+    """`N(x, mask, **mode)` of one attention term: identity or `MaskedBatchNorm`."""
     if statistics is None:
       return lambda x, mask, **mode: x
     o = self.layer_options
@@ -301,11 +305,11 @@ class AttentiveReader(nn.Module):
 
   @nn.compact
   def __call__(self, inputs: Mapping[str, Array], mask: Optional[Array] = None, *,
-               train: Optional[bool] = None, use_running_average: Optional[bool] = None,
+               use_running_average: Optional[bool] = None,
                deterministic: Optional[bool] = None
                ) -> Array:
     del mask
-    mode = modes.resolve(train, use_running_average, deterministic).kwargs()
+    mode = modes.resolve(use_running_average, deterministic).kwargs()
     spec = self._spec()
     document, query = inputs['document'], inputs['query']
     document_mask = inputs['document_mask'].astype(jnp.float32)

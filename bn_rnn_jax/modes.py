@@ -2,16 +2,18 @@
 
 Flax splits the two: `nn.BatchNorm(use_running_average=...)` picks batch or population
 statistics, `nn.Dropout(deterministic=...)` switches stochastic regularisation. Every
-module of this library takes both, and `train` as the shorthand for the usual pairs:
+module of this library takes both:
 
-  train=True                         batch statistics, dropout and h0 noise on
-  train=False                        population statistics, deterministic
+  use_running_average=False, deterministic=False
+                                     training: batch statistics, dropout and h0 noise on
+  use_running_average=True, deterministic=True
+                                     evaluation: population statistics, deterministic
   use_running_average=False, deterministic=True
                                      batch statistics, no dropout or noise: how the
                                      papers' population estimate and a batch-statistics
                                      evaluation run the network
 
-A flag given explicitly wins over `train`; a flag neither gives follows the other one.
+A flag not given follows the other one (the usual pairs above); a call must give one.
 """
 
 from __future__ import annotations
@@ -43,17 +45,13 @@ EVAL = Mode(use_running_average=True, deterministic=True)
 BATCH_STATISTICS = Mode(use_running_average=False, deterministic=True)
 
 
-def resolve(train: Optional[bool] = None, use_running_average: Optional[bool] = None,
+def resolve(use_running_average: Optional[bool] = None,
             deterministic: Optional[bool] = None) -> Mode:
   """The mode a call asks for (see the module docstring); a TypeError when it names none."""
-  if train is None and use_running_average is None and deterministic is None:
-    raise TypeError('Say how to run: train=True / train=False, or use_running_average= '
-                    'and deterministic= (Flax\'s flags).')
-  if train is not None:
-    default = not bool(train)
-    use_running_average = default if use_running_average is None else use_running_average
-    deterministic = default if deterministic is None else deterministic
-  elif use_running_average is None:
+  if use_running_average is None and deterministic is None:
+    raise TypeError('Say how to run: pass use_running_average= and deterministic= '
+                    '(Flax\'s flags).')
+  if use_running_average is None:
     use_running_average = deterministic
   elif deterministic is None:
     deterministic = use_running_average

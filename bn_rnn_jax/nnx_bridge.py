@@ -100,8 +100,8 @@ def _assign(variables, values) -> None:
 
 class FromLinen(bridge.ToNNX):
   """A module of this library as an NNX module: a `flax.nnx.bridge.ToNNX` (its variables
-  and rngs), initialised from an example call, with `train` driven by `model.train()` /
-  `model.eval()`.
+  and rngs), initialised from an example call, with `use_running_average` and
+  `deterministic` driven by `model.train()` / `model.eval()`.
 
   Args:
     module: the Linen module (e.g. `make_layer('bn_lstm', 100, max_length=784)`).
@@ -118,8 +118,8 @@ class FromLinen(bridge.ToNNX):
     use_running_average: False (`model.train()`): batch statistics, folded into the
       `nnx.BatchStat`s; True (`model.eval()`): population statistics.
 
-  Call: the Linen module's arguments without `train` (e.g. a layer's `(inputs [B, T, I],
-  mask [B, T] | None, initial_carry=None)`), and its outputs.
+  Call: the Linen module's arguments without the two flags (e.g. a layer's `(inputs
+  [B, T, I], mask [B, T] | None, initial_carry=None)`), and its outputs.
   """
 
   def __init__(self, module: nn.Module, *example_args, rngs: nnx.Rngs, **example_kwargs):

@@ -11,7 +11,7 @@ entry point:
 
 The trainer maps the two pieces over devices (`train.minibatch_moments_step`); notebooks,
 your own loops and the figure scripts call `estimate_population_stats`. Either way the
-result is a `batch_stats` tree to evaluate with (`train=False`).
+result is a `batch_stats` tree to evaluate with (`use_running_average=True`).
 """
 
 from __future__ import annotations
@@ -177,9 +177,11 @@ def estimate_population_stats(model: nn.Module, variables, batches):
     >>> import bn_rnn_jax as br
     >>> layer = br.make_layer('bn_lstm', 4, max_length=5)
     >>> batches = [(jnp.full((3, 5, 2), float(i)),) for i in range(4)]   # [batch, time, 2]
-    >>> variables = layer.init(jax.random.key(0), *batches[0], train=False)
+    >>> variables = layer.init(jax.random.key(0), *batches[0], use_running_average=True,
+    ...                        deterministic=True)
     >>> stats = br.estimate_population_stats(layer, variables, batches)
-    >>> outputs = layer.apply({**variables, 'batch_stats': stats}, *batches[0], train=False)
+    >>> outputs = layer.apply({**variables, 'batch_stats': stats}, *batches[0],
+    ...                       use_running_average=True, deterministic=True)
     >>> stats['cell']['mean'].shape, outputs.shape
     ((5, 4), (3, 5, 4))
   """

@@ -224,7 +224,7 @@ class RecurrentLayer(nn.Module):
   # ------------------------------------------------------------------ forward
   @nn.compact
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
-               train: Optional[bool] = None, use_running_average: Optional[bool] = None,
+               use_running_average: Optional[bool] = None,
                deterministic: Optional[bool] = None, initial_carry=None, first_step=0,
                full_count=None, return_carry: bool = False):
     """Run the layer.
@@ -233,12 +233,12 @@ class RecurrentLayer(nn.Module):
       inputs: `[batch, time, features]`.
       mask: `[batch, time]`, 1 on valid steps (a prefix of each row), 0 on padding.
         Padded steps keep the state, output zeros and never count in statistics.
-      train: shorthand for both flags below (`modes.py`): True = batch statistics with
-        h0 noise, False = population statistics, deterministic.
       use_running_average: population statistics (trained ones: see `batch_stats.py`)
         or, when False, batch statistics (and their running average; `apply` needs
         `mutable=['batch_stats']`), as `nn.BatchNorm`.
       deterministic: no h0 noise (the zeros inference starts from), as `nn.Dropout`.
+        A flag not given follows the other one (`modes.py`): training passes both
+        False, evaluation both True.
       initial_carry: optional state to start from (e.g. carried across truncated-BPTT
         segments): `(c, h)` for the LSTM, `h` for the RNN, each `[batch, hidden]`.
       first_step: the time index of `inputs[:, 0]` in the sequence (a continuation of a
@@ -258,8 +258,8 @@ class RecurrentLayer(nn.Module):
       step, `(c, h)` (LSTM) or `h` (RNN), each `[batch, hidden]`.
     """
     self._validate(inputs, mask)
-    mode = modes.resolve(train, use_running_average, deterministic)
-    train = mode.batch_statistics  # what the statistics code below calls training
+    mode = modes.resolve(use_running_average, deterministic)
+    batch_statistics = mode.batch_statistics
     sequence.check_time_index(first_step, 'first_step (the time index of inputs[:, 0])')
     if mask is not None:
       # Padding is inert: whatever it holds (junk, inf, NaN) is replaced by zeros before
@@ -269,16 +269,16 @@ class RecurrentLayer(nn.Module):
     run = self.execution_policy(batch)
     sites = self._batch_sites()
     max_length = self._max_length(length)
-    if train:
+    if batch_statistics:
       first_step = sequence.common_step(first_step, mask)
-    if train and sites:
+    if batch_statistics and sites:
       if isinstance(first_step, int) and first_step == 0:
         normalization.check_length(length, max_length)
       else:
         normalization.check_rows(first_step, length, max_length)
     stats = {site: batch_stats.site_variable(
         self, site, batch_stats.num_rows(site, self.statistics, max_length), features,
-        batch_statistics=train) for site, features in sites.items()}
+        batch_statistics=batch_statistics) for site, features in sites.items()}
     params = self._params(input_size)
     # The state is float32, or float64 when the inputs or weights are (under x64).
     state_dtype = jnp.promote_types(
@@ -292,12 +292,12 @@ class RecurrentLayer(nn.Module):
         jnp.float32)                                                        # [T, B, 1]
     cfg = cells.StepConfig(
         recurrent_norm=self.recurrent_norm, input_norm=self.input_norm,
-        cell_norm=self.cell_norm, train=train, epsilon=self.epsilon,
+        cell_norm=self.cell_norm, batch_statistics=batch_statistics, epsilon=self.epsilon,
         axis_name=self.axis_name, compute_dtype=self.dtype,
         padded_statistics=self.padded_statistics, min_step_count=self.min_step_count,
         batch_sums=run.batch_sums)
     xs = {} if mask_tm is None else {'mask': mask_tm}
-    rows = self._step_rows(stats, length, train, first_step)
+    rows = self._step_rows(stats, length, batch_statistics, first_step)
     moments = {}
     if run.hoist_input:
       xs['input_term'], input_moments = self._hoisted_input_term(
@@ -308,7 +308,8 @@ class RecurrentLayer(nn.Module):
       xs['x'] = time_major
     if rows:
       xs['stats'] = rows
-    loop_sites = tuple(site for site in sites if site not in moments) if train else ()
+    loop_sites = (tuple(site for site in sites if site not in moments) if batch_statistics
+                  else ())
     if run.backward == 'layer':
       final_carry, ys = self._scan_with_layer_backward(params, cfg, carry, xs, loop_sites,
                                                        run.remat, self.execution.unroll)
@@ -318,7 +319,7 @@ class RecurrentLayer(nn.Module):
       step = cells.rematerialized(cells.pack_moments(step, loop_sites), run.remat)
       final_carry, ys = jax.lax.scan(step, carry, xs, unroll=self.execution.unroll)
 
-    if train and sites and not self.is_initializing():
+    if batch_statistics and sites and not self.is_initializing():
       counts = self._step_counts(batch, length, mask_tm)
       moments.update(cells.unpack_moments(ys['moments'], loop_sites, sites, counts))
       self._record_moments(stats, moments, first_step, full_count)
@@ -336,8 +337,9 @@ class RecurrentLayer(nn.Module):
     if x.ndim != 2:
       raise ValueError(f'RecurrentLayer.step expects x [batch, features]; got {x.shape}.')
     sequence.check_time_index(t, 'RecurrentLayer.step: t (the time index of x)')
-    carry, outputs = self(x[:, None], None if mask is None else mask[:, None], train=False,
-                          initial_carry=carry, first_step=t, return_carry=True)
+    carry, outputs = self(x[:, None], None if mask is None else mask[:, None],
+                          **modes.EVAL.kwargs(), initial_carry=carry, first_step=t,
+                          return_carry=True)
     return carry, outputs[:, 0]
 
   def _scan_with_layer_backward(self, params, cfg, carry, xs, loop_sites, remat: str,
@@ -385,7 +387,8 @@ class RecurrentLayer(nn.Module):
     stats = None if input_rows is None else tuple(
         a if a.ndim == 3 else a[:, None, :] for a in input_rows)
     return cells.apply_norm(
-        self.input_norm, z, params.get('input_scale'), None, train=cfg.train,
+        self.input_norm, z, params.get('input_scale'), None,
+        batch_statistics=cfg.batch_statistics,
         mask=None if self.padded_statistics else mask_tm,
         stats=stats, reduce_axes=reduce_axes, epsilon=self.epsilon,
         axis_name=self.axis_name, min_count=self.min_step_count, batch_sums=cfg.batch_sums)
@@ -394,16 +397,17 @@ class RecurrentLayer(nn.Module):
     """Whether a site's training moments are per step (all but sequence-wise input)."""
     return site != 'input' or not batch_stats.sequence_wise_input(self.statistics)
 
-  def _step_rows(self, stats, length: int, train: bool,
+  def _step_rows(self, stats, length: int, batch_statistics: bool,
                  first_step=0) -> dict[str, tuple[Array, Array]]:
     """`{site: (mean [T, F], var [T, F])}`: the population rows handed to the steps
     (from `first_step` on). In inference every batch-norm site normalises with them; in
     training (only with `min_step_count > 1`) the per-step sites use them at steps with
     too few valid sequences."""
-    if train and self.min_step_count <= 1:
+    if batch_statistics and self.min_step_count <= 1:
       return {}
     return {site: batch_stats.population_rows(stats[site].value, length, first_step)
-            for site in stats if not train or self._per_step_training_statistics(site)}
+            for site in stats
+            if not batch_statistics or self._per_step_training_statistics(site)}
 
   def _record_moments(self, stats, moments, first_step, full_count) -> None:
     """Fold this minibatch's moments into the population statistics (`batch_stats`);

@@ -36,7 +36,7 @@ class Bidirectional(nn.Module):
   valid part (padding stays at the end, as masked sequence-wise statistics need);
   concatenates their outputs.
 
-  Call: `(inputs [B, T, I], mask [B, T] | None, train=... | use_running_average=...,
+  Call: `(inputs [B, T, I], mask [B, T] | None, use_running_average=...,
   deterministic=... (`modes.py`), return_carry=False)` -> `outputs [B, T, 2H]`, or with
   `return_carry=True` `((forward_carry, backward_carry), outputs)`. Each direction is
   called with `return_carry=True` (a `RecurrentLayer`, or a module that answers as one).
@@ -46,9 +46,9 @@ class Bidirectional(nn.Module):
 
   @nn.compact
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
-               train: Optional[bool] = None, use_running_average: Optional[bool] = None,
+               use_running_average: Optional[bool] = None,
                deterministic: Optional[bool] = None, return_carry: bool = False):
-    mode = modes.resolve(train, use_running_average, deterministic).kwargs()
+    mode = modes.resolve(use_running_average, deterministic).kwargs()
     mode['return_carry'] = True
     forward_carry, forward_out = self.forward_layer(inputs, mask, **mode)
     backward_carry, backward_out = self.backward_layer(
@@ -82,7 +82,7 @@ class StackedRNN(nn.Module):
       converted), e.g. `{'max_length': 784, 'axis_name': 'batch'}`; passed to a factory
       as keyword arguments.
 
-  Call: `(inputs [B, T, I], mask [B, T] | None, train=... | use_running_average=...,
+  Call: `(inputs [B, T, I], mask [B, T] | None, use_running_average=...,
   deterministic=... (`modes.py`), initial_carries=None, first_step=0,
   return_carry=False)` -> `outputs [B, T, H or 2H]`, or with `return_carry=True`
   `(final_carries, outputs)`, a carry per layer; `initial_carries` (one per layer) and
@@ -102,11 +102,11 @@ class StackedRNN(nn.Module):
 
   @nn.compact
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
-               train: Optional[bool] = None, use_running_average: Optional[bool] = None,
+               use_running_average: Optional[bool] = None,
                deterministic: Optional[bool] = None,
                initial_carries: Optional[Sequence[Any]] = None, first_step=0,
                return_carry: bool = False):
-    mode = modes.resolve(train, use_running_average, deterministic)
+    mode = modes.resolve(use_running_average, deterministic)
     if self.num_layers <= 0:
       raise ValueError(f'num_layers must be positive; got {self.num_layers}.')
     if not 0.0 <= self.dropout_rate < 1.0:
@@ -157,8 +157,9 @@ class StackedRNN(nn.Module):
       raise ValueError(_NO_BIDIRECTIONAL_STEP)
     if x.ndim != 2:
       raise ValueError(f'StackedRNN.step expects x [batch, features]; got {x.shape}.')
-    carries, outputs = self(x[:, None], None if mask is None else mask[:, None], train=False,
-                            initial_carries=carries, first_step=t, return_carry=True)
+    carries, outputs = self(x[:, None], None if mask is None else mask[:, None],
+                            **modes.EVAL.kwargs(), initial_carries=carries, first_step=t,
+                            return_carry=True)
     return carries, outputs[:, 0]
 
   def _dropout(self, x: Array, deterministic: bool, axis_name: Optional[str]) -> Array:

@@ -9,10 +9,10 @@ metrics) is `register('name', Task(...))` here or from your own module; the loop
   build_model(config, model_kwargs, layer_options) -> flax module
       `model_kwargs` come from the dataset (sizes such as `num_classes`), `layer_options`
       are the `RecurrentLayer` fields of `config.model` (`train.layer_options`).
-  apply(model, variables, batch, *, train, carry, **apply_kwargs)
-      -> ((final_carries | None, outputs), mutated collections)
-      `train`: a bool, or a `modes.Mode` (batch statistics without noise, say);
-      `apply_kwargs` are `model.apply` keywords (`rngs`, `mutable`).
+  apply(model, variables, batch, *, use_running_average, deterministic, carry,
+        **apply_kwargs) -> ((final_carries | None, outputs), mutated collections)
+      The two flags as the models take them (`modes.py`; one given, the other follows
+      it); `apply_kwargs` are `model.apply` keywords (`rngs`, `mutable`).
   loss_sums(outputs, batch) -> (sums {'loss': ..., <metric>: ...}, count)
       Sums of per-example (or per-token) values over the valid entries
       (`batch['weights']`, and `batch['mask']` for tokens); count = their number. The
@@ -93,10 +93,9 @@ def model_fields(config) -> dict:
               dropout_rate=m.dropout_rate)
 
 
-def apply_model(model, variables, args, train, apply_kwargs, **call_kwargs):
-  """`model.apply(variables, *args, <mode>)` as `(outputs, mutated collections)`;
-  `train` a bool or a `modes.Mode`."""
-  mode = train if isinstance(train, modes.Mode) else modes.resolve(train)
+def apply_model(model, variables, args, mode: modes.Mode, apply_kwargs, **call_kwargs):
+  """`model.apply(variables, *args, **mode.kwargs())` as `(outputs, mutated
+  collections)`."""
   out = model.apply(variables, *args, **mode.kwargs(), **call_kwargs, **apply_kwargs)
   return out if 'mutable' in apply_kwargs else (out, {})
 
@@ -127,10 +126,12 @@ def _build_classifier(config, model_kwargs, layer_options):
                                    layer_options=layer_options)
 
 
-def _apply_classifier(model, variables, batch, *, train, carry, **kwargs):
+def _apply_classifier(model, variables, batch, *, carry, use_running_average=None,
+                      deterministic=None, **kwargs):
   del carry  # a classifier starts every sequence afresh
+  mode = modes.resolve(use_running_average, deterministic)
   logits, mutated = apply_model(model, variables, (batch['inputs'], batch.get('mask')),
-                                train, kwargs)
+                                mode, kwargs)
   return (None, logits), mutated
 
 
@@ -147,8 +148,10 @@ def _build_language_model(config, model_kwargs, layer_options):
                               **model_fields(config), layer_options=layer_options)
 
 
-def _apply_language_model(model, variables, batch, *, train, carry, **kwargs):
-  return apply_model(model, variables, (batch['inputs'], batch.get('mask')), train, kwargs,
+def _apply_language_model(model, variables, batch, *, carry, use_running_average=None,
+                          deterministic=None, **kwargs):
+  mode = modes.resolve(use_running_average, deterministic)
+  return apply_model(model, variables, (batch['inputs'], batch.get('mask')), mode, kwargs,
                      initial_carries=carry, return_carry=True)
 
 
@@ -216,9 +219,11 @@ def _build_reader(config, model_kwargs, layer_options):
                                 **model_fields(config), layer_options=layer_options)
 
 
-def _apply_reader(model, variables, batch, *, train, carry, **kwargs):
+def _apply_reader(model, variables, batch, *, carry, use_running_average=None,
+                  deterministic=None, **kwargs):
   del carry  # every question starts afresh
-  logits, mutated = apply_model(model, variables, (batch['inputs'], None), train, kwargs)
+  mode = modes.resolve(use_running_average, deterministic)
+  logits, mutated = apply_model(model, variables, (batch['inputs'], None), mode, kwargs)
   return (None, logits), mutated
 
 

@@ -110,13 +110,15 @@ def call_cached(fn, *args):
 @functools.lru_cache(maxsize=8)
 def _jitted_init(model):
   """`model.init` jitted once per model, shared by every state made for it."""
-  return jax.jit(lambda rngs, inputs, mask: model.init(rngs, inputs, mask, train=False))
+  return jax.jit(lambda rngs, inputs, mask: model.init(rngs, inputs, mask,
+                                                       **modes.EVAL.kwargs()))
 
 
 def zero_carry(model, task: Task, variables, batch) -> Any:
   """Zeros shaped like the model's final carries for `batch` (one device's share)."""
   shapes = jax.eval_shape(
-      lambda v, b: task.apply(model, v, b, train=False, carry=None)[0][0], variables, batch)
+      lambda v, b: task.apply(model, v, b, **modes.EVAL.kwargs(), carry=None)[0][0],
+      variables, batch)
   return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
 
 
@@ -190,7 +192,7 @@ def train_step(state: TrainState, batch, *, model, task: Task, tx, carries_state
   def loss_fn(params):
     variables = {'params': params, 'batch_stats': state.batch_stats}
     (new_carry, logits), mutated = task.apply(
-        model, variables, batch, train=True, carry=carry, rngs=rngs,
+        model, variables, batch, **modes.TRAIN.kwargs(), carry=carry, rngs=rngs,
         mutable=['batch_stats'])
     sums, count = task.loss_sums(logits, batch)
     return sums['loss'], (sums, count, mutated, new_carry)
@@ -254,10 +256,11 @@ def eval_step(params, batch_stats, batch, carry, *, model, task: Task,
   variables = {'params': params, 'batch_stats': batch_stats}
   if batch_statistics:
     (new_carry, logits), _ = task.apply(model, variables, mask_padding(batch),
-                                        train=modes.BATCH_STATISTICS, carry=carry,
+                                        **modes.BATCH_STATISTICS.kwargs(), carry=carry,
                                         mutable=['batch_stats'])
   else:
-    (new_carry, logits), _ = task.apply(model, variables, batch, train=False, carry=carry)
+    (new_carry, logits), _ = task.apply(model, variables, batch, **modes.EVAL.kwargs(),
+                                        carry=carry)
   sums, count = task.loss_sums(logits, batch)
   sums, count = lax.psum((sums, count), AXIS)
   return sums, count, new_carry
@@ -289,6 +292,6 @@ def minibatch_moments_step(params, batch_stats, batch, *, model, task: Task):
   the layers), so every device returns the same record.
   """
   variables = {'params': params, 'batch_stats': batch_stats}
-  _, mutated = task.apply(model, variables, batch, train=modes.BATCH_STATISTICS,
+  _, mutated = task.apply(model, variables, batch, **modes.BATCH_STATISTICS.kwargs(),
                           carry=None, mutable=['batch_stats', population.MOMENTS])
   return mutated.get(population.MOMENTS, {})

@@ -62,7 +62,8 @@ def sample(model, variables, prompt, key, length: int, temperature):
   The prompt runs as one sequence (steps 0..P-1); each drawn symbol is then fed to
   `LanguageModel.step` at t = P, P+1, ... (traced t: one program for every step).
   """
-  carries, logits = model.apply(variables, prompt, None, train=False, return_carry=True)
+  carries, logits = model.apply(variables, prompt, None, use_running_average=True,
+                                deterministic=True, return_carry=True)
   start = prompt.shape[1]
 
   def draw(carry, t):

@@ -86,7 +86,8 @@ def reference_params(layer, x_shape, seed):
   `x_shape` is `[batch, time, features]` of the input the layer is initialised with.
   """
   shapes = jax.eval_shape(
-      lambda: layer.init(jax.random.key(0), jnp.zeros(x_shape), train=False))
+      lambda: layer.init(jax.random.key(0), jnp.zeros(x_shape), use_running_average=True,
+                         deterministic=True))
   params = reference.random_params({k: s.shape for k, s in shapes['params'].items()},
                                    np.random.default_rng(seed))
   return params, shapes.get('batch_stats', {})

@@ -39,7 +39,8 @@ def _batch(arrays, size=6):
 def shapes(cloze_arrays):
   batch = _batch(cloze_arrays)
   return {v: jax.eval_shape(lambda: tiny_reader(cloze_arrays, v).init(
-      jax.random.PRNGKey(0), batch['inputs'], train=False)) for v in models.READER_VARIANTS}
+      jax.random.PRNGKey(0), batch['inputs'], use_running_average=True,
+      deterministic=True)) for v in models.READER_VARIANTS}
 
 
 def _sites(tree, prefix=''):
@@ -83,7 +84,8 @@ def test_every_variant_has_the_papers_normalisation_sites(shapes):
 
 
 def _apply(model, variables, inputs, train=True):
-  logits, mutated = model.apply(variables, inputs, train=train,
+  logits, mutated = model.apply(variables, inputs, use_running_average=not train,
+                                deterministic=not train,
                                 mutable=['batch_stats', 'intermediates'])
   return logits, mutated['intermediates']['attention'][0], mutated.get('batch_stats')
 
@@ -95,7 +97,8 @@ def compiled(cloze_arrays):
   batch = _batch(cloze_arrays)
   for variant in ('lstm', 'bn_lstm', 'bn_everywhere', 'bn_e_star_star'):
     model = tiny_reader(cloze_arrays, variant)
-    variables = model.init(jax.random.PRNGKey(1), batch['inputs'], train=False)
+    variables = model.init(jax.random.PRNGKey(1), batch['inputs'], use_running_average=True,
+                           deterministic=True)
     out[variant] = (model, variables, jax.jit(lambda v, x, m=model: _apply(m, v, x)))
   return out
 
@@ -184,7 +187,8 @@ def test_non_candidates_are_never_predicted_and_gradients_stay_finite(cloze_arra
   absent = dict(batch, inputs=dict(batch['inputs'], candidates=np.where(
       np.arange(candidates.shape[1]) == unused, 0, candidates)))
   def loss(p):
-    out, _ = model.apply({**variables, 'params': p}, absent['inputs'], train=True,
+    out, _ = model.apply({**variables, 'params': p}, absent['inputs'],
+                         use_running_average=False, deterministic=False,
                          mutable=['batch_stats'])
     sums, count = tasks.get('reading_comprehension').loss_sums(out, absent)
     return sums['loss'] / count
@@ -219,7 +223,8 @@ def test_late_steps_with_few_or_no_valid_documents(cloze_arrays, compiled):
       if 'document' in name and name.endswith("['count']") and leaf.shape[0] == MAX_LENGTH:
         assert np.all(leaf[:20] >= 1) and np.all(leaf[20:] == 0), name
     def loss(p, m=model, v=variables):
-      out, _ = m.apply({**v, 'params': p}, inputs, train=True, mutable=['batch_stats'])
+      out, _ = m.apply({**v, 'params': p}, inputs, use_running_average=False,
+                       deterministic=False, mutable=['batch_stats'])
       return tasks.get('reading_comprehension').loss_sums(
           out, {'inputs': inputs, 'labels': labels, 'weights': np.ones(6, np.float32)})[0]['loss']
     grads = jax.jit(jax.grad(loss))(variables['params'])
@@ -250,10 +255,11 @@ def test_a_question_drawn_twice_keeps_bn_e_star_gradients_finite(cloze_arrays):
         variant='bn_e_star', hidden_size=4, embed_size=3, layer_options=dict(
             max_length=MAX_LENGTH, execution=policy.Execution(remat='none'),
             min_step_count=min_step_count))
-    variables = model.init(jax.random.PRNGKey(1), inputs, train=False)
+    variables = model.init(jax.random.PRNGKey(1), inputs, use_running_average=True,
+                           deterministic=True)
     def loss(p):
-      out, _ = model.apply({**variables, 'params': p}, inputs, train=True,
-                           mutable=['batch_stats'])
+      out, _ = model.apply({**variables, 'params': p}, inputs, use_running_average=False,
+                           deterministic=False, mutable=['batch_stats'])
       return tasks.get('reading_comprehension').loss_sums(
           out, {'inputs': inputs, 'labels': labels, 'weights': np.ones(6, np.float32)})[0]['loss']
     grads = jax.jit(jax.grad(loss))(variables['params'])

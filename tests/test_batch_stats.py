@@ -3,13 +3,13 @@ against the float64 reference, and its misuse checks.
 
 Misuse of the statistics is an error, as in `flax.linen.BatchNorm`:
 
-1. `train=True` with neither `batch_stats` nor `minibatch_moments` mutable would update
-   nothing: raised, eagerly and under `jax.jit` (the check reads the apply's arguments,
-   not values).
-2. `train=False` on statistics no training batch reached (count 0) would normalise with
-   mean 0 / variance 1: raised when the statistics are concrete values; under `jax.jit`
-   with the statistics as arguments they are tracers, and `untrained_sites` names the
-   sites before jitting.
+1. `use_running_average=False` with neither `batch_stats` nor `minibatch_moments`
+   mutable would update nothing: raised, eagerly and under `jax.jit` (the check reads
+   the apply's arguments, not values).
+2. `use_running_average=True` on statistics no training batch reached (count 0) would
+   normalise with mean 0 / variance 1: raised when the statistics are concrete values;
+   under `jax.jit` with the statistics as arguments they are tracers, and
+   `untrained_sites` names the sites before jitting.
 Both for `RecurrentLayer` and `MaskedBatchNorm` (the one statistics-site implementation).
 """
 
@@ -51,25 +51,28 @@ def _outputs(module):
 @pytest.fixture(params=helpers.core_cases(sorted(MODULES), core=['masked_batch_norm']))
 def case(request):
   module, args = MODULES[request.param]
-  return module, args, module.init(jax.random.key(0), *args, train=False)
+  return module, args, module.init(jax.random.key(0), *args, use_running_average=True,
+                                   deterministic=True)
 
 
 def test_train_without_mutable_batch_stats_raises(case):
   module, args, variables = case
-  message = r"train=True needs mutable=\['batch_stats'\]"
+  message = r"use_running_average=False needs mutable=\['batch_stats'\]"
   with pytest.raises(ValueError, match=message) as error:
-    module.apply(variables, *args, train=True)
+    module.apply(variables, *args, use_running_average=False, deterministic=False)
   assert '\n' not in str(error.value)
   with pytest.raises(ValueError, match=message):  # the same under jit (a static check)
-    jax.jit(lambda v, x, m: module.apply(v, x, m, train=True))(variables, *args)
+    jax.jit(lambda v, x, m: module.apply(v, x, m, use_running_average=False,
+                                         deterministic=False))(variables, *args)
   with pytest.raises(ValueError, match=message):  # another collection is no substitute
-    module.apply(variables, *args, train=True, mutable=['intermediates'])
+    module.apply(variables, *args, use_running_average=False, deterministic=False,
+                 mutable=['intermediates'])
 
 
 def test_train_with_mutable_batch_stats_updates_them(case):
   module, args, variables = case
-  _, updated = module.apply(variables, *args, train=True, mutable=['batch_stats'],
-                            **_outputs(module))
+  _, updated = module.apply(variables, *args, use_running_average=False, deterministic=False,
+                            mutable=['batch_stats'], **_outputs(module))
   counts = [np.asarray(leaf) for path, leaf in
             jax.tree_util.tree_flatten_with_path(updated['batch_stats'])[0]
             if path[-1].key == 'count']
@@ -78,10 +81,10 @@ def test_train_with_mutable_batch_stats_updates_them(case):
 
 
 def test_the_estimate_pass_needs_only_the_moments_collection(case):
-  """The papers' estimate runs train=True with only `minibatch_moments` mutable: the
-  explicit opt-out of check 1, and it leaves the running averages alone."""
+  """The papers' estimate runs use_running_average=False with only `minibatch_moments`
+  mutable: the explicit opt-out of check 1, and it leaves the running averages alone."""
   module, args, variables = case
-  _, mutated = module.apply(variables, *args, train=True,
+  _, mutated = module.apply(variables, *args, use_running_average=False, deterministic=False,
                             mutable=[batch_stats.MOMENTS], **_outputs(module))
   assert set(mutated) == {batch_stats.MOMENTS}
   estimate = population.estimate_population_stats(module, variables, [args, args])
@@ -90,46 +93,51 @@ def test_the_estimate_pass_needs_only_the_moments_collection(case):
 
 def test_eval_of_untrained_statistics_raises(case):
   module, args, variables = case
-  with pytest.raises(ValueError, match='train=False with population statistics no training '
+  with pytest.raises(ValueError, match='use_running_average=True with population '
+                                       'statistics no training '
                                        r'batch reached \(count 0') as error:
-    module.apply(variables, *args, train=False)
+    module.apply(variables, *args, use_running_average=True, deterministic=True)
   assert '\n' not in str(error.value)
   assert "site '" in str(error.value)
   with pytest.raises(ValueError, match='no training batch reached'):
     # Variables closed over by a jitted function are concrete when it is traced.
-    jax.jit(lambda x, m: module.apply(variables, x, m, train=False))(*args)
+    jax.jit(lambda x, m: module.apply(variables, x, m, use_running_average=True,
+                                      deterministic=True))(*args)
 
 
 def test_untrained_sites_names_them_before_a_jitted_evaluation(case):
   module, args, variables = case
   untrained = batch_stats.untrained_sites(variables['batch_stats'])
   assert untrained and all(isinstance(path, str) for path in untrained)
-  _, updated = module.apply(variables, *args, train=True, mutable=['batch_stats'],
-                            **_outputs(module))
+  _, updated = module.apply(variables, *args, use_running_average=False, deterministic=False,
+                            mutable=['batch_stats'], **_outputs(module))
   assert batch_stats.untrained_sites(updated['batch_stats']) == []
 
 
 def test_opting_out_evaluates_with_mean_0_variance_1(case):
   module, args, variables = case
   with batch_stats.allow_untrained_statistics():
-    out = module.apply(variables, *args, train=False, **_outputs(module))
+    out = module.apply(variables, *args, use_running_average=True, deterministic=True,
+                       **_outputs(module))
   assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(out))
   with pytest.raises(ValueError, match='no training batch reached'):  # scoped to the block
-    module.apply(variables, *args, train=False)
+    module.apply(variables, *args, use_running_average=True, deterministic=True)
 
 
 def test_message_names_the_site_of_a_nested_layer():
   module, args = MODULES['stack']
-  variables = module.init(jax.random.key(0), *args, train=False)
+  variables = module.init(jax.random.key(0), *args, use_running_average=True,
+                          deterministic=True)
   with pytest.raises(ValueError, match="RecurrentLayer 'layer_0' site 'input'"):
-    module.apply(variables, *args, train=False)
+    module.apply(variables, *args, use_running_average=True, deterministic=True)
 
 
 def test_trained_statistics_evaluate_without_error(case):
   module, args, variables = case
-  _, updated = module.apply(variables, *args, train=True, mutable=['batch_stats'],
-                            **_outputs(module))
-  out = module.apply({**variables, **updated}, *args, train=False, **_outputs(module))
+  _, updated = module.apply(variables, *args, use_running_average=False, deterministic=False,
+                            mutable=['batch_stats'], **_outputs(module))
+  out = module.apply({**variables, **updated}, *args, use_running_average=True,
+                     deterministic=True, **_outputs(module))
   assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(out))
 
 
@@ -137,10 +145,12 @@ def test_layers_without_batch_statistics_need_neither():
   """A layer-normalised LSTM has no statistics: training and inference apply without a
   mutable collection and compute the same function."""
   layer = variants.make_layer('ln_lstm', H)
-  variables = layer.init(jax.random.key(0), X, train=False)
+  variables = layer.init(jax.random.key(0), X, use_running_average=True, deterministic=True)
   assert set(variables) == {'params'}
-  trained = layer.apply(variables, jnp.asarray(X), train=True, return_carry=True)
-  inferred = layer.apply(variables, jnp.asarray(X), train=False, return_carry=True)
+  trained = layer.apply(variables, jnp.asarray(X), use_running_average=False,
+                        deterministic=False, return_carry=True)
+  inferred = layer.apply(variables, jnp.asarray(X), use_running_average=True,
+                         deterministic=True, return_carry=True)
   helpers.assert_trees_equal(trained, inferred)
 
 
@@ -148,11 +158,13 @@ def test_layers_without_batch_statistics_need_neither():
 def _trained_norm(statistics, x, mask):
   """A MaskedBatchNorm's output in training, and its variables after that batch."""
   norm = batch_stats.MaskedBatchNorm(statistics=statistics, max_length=T, momentum=0.5)
-  variables = norm.init(jax.random.key(0), x, mask, train=False)
+  variables = norm.init(jax.random.key(0), x, mask, use_running_average=True,
+                        deterministic=True)
   rng = np.random.default_rng(1)
   params = {'scale': rng.uniform(0.5, 1.5, x.shape[-1]), 'bias': rng.normal(size=x.shape[-1])}
   variables = {**variables, 'params': helpers.float32(params)}
-  y, updated = norm.apply(variables, x, mask, train=True, mutable=['batch_stats'])
+  y, updated = norm.apply(variables, x, mask, use_running_average=False, deterministic=False,
+                          mutable=['batch_stats'])
   return norm, params, y, {**variables, **updated}
 
 
@@ -171,7 +183,7 @@ def test_masked_batch_norm_per_step_matches_the_reference():
   for key in ('mean', 'var', 'count'):
     helpers.assert_close(stats[key], record[key], rtol=1e-5, what=key)
   longer = np.concatenate([x, x[:, :3]], axis=1)                      # 8 steps, T_max 5
-  out = norm.apply(variables, longer, None, train=False)
+  out = norm.apply(variables, longer, None, use_running_average=True, deterministic=True)
   mean, var = ref.population_lookup(stats, 8)
   helpers.assert_close(out, ref.normalize(longer, mean, var, params['scale'], params['bias']),
                        rtol=1e-4)
@@ -204,4 +216,5 @@ def test_statistics_vocabulary_is_checked_and_sets_the_rows():
   with pytest.raises(ValueError, match="MaskedBatchNorm.statistics must be 'per_step' or "
                      "'sequence'; got 'shared'"):
     batch_stats.MaskedBatchNorm(statistics='shared').init(jax.random.key(0), X, MASK,
-                                                          train=False)
+                                                          use_running_average=True,
+                                                          deterministic=True)

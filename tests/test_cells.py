@@ -104,7 +104,7 @@ def test_inference_step_uses_the_given_population_rows(variant):
   population = {site: (rng.normal(size=H if site == 'cell' else width),
                        rng.uniform(0.5, 2.0, H if site == 'cell' else width))
                 for site in ref.batch_sites(variant)}
-  got = _step(variant, _step_config(variant, train=False), params, carry,
+  got = _step(variant, _step_config(variant, batch_statistics=False), params, carry,
               {'x': x, 'mask': VALID[:, None], 'stats': population})
   want = _reference_step(variant, params, carry, x, VALID, train=False,
                          population={site: (m[None], v[None])
@@ -168,7 +168,8 @@ def test_padded_statistics_count_the_padded_rows_in_the_moments():
 
 def test_unknown_normalisation_is_a_clear_error():
   with pytest.raises(ValueError, match="Unknown normalisation 'group'"):
-    cells.apply_norm('group', jnp.zeros((2, 3)), None, None, train=True, epsilon=1e-5)
+    cells.apply_norm('group', jnp.zeros((2, 3)), None, None, batch_statistics=True,
+                     epsilon=1e-5)
 
 
 def test_matmul_follows_float64_operands():

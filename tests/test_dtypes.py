@@ -36,7 +36,9 @@ def _float64_reference(variant):
   x, mask = (np.asarray(a, np.float64) for a in _DATA)
   with jax.enable_x64(True):
     variables = _float64_layer(variant, 'scan').init(jax.random.key(0), jnp.asarray(x),
-                                                     jnp.asarray(mask), train=True)
+                                                     jnp.asarray(mask),
+                                                     use_running_average=False,
+                                                     deterministic=False)
   params = helpers.float64(variables['params'])
   _, want_out, _ = reference.run_layer(params, x, mask, variant)
   ref_loss = lambda a: np.sum(reference.run_layer(
@@ -60,8 +62,8 @@ def test_float64_end_to_end(variant, backward):
     params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), variables['params'])
 
     def loss(p, x):
-      y, _ = layer.apply({**variables, 'params': p}, x, mask, train=True,
-                         mutable=['batch_stats'])
+      y, _ = layer.apply({**variables, 'params': p}, x, mask, use_running_average=False,
+                         deterministic=False, mutable=['batch_stats'])
       return jnp.sum(y * W64), y
     (_, out), (g_params, g_x) = jax.jit(jax.value_and_grad(
         loss, argnums=(0, 1), has_aux=True))(params, jnp.asarray(x))
@@ -78,8 +80,10 @@ def test_bfloat16_compute_gives_bfloat16_outputs_and_keeps_float32_statistics(da
   x, mask = data
   layer32 = br.make_layer('bn_lstm', H, max_length=T)
   layer16 = br.make_layer('bn_lstm', H, max_length=T, dtype=jnp.bfloat16)
-  variables = layer32.init(jax.random.key(0), x, mask, train=True)
-  run = lambda layer: layer.apply(variables, x, mask, train=True, mutable=['batch_stats'])
+  variables = layer32.init(jax.random.key(0), x, mask, use_running_average=False,
+                           deterministic=False)
+  run = lambda layer: layer.apply(variables, x, mask, use_running_average=False,
+                                  deterministic=False, mutable=['batch_stats'])
   (y32, stats32), (y16, stats16) = run(layer32), run(layer16)
   assert y16.dtype == jnp.bfloat16 and y32.dtype == jnp.float32
   for leaf in jax.tree.leaves(stats16):
@@ -121,7 +125,8 @@ def test_float64_statistics_follow_their_dtype():
     stats = f64['batch_stats']
     for scale in (1.0, 2.0):
       _, new = layer.apply({**f64, 'batch_stats': stats}, jnp.asarray(scale * x),
-                           jnp.asarray(mask), train=True, mutable=['batch_stats'])
+                           jnp.asarray(mask), use_running_average=False, deterministic=False,
+                           mutable=['batch_stats'])
       stats = new['batch_stats']
   assert all(a.dtype == jnp.float64 for a in jax.tree.leaves(stats))
   want = {site: reference.init_population(*s['mean'].shape)

@@ -86,7 +86,8 @@ def _params(variant):
 def _loss_fn(layer):
   def loss(params, stats, x, mask, w):
     (carry, out), new = layer.apply({'params': params, 'batch_stats': stats}, x, mask,
-                                    train=True, mutable=['batch_stats', 'minibatch_moments'],
+                                    use_running_average=False, deterministic=False,
+                                    mutable=['batch_stats', 'minibatch_moments'],
                                     return_carry=True)
     return jnp.sum(out * w) / NUM_VALID, (out, carry, new)
   return jax.value_and_grad(loss, argnums=(0, 2), has_aux=True)

@@ -115,8 +115,9 @@ def test_reloaded_model_runs_any_batch_and_length(tmp_path):
   layer = variants.make_layer('bn_lstm', 6, max_length=4)
   rng = np.random.default_rng(0)
   x = rng.normal(size=(5, 4, 3)).astype(np.float32)
-  variables = layer.init(jax.random.key(0), x, train=False)
-  _, updated = layer.apply(variables, x, train=True, mutable=['batch_stats'])
+  variables = layer.init(jax.random.key(0), x, use_running_average=True, deterministic=True)
+  _, updated = layer.apply(variables, x, use_running_average=False, deterministic=False,
+                           mutable=['batch_stats'])
   infer = export.inference_function(layer, {**variables, **updated})
   exported = export.export(infer,
                            export.symbolic_specs((x,), [('batch', 'time', None)]))
@@ -131,7 +132,8 @@ def test_reloaded_model_runs_any_batch_and_length(tmp_path):
 
 def test_untrained_statistics_are_not_exported():
   layer = variants.make_layer('bn_lstm', 6, max_length=4)
-  variables = layer.init(jax.random.key(0), np.zeros((2, 4, 3), np.float32), train=False)
+  variables = layer.init(jax.random.key(0), np.zeros((2, 4, 3), np.float32),
+                         use_running_average=True, deterministic=True)
   with pytest.raises(ValueError, match='Cannot export untrained population statistics'):
     export.inference_function(layer, variables)
 

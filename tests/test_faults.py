@@ -427,19 +427,21 @@ def _padded_batch(junk):
 def test_junk_in_the_padding_reaches_nothing(variant):
   layer = variants.make_layer(variant, 4, max_length=5, initial_state='zeros')
   x, mask = _padded_batch(0.0)
-  variables = layer.init(jax.random.key(0), x, mask, train=False)
+  variables = layer.init(jax.random.key(0), x, mask, use_running_average=True,
+                         deterministic=True)
   w = jax.random.normal(jax.random.key(1), (len(_LENGTHS), 5, 4))
 
   @jax.jit
   def everything(x):
     def loss(params, x):
       (carry, out), mutated = layer.apply({**variables, 'params': params}, x, mask,
-                                          train=True, mutable=['batch_stats'],
-                                          return_carry=True)
+                                          use_running_average=False, deterministic=False,
+                                          mutable=['batch_stats'], return_carry=True)
       return jnp.sum(out * w), (carry, out, mutated)
     grads, aux = jax.grad(loss, argnums=(0, 1), has_aux=True)(variables['params'], x)
     with batch_stats.allow_untrained_statistics():  # fresh statistics, on purpose
-      eval_out = layer.apply(variables, x, mask, train=False)
+      eval_out = layer.apply(variables, x, mask, use_running_average=True,
+                             deterministic=True)
     return grads, aux, eval_out
 
   clean = everything(x)

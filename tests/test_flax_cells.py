@@ -151,8 +151,8 @@ def test_equals_the_layer_with_the_same_variables(variant):
                                              mutable=['batch_stats'])
   layer_vars = {collection: tree['cell'] for collection, tree in variables.items()}
   (layer_carry, layer_out), layer_new = _layer(variant).apply(
-      layer_vars, x, jnp.asarray(mask, jnp.float32), train=True, mutable=['batch_stats'],
-      return_carry=True)
+      layer_vars, x, jnp.asarray(mask, jnp.float32), use_running_average=False,
+      deterministic=False, mutable=['batch_stats'], return_carry=True)
   np.testing.assert_allclose(out, layer_out, rtol=1e-5, atol=1e-6)
   helpers.assert_trees_close(tuple(carry), layer_carry, rtol=1e-5, atol=1e-6)
   helpers.assert_trees_close(new.get('batch_stats', {}).get('cell', {}),

@@ -54,7 +54,7 @@ class _Layers(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    run = dict(train=False)
+    run = dict(use_running_average=True, deterministic=True)
     variants.make_layer('bn_lstm', H, max_length=4, forget_bias=1.0,
                          recurrent_init='identity', name='bn_lstm')(x, **run)
     variants.make_layer('rnn_bn_recurrence', H, max_length=4, name='rnn')(x, **run)

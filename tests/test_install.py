@@ -38,7 +38,7 @@ x, mask = jnp.ones((4, 6, 3)), jnp.ones((4, 6)).at[0, 4:].set(0)
 layer = br.make_layer('bn_lstm', 5, max_length=6)
 encoder = nn.RNN(br.BNLSTMCell(5, max_length=6, use_running_average=False),
                  variable_carry='batch_stats')
-models = [(layer, (x, mask), dict(train=True)),
+models = [(layer, (x, mask), dict(use_running_average=False, deterministic=False)),
           (encoder, (x,), dict(seq_lengths=jnp.array([4, 6, 6, 6])))]
 for model, args, kwargs in models * TRAIN:
   variables = model.init(jax.random.key(0), *args, **kwargs)

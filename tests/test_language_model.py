@@ -52,8 +52,8 @@ def test_trainer_carries_word_state_across_steps_and_resets_each_epoch(tmp_path)
     assert 0.09 < np.abs(value).max() <= 0.1 and abs(float(value.mean())) < 0.03
   state = trainer.to_devices(host)
   forward = jax.jit(lambda params, batch, carries: trainer.model.apply(
-      {'params': params}, batch['inputs'], batch['mask'], train=True,
-      initial_carries=carries, return_carry=True)[0])
+      {'params': params}, batch['inputs'], batch['mask'], use_running_average=False,
+      deterministic=False, initial_carries=carries, return_carry=True)[0])
   zeros = [(np.zeros((4, 8), np.float32),) * 2] * 2
   expected = zeros
   for step in range(steps + 2):

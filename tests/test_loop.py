@@ -237,15 +237,17 @@ def test_population_estimate_of_joined_batches_uses_pooled_moments(trained):
 
 def test_evaluation_uses_population_statistics(trained):
   """With batch statistics an example's logits would depend on its batch mates; with
-  population statistics (train=False) they do not, and metrics do not depend on how a
-  split is cut into (padded) batches."""
+  population statistics (use_running_average=True) they do not, and metrics do not
+  depend on how a split is cut into (padded) batches."""
   config, trainer, state = trained
   stats = trainer.population_stats(state)
   variables = {'params': jax.tree.map(lambda x: x[0], state.params),
                'batch_stats': jax.tree.map(lambda x: x[0], stats)}
   inputs = next(trainer.dataset.eval_batches('valid'))['inputs']
-  full = trainer.model.apply(variables, jnp.asarray(inputs), train=False)
-  half = trainer.model.apply(variables, jnp.asarray(inputs[:4]), train=False)
+  full = trainer.model.apply(variables, jnp.asarray(inputs), use_running_average=True,
+                             deterministic=True)
+  half = trainer.model.apply(variables, jnp.asarray(inputs[:4]), use_running_average=True,
+                             deterministic=True)
   np.testing.assert_allclose(np.asarray(full[:4]), np.asarray(half), rtol=1e-5, atol=1e-6)
   whole = trainer.evaluate(state, 'valid')  # 12 examples: batches of 8, padded
   config4 = config.copy_and_resolve_references()

@@ -48,9 +48,11 @@ def test_classifier_logits_are_the_last_valid_state_through_the_softmax_layer():
   model = models.SequenceClassifier(num_classes=C, variant='bn_lstm', hidden_size=H,
                                     layer_options={'max_length': T})
   x = _frames(1)
-  variables = model.init(jax.random.PRNGKey(0), x, MASK, train=False)
+  variables = model.init(jax.random.PRNGKey(0), x, MASK, use_running_average=True,
+                         deterministic=True)
   params = perturb(variables['params'], 3)
-  logits, _ = jax.jit(lambda v, x, m: model.apply(v, x, m, train=True,
+  logits, _ = jax.jit(lambda v, x, m: model.apply(v, x, m, use_running_average=False,
+                                                  deterministic=False,
                                                   mutable=['batch_stats']))(
       {**variables, 'params': params}, x, MASK)
   p = helpers.float64(params)
@@ -63,11 +65,13 @@ def test_classifier_bidirectional_reads_both_final_states():
   x = _frames()
   model = models.SequenceClassifier(num_classes=3, variant='lstm', hidden_size=H,
                                     bidirectional=True)
-  variables = model.init(jax.random.PRNGKey(0), x, MASK, train=False)
+  variables = model.init(jax.random.PRNGKey(0), x, MASK, use_running_average=True,
+                         deterministic=True)
   assert variables['params']['classifier']['kernel'].shape == (2 * H, 3)
-  logits = model.apply(variables, x, MASK, train=False)
+  logits = model.apply(variables, x, MASK, use_running_average=True, deterministic=True)
   # Row 1 (5 valid steps) alone and unpadded gives the same logits.
-  alone = model.apply(variables, x[1:2, :5], None, train=False)
+  alone = model.apply(variables, x[1:2, :5], None, use_running_average=True,
+                      deterministic=True)
   np.testing.assert_allclose(logits[1], alone[0], rtol=1e-5, atol=1e-6)
 
 
@@ -112,12 +116,14 @@ def zero_carries(batch):
 def test_logits_and_carried_state_match_reference(variant, embed):
   model = make_lm(variant, embed)
   tokens, mask = tokens_and_mask()
-  variables = jax.jit(lambda t: model.init(jax.random.PRNGKey(0), t, None, train=False))(
+  variables = jax.jit(lambda t: model.init(jax.random.PRNGKey(0), t, None,
+                                           use_running_average=True, deterministic=True))(
       tokens)
   params = perturb(variables['params'], 1)
   vs = {**variables, 'params': params}
   # One compiled function for every segment (zero carries = a fresh start).
-  apply = jax.jit(lambda v, t, m, c: model.apply(v, t, m, train=True, initial_carries=c,
+  apply = jax.jit(lambda v, t, m, c: model.apply(v, t, m, use_running_average=False,
+                                                 deterministic=False, initial_carries=c,
                                                  mutable=['batch_stats'],
                                                  return_carry=True)[0])
 
@@ -144,15 +150,18 @@ def test_inference_reuses_last_population_row_past_training_length():
   model = make_lm('bn_lstm', False)
   # 32 rows give well-conditioned statistics (a 3-row variance can be tiny).
   tokens = np.random.default_rng(4).integers(0, VOCAB, size=(32, LENGTH))
-  variables = jax.jit(lambda t: model.init(jax.random.PRNGKey(0), t, None, train=False))(
+  variables = jax.jit(lambda t: model.init(jax.random.PRNGKey(0), t, None,
+                                           use_running_average=True, deterministic=True))(
       tokens)
   params = perturb(variables['params'], 2)
-  _, updated = jax.jit(lambda v, t: model.apply(v, t, None, train=True,
+  _, updated = jax.jit(lambda v, t: model.apply(v, t, None, use_running_average=False,
+                                                deterministic=False,
                                                 mutable=['batch_stats']))(
       {**variables, 'params': params}, tokens)
   stats = updated['batch_stats']
   long_tokens = np.random.default_rng(3).integers(0, VOCAB, size=(2, 3 * LENGTH))
-  logits = jax.jit(lambda v, t: model.apply(v, t, None, train=False))(
+  logits = jax.jit(lambda v, t: model.apply(v, t, None, use_running_average=True,
+                                            deterministic=True))(
       {'params': params, 'batch_stats': stats}, long_tokens)
   population = []
   for index in range(2):
@@ -167,7 +176,8 @@ def test_inference_reuses_last_population_row_past_training_length():
 def test_language_model_input_errors_are_one_line():
   """Raised while tracing: shapes only (`jax.eval_shape`), nothing is compiled."""
   model = make_lm('lstm', True)
-  init = lambda tokens: model.init(jax.random.PRNGKey(0), tokens, train=False)
+  init = lambda tokens: model.init(jax.random.PRNGKey(0), tokens, use_running_average=True,
+                                   deterministic=True)
   with pytest.raises(ValueError, match=r'tokens \[batch, time\]; got \(2, 3, 1\)') as error:
     jax.eval_shape(init, jnp.zeros((2, 3, 1), jnp.int32))
   helpers.one_line(error)
@@ -184,9 +194,11 @@ def test_token_tagger_logits_are_the_reference_layer_through_the_softmax_layer()
                                 variant='bn_input_only', hidden_size=H, num_layers=1,
                                 bidirectional=False, layer_options={'max_length': T})
   tokens = np.random.default_rng(5).integers(0, VOCAB, size=(B, T)).astype(np.int32)
-  variables = model.init(jax.random.PRNGKey(0), tokens, MASK, train=False)
+  variables = model.init(jax.random.PRNGKey(0), tokens, MASK, use_running_average=True,
+                         deterministic=True)
   params = perturb(variables['params'], 6)
-  logits, _ = model.apply({**variables, 'params': params}, tokens, MASK, train=True,
+  logits, _ = model.apply({**variables, 'params': params}, tokens, MASK,
+                          use_running_average=False, deterministic=False,
                           mutable=['batch_stats'])
   p = helpers.float64(params)
   x = p['embed']['embedding'][tokens]
@@ -199,10 +211,12 @@ def test_token_tagger_logits_are_the_reference_layer_through_the_softmax_layer()
 def test_tagger_input_errors_are_one_line():
   with pytest.raises(ValueError, match=r'token ids \[batch, time\]; got shape \(2, 3, 4\)'):
     models.SequenceTagger(num_classes=3, vocab_size=5, num_layers=1, hidden_size=2).init(
-        jax.random.PRNGKey(0), jnp.zeros((2, 3, 4), jnp.int32), train=False)
+        jax.random.PRNGKey(0), jnp.zeros((2, 3, 4), jnp.int32), use_running_average=True,
+        deterministic=True)
   with pytest.raises(ValueError, match="kernel_init must be one of"):
     models.SequenceTagger(num_classes=3, kernel_init='he', num_layers=1, hidden_size=2).init(
-        jax.random.PRNGKey(0), jnp.zeros((2, 3, 4)), train=False)
+        jax.random.PRNGKey(0), jnp.zeros((2, 3, 4)), use_running_average=True,
+        deterministic=True)
 
 
 # ------------------------------------------------------------------ attentive reader
@@ -213,7 +227,7 @@ def test_reader_input_errors_are_one_line():
   reader = models.AttentiveReader(vocab_size=9, num_entities=4, hidden_size=2)
   with pytest.raises(ValueError, match=r'document and document_mask \[batch, time\]; got '
                      r'\(2, 5\) and \(2, 4\)'):
-    reader.init(jax.random.PRNGKey(0), inputs, train=False)
+    reader.init(jax.random.PRNGKey(0), inputs, use_running_average=True, deterministic=True)
   unknown = models.AttentiveReader(vocab_size=9, num_entities=4, variant='bn_gru')
   with pytest.raises(ValueError, match="Unknown attentive-reader variant 'bn_gru'"):
-    unknown.init(jax.random.PRNGKey(0), inputs, train=False)
+    unknown.init(jax.random.PRNGKey(0), inputs, use_running_average=True, deterministic=True)

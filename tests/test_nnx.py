@@ -71,7 +71,8 @@ def _train_linen(model, variables, tx):
   def step(params, stats, opt_state, x, mask, labels):
     def loss_fn(params):
       logits, updates = model.apply({'params': params, 'batch_stats': stats}, x, mask,
-                                    train=True, mutable=['batch_stats'])
+                                    use_running_average=False, deterministic=False,
+                                    mutable=['batch_stats'])
       return _loss(logits, labels), updates['batch_stats']
     (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     updates, opt_state = tx.update(grads, opt_state, params)
@@ -109,7 +110,8 @@ def trained():
   linen = models.SequenceClassifier(num_classes=C, variant='bn_lstm', hidden_size=H,
                                     layer_options=OPTIONS)
   x, mask, _ = TRAIN[0]
-  initial = linen.init(jax.random.key(0), x, mask, train=False)
+  initial = linen.init(jax.random.key(0), x, mask, use_running_average=True,
+                       deterministic=True)
   model = Classifier(nnx.Rngs(0))
   # The same initial values: the Linen ones copied into the NNX model.
   model.rnn.load_linen_variables({'params': initial['params']['rnn']})
@@ -142,7 +144,8 @@ def test_evaluation_with_running_and_estimated_statistics_agrees(trained):
   model.eval()
   assert model.rnn.use_running_average
   evaluate = nnx.jit(lambda model, x, mask: model(x, mask))
-  _close(evaluate(model, x, mask), linen.apply(variables, x, mask, train=False),
+  _close(evaluate(model, x, mask), linen.apply(variables, x, mask, use_running_average=True,
+                                               deterministic=True),
          'outputs with the running average')
 
   estimate = population.estimate_population_stats(
@@ -151,7 +154,8 @@ def test_evaluation_with_running_and_estimated_statistics_agrees(trained):
   _close(model.rnn.linen_variables()['batch_stats'], estimate['rnn'], 'estimated statistics')
   assert float(estimate['rnn']['layer_0']['cell']['count'][0]) == len(ESTIMATE) * B
   _close(evaluate(model, x, mask),
-         linen.apply({**variables, 'batch_stats': estimate}, x, mask, train=False),
+         linen.apply({**variables, 'batch_stats': estimate}, x, mask,
+                     use_running_average=True, deterministic=True),
          'outputs with the estimate')
   assert model.rnn.use_running_average  # the estimate left the mode alone
 

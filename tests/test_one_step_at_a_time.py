@@ -32,9 +32,10 @@ def _data(seed, length, lengths, masked):
 
 def _trained(module, train_args, seed=0):
   """Variables after two training batches (so the running averages are not fresh)."""
-  variables = module.init(jax.random.key(seed), *train_args, train=False)
-  apply = jax.jit(lambda v, *args: module.apply(v, *args, train=True,
-                                                mutable=['batch_stats'],
+  variables = module.init(jax.random.key(seed), *train_args, use_running_average=True,
+                          deterministic=True)
+  apply = jax.jit(lambda v, *args: module.apply(v, *args, use_running_average=False,
+                                                deterministic=False, mutable=['batch_stats'],
                                                 return_carry=True)[1])
   for _ in range(2):
     variables = {**variables, **apply(variables, *train_args)}
@@ -68,7 +69,8 @@ def test_layer_step_equals_the_whole_sequence(variant, masked):
   x_train, mask_train = _data(0, T_TRAIN, TRAIN_LENGTHS, masked)
   variables = _trained(layer, (x_train, mask_train))
   x, mask = _data(1, T_EVAL, EVAL_LENGTHS, masked)
-  whole = jax.jit(lambda v, x, m: layer.apply(v, x, m, train=False, return_carry=True))(
+  whole = jax.jit(lambda v, x, m: layer.apply(v, x, m, use_running_average=True,
+                                              deterministic=True, return_carry=True))(
       variables, x, mask)
   stepped = _step_through(layer, variables, x, mask)
   _assert_step_equals_whole(stepped, whole)
@@ -94,7 +96,8 @@ def test_stack_step_equals_the_whole_sequence(variant):
   x_train, mask_train = _data(2, T_TRAIN, TRAIN_LENGTHS, True)
   variables = _trained(rnn, (x_train, mask_train))
   x, mask = _data(3, T_EVAL, EVAL_LENGTHS, True)
-  whole = jax.jit(lambda v, x, m: rnn.apply(v, x, m, train=False, return_carry=True))(
+  whole = jax.jit(lambda v, x, m: rnn.apply(v, x, m, use_running_average=True,
+                                            deterministic=True, return_carry=True))(
       variables, x, mask)
   _assert_step_equals_whole(_step_through(rnn, variables, x, mask), whole)
 
@@ -118,7 +121,8 @@ def test_language_model_steps_in_a_scan_equal_the_whole_sequence():
     carries, rest = jax.lax.scan(body, carries, (jnp.arange(1, T_EVAL), tokens[:, 1:].T))
     return carries, jnp.concatenate([first[:, None], jnp.swapaxes(rest, 0, 1)], axis=1)
 
-  whole = jax.jit(lambda v, t: model.apply(v, t, None, train=False, return_carry=True))(
+  whole = jax.jit(lambda v, t: model.apply(v, t, None, use_running_average=True,
+                                           deterministic=True, return_carry=True))(
       variables, tokens)
   _assert_step_equals_whole(stepped(variables, tokens), whole)
 
@@ -131,7 +135,8 @@ def test_bidirectional_layers_refuse_to_step():
   with pytest.raises(ValueError, match='bidirectional layer cannot run one step at a time'):
     rnn.apply(variables, None, x[:, 0], 0, method='step')
   layer = stack.Bidirectional(variants.make_layer('lstm', H), variants.make_layer('lstm', H))
-  layer_variables = layer.init(jax.random.key(0), x, train=False)
+  layer_variables = layer.init(jax.random.key(0), x, use_running_average=True,
+                               deterministic=True)
   with pytest.raises(ValueError, match='bidirectional layer cannot run one step at a time'):
     layer.apply(layer_variables, None, x[:, 0], 0, method='step')
 
@@ -139,6 +144,7 @@ def test_bidirectional_layers_refuse_to_step():
 def test_first_step_is_for_inference_only():
   layer = variants.make_layer('bn_lstm', H, max_length=MAX_LEN)
   x, _ = _data(6, T_TRAIN, TRAIN_LENGTHS, False)
-  variables = layer.init(jax.random.key(0), x, train=False)
+  variables = layer.init(jax.random.key(0), x, use_running_average=True, deterministic=True)
   with pytest.raises(ValueError, match='first_step=2 is for inference'):
-    layer.apply(variables, x, train=True, first_step=2, mutable=['batch_stats'])
+    layer.apply(variables, x, use_running_average=False, deterministic=False, first_step=2,
+                mutable=['batch_stats'])

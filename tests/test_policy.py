@@ -129,7 +129,8 @@ def run(variant, forced=()):
 
   def loss(p, x, stats):
     (carry, out), new = layer.apply({'params': p, 'batch_stats': stats}, x,
-                                    helpers.float32(MASK), train=True,
+                                    helpers.float32(MASK), use_running_average=False,
+                                    deterministic=False,
                                     mutable=['batch_stats', 'minibatch_moments'],
                                     return_carry=True)
     value = jnp.sum(out * helpers.float32(W_OUT))

@@ -56,7 +56,8 @@ def test_estimate_population_stats_averages_minibatch_moments(data):
   x, mask = data
   x2 = np.asarray(x)[::-1] * 1.5 + 0.3
   layer = br.make_layer('bn_lstm', H, max_length=T + 2, min_statistics_count=1)
-  variables = layer.init(jax.random.key(0), x, mask, train=True)
+  variables = layer.init(jax.random.key(0), x, mask, use_running_average=False,
+                         deterministic=False)
   stats = br.estimate_population_stats(layer, variables, [(x, mask), (x2, mask)])
   kernel = np.asarray(variables['params']['input_kernel'], np.float64)
   expected_mean, expected_var = [], []
@@ -81,7 +82,8 @@ def test_estimate_population_stats_averages_minibatch_moments(data):
   for leaf in jax.tree.leaves(variables['batch_stats']):
     assert not np.any(np.isnan(np.asarray(leaf)))
   # The estimate drives inference: rows past the last seen one reuse row T-1.
-  out = layer.apply({**variables, 'batch_stats': stats}, x, mask, train=False)
+  out = layer.apply({**variables, 'batch_stats': stats}, x, mask, use_running_average=True,
+                    deterministic=True)
   assert np.all(np.isfinite(np.asarray(out)))
 
 
@@ -91,7 +93,8 @@ def test_estimate_population_stats_compiles_once_per_model(data):
   x, mask = data
   model = br.SequenceClassifier(num_classes=2, variant='bn_lstm', hidden_size=H,
                                 layer_options={'max_length': T})
-  variables = model.init(jax.random.key(0), x, mask, train=False)
+  variables = model.init(jax.random.key(0), x, mask, use_running_average=True,
+                         deterministic=True)
   before = population._minibatch_moments_jit._cache_size()
   for _ in range(3):
     br.estimate_population_stats(model, variables, [(x, mask)] * 2)
@@ -108,12 +111,14 @@ def test_the_estimate_runs_without_dropout_or_noise(data):
   noisy = br.SequenceClassifier(num_classes=2, variant='bn_lstm', hidden_size=H,
                                 num_layers=2, dropout_rate=0.5,
                                 layer_options={'max_length': T, 'initial_state': 'noise'})
-  variables = plain.init(jax.random.key(0), x, mask, train=False)
+  variables = plain.init(jax.random.key(0), x, mask, use_running_average=True,
+                         deterministic=True)
   expected = br.estimate_population_stats(plain, variables, [(x, mask)] * 2)
   got = br.estimate_population_stats(noisy, variables, [(x, mask)] * 2)
   helpers.assert_trees_equal(got, expected)
   # Training mode does draw them: the same batch gives other moments there.
-  _, trained = noisy.apply(variables, x, mask, train=True, mutable=['batch_stats'],
+  _, trained = noisy.apply(variables, x, mask, use_running_average=False,
+                           deterministic=False, mutable=['batch_stats'],
                            rngs={'noise': jax.random.key(1), 'dropout': jax.random.key(2)})
   _, deterministic = noisy.apply(variables, x, mask, use_running_average=False,
                                  deterministic=True, mutable=['batch_stats'])
@@ -129,7 +134,8 @@ def test_unhashable_model_is_a_clear_error(data):
     __hash__ = None
 
   model = Unhashable('lstm', H)
-  variables = model.init(jax.random.key(0), x, mask, train=False)
+  variables = model.init(jax.random.key(0), x, mask, use_running_average=True,
+                         deterministic=True)
   with pytest.raises(ValueError, match='the model must be hashable; Unhashable is not'):
     br.estimate_population_stats(model, variables, [(x, mask)])
   with pytest.raises(ValueError, match='needs at least one batch'):
@@ -147,7 +153,8 @@ def test_rows_of_one_sequence_are_named_and_fall_back_with_a_threshold():
   mask = helpers.prefix_mask(lengths, T_MAX)
   batches = [(rng.normal(size=(4, T_MAX, I)).astype(np.float32), mask) for _ in range(2)]
   default = br.make_layer('bn_lstm', H, max_length=T_MAX)
-  variables = default.init(jax.random.key(0), *batches[0], train=False)
+  variables = default.init(jax.random.key(0), *batches[0], use_running_average=True,
+                           deterministic=True)
   with pytest.warns(UserWarning, match=r"site 'cell': rows 2-5 rest on one sequence in "
                     r'every batch: their variance is 0'):
     single = br.estimate_population_stats(default, variables, batches)
@@ -170,7 +177,8 @@ def test_rows_of_one_sequence_are_named_and_fall_back_with_a_threshold():
                            what=f'{site} {key}')
   # Inference on a longer sequence normalises every step past row 1 with row 1.
   x = rng.normal(size=(3, 9, I))
-  got = layer.apply({**variables, 'batch_stats': stats}, jnp.float32(x), train=False)
+  got = layer.apply({**variables, 'batch_stats': stats}, jnp.float32(x),
+                    use_running_average=True, deterministic=True)
   population = {site: ref.population_lookup(helpers.float64(stats[site]), 9)
                 for site in records}
   assert np.all(population['cell'][0][2:] == population['cell'][0][1])

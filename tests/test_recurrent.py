@@ -85,8 +85,8 @@ def train_fn(variant, hoist, overrides=()):
 
   def loss(params, x, mask, batch_stats, w_out, w_carry):
     (carry, out), new = layer.apply(
-        {'params': params, 'batch_stats': batch_stats}, x, mask, train=True,
-        mutable=['batch_stats', 'minibatch_moments'], return_carry=True)
+        {'params': params, 'batch_stats': batch_stats}, x, mask, use_running_average=False,
+        deterministic=False, mutable=['batch_stats', 'minibatch_moments'], return_carry=True)
     value = jnp.sum(out * w_out)
     for leaf, w in zip(jax.tree.leaves(carry), w_carry):
       value = value + jnp.sum(leaf * w)
@@ -98,8 +98,8 @@ def train_fn(variant, hoist, overrides=()):
 @functools.cache
 def eval_fn(variant, hoist):
   layer = _layer(variant, hoist)
-  return jax.jit(lambda v, x, mask: layer.apply(v, x, mask, train=False,
-                                                 return_carry=True))
+  return jax.jit(lambda v, x, mask: layer.apply(v, x, mask, use_running_average=True,
+                                                deterministic=True, return_carry=True))
 
 
 def run_train(variant, hoist, x=X, mask=MASK, stats=None, w_out=W_OUT, overrides=()):
@@ -252,7 +252,8 @@ def test_initial_carry_and_its_gradient(backward):
   def loss(carry0):
     (carry, out), _ = layer.apply({'params': helpers.float32(params),
                                    'batch_stats': helpers.float32(fresh)},
-                                  helpers.float32(X), helpers.float32(MASK), train=True,
+                                  helpers.float32(X), helpers.float32(MASK),
+                                  use_running_average=False, deterministic=False,
                                   initial_carry=carry0, mutable=['batch_stats'],
                                   return_carry=True)
     return jnp.sum(out * W_OUT) + jnp.sum(carry[0] * W_CARRY[0]) + jnp.sum(
@@ -272,7 +273,8 @@ def test_learned_initial_state_is_a_trained_parameter():
   x, mask = helpers.uneven_batch(I)       # lengths 6, 4, 2, 5
   hidden, length = 5, x.shape[1]
   layer = variants.make_layer('bn_lstm', hidden, max_length=length, initial_state='learned')
-  variables = layer.init(jax.random.key(0), x, mask, train=True)
+  variables = layer.init(jax.random.key(0), x, mask, use_running_average=False,
+                         deterministic=False)
   assert variables['params']['initial_hidden'].shape == (hidden,)
   assert variables['params']['initial_cell'].shape == (hidden,)
   params = helpers.float64(variables['params'])
@@ -282,12 +284,13 @@ def test_learned_initial_state_is_a_trained_parameter():
                                                                  'initial_hidden'))
   _, expected, _ = ref.run_layer(params, x, mask, 'bn_lstm', initial_carry=start)
   out, _ = layer.apply({**variables, 'params': jax.tree.map(jnp.asarray, params)}, x,
-                       mask, train=True, mutable=['batch_stats'])
+                       mask, use_running_average=False, deterministic=False,
+                       mutable=['batch_stats'])
   np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-4, atol=1e-5)
 
   def loss(p):
-    y, _ = layer.apply({**variables, 'params': p}, x, mask, train=True,
-                       mutable=['batch_stats'])
+    y, _ = layer.apply({**variables, 'params': p}, x, mask, use_running_average=False,
+                       deterministic=False, mutable=['batch_stats'])
     return jnp.sum(y ** 2)
   grads = jax.grad(loss)(variables['params'])
   assert float(jnp.linalg.norm(grads['initial_hidden'])) > 0.0
@@ -392,7 +395,8 @@ def test_inference_without_batch_statistics(variant):
 
 def test_fresh_statistics_are_mean0_var1_unseen():
   layer = _layer('bn_lstm')
-  variables = jax.jit(functools.partial(layer.init, train=False))(
+  variables = jax.jit(functools.partial(layer.init, use_running_average=True,
+                                        deterministic=True))(
       jax.random.key(0), jnp.zeros((B, T, I)))
   for site in ('recurrent', 'input', 'cell'):
     stats = helpers.float64(variables['batch_stats'][site])
@@ -487,10 +491,12 @@ def test_coinciding_rows_at_late_steps_keep_the_gradient_bounded():
   def largest_gradient(min_step_count):
     layer = variants.make_layer('bn_lstm', H, max_length=length,
                                  min_step_count=min_step_count)
-    variables = layer.init(jax.random.key(0), jnp.zeros((B, length, I)), train=False)
+    variables = layer.init(jax.random.key(0), jnp.zeros((B, length, I)),
+                           use_running_average=True, deterministic=True)
     def loss(params, x):
       out, _ = layer.apply({'params': params, 'batch_stats': variables['batch_stats']},
-                           x, jnp.asarray(mask), train=True, mutable=['batch_stats'])
+                           x, jnp.asarray(mask), use_running_average=False,
+                           deterministic=False, mutable=['batch_stats'])
       return jnp.sum(out * w_out)
     grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(variables['params'], jnp.asarray(x))
     largest = [float(np.max(np.abs(g))) for g in jax.tree.leaves(grads)]
@@ -563,11 +569,12 @@ def test_constant_input_gradients_with_and_without_noise(initial_state):
   @jax.jit
   def grads(x):
     # Initial parameters (gamma 0.1), initialised in the same jit: one compilation.
-    variables = layer.init(jax.random.key(0), x, train=False)
+    variables = layer.init(jax.random.key(0), x, use_running_average=True,
+                           deterministic=True)
     def loss(params, x):
       out, _ = layer.apply({'params': params, 'batch_stats': variables['batch_stats']},
-                           x, train=True, mutable=['batch_stats'],
-                           rngs={'noise': jax.random.key(3)})
+                           x, use_running_average=False, deterministic=False,
+                           mutable=['batch_stats'], rngs={'noise': jax.random.key(3)})
       return jnp.sum(out * w)
     return jax.grad(loss, argnums=(0, 1))(variables['params'], x)
 
@@ -588,7 +595,7 @@ def test_training_longer_than_max_length_is_an_error():
   layer = _layer('bn_lstm')
   x = jnp.zeros((B, MAX_LEN + 2, I))
   with pytest.raises(ValueError, match=rf'{MAX_LEN + 2} time steps.*max_length={MAX_LEN}'):
-    layer.init(jax.random.key(0), x, train=True)
+    layer.init(jax.random.key(0), x, use_running_average=False, deterministic=False)
 
 
 def test_max_length_none_is_the_length_of_the_init_input():
@@ -596,36 +603,42 @@ def test_max_length_none_is_the_length_of_the_init_input():
   training sequence longer than that is the same error, inference past it reuses the
   last row."""
   layer = variants.make_layer('bn_input_only_seq', H, cell_norm='batch')
-  variables = layer.init(jax.random.key(0), jnp.zeros((B, T, I)), train=False)
+  variables = layer.init(jax.random.key(0), jnp.zeros((B, T, I)), use_running_average=True,
+                         deterministic=True)
   rows = jax.tree.map(lambda a: a.shape[0], variables['batch_stats'])
   assert rows == {'cell': {'count': T, 'mean': T, 'var': T},
                   'input': {'count': 1, 'mean': 1, 'var': 1}}  # sequence-wise: one row
-  train = lambda x: layer.apply(variables, x, train=True, mutable=['batch_stats'])
+  train = lambda x: layer.apply(variables, x, use_running_average=False, deterministic=False,
+                                mutable=['batch_stats'])
   _, updated = train(jnp.ones((B, T, I)))
   with pytest.raises(ValueError, match=rf'{T + 1} time steps.*max_length={T} rows'):
     train(jnp.ones((B, T + 1, I)))
-  out = layer.apply({**variables, **updated}, jnp.ones((B, 3 * T, I)), train=False)
+  out = layer.apply({**variables, **updated}, jnp.ones((B, 3 * T, I)),
+                    use_running_average=True, deterministic=True)
   assert out.shape == (B, 3 * T, H)
   norm = batch_stats.MaskedBatchNorm()
-  assert norm.init(jax.random.key(0), jnp.ones((B, T, 2)), train=False)[
-      'batch_stats']['stats']['count'].shape == (T,)
+  assert norm.init(jax.random.key(0), jnp.ones((B, T, 2)), use_running_average=True,
+                   deterministic=True)['batch_stats']['stats']['count'].shape == (T,)
 
 
 def test_bad_inputs_are_clear_errors():
   layer = _layer('bn_lstm')
   x = jnp.zeros((B, T, I))
   with pytest.raises(ValueError, match=r'mask must be \[batch, time\].*\(4, 6\)'):
-    layer.init(jax.random.key(0), x, jnp.ones((B, T + 1)), train=False)
+    layer.init(jax.random.key(0), x, jnp.ones((B, T + 1)), use_running_average=True,
+               deterministic=True)
   with pytest.raises(ValueError, match=r'\[batch, time, features\].*\(4, 5\)'):
-    layer.init(jax.random.key(0), jnp.zeros((B, T)), train=False)
+    layer.init(jax.random.key(0), jnp.zeros((B, T)), use_running_average=True,
+               deterministic=True)
   with pytest.raises(ValueError, match='min_step_count must be at least 1; got 0'):
-    _layer('bn_lstm', min_step_count=0).init(jax.random.key(0), x, train=False)
+    _layer('bn_lstm', min_step_count=0).init(jax.random.key(0), x, use_running_average=True,
+                                             deterministic=True)
   with pytest.raises(ValueError, match='min_step_count guards masked per-step'):
     _layer('bn_lstm', min_step_count=2, padded_statistics=True).init(
-        jax.random.key(0), x, train=False)
+        jax.random.key(0), x, use_running_average=True, deterministic=True)
 
 
 def test_bad_remat_mode_is_a_clear_error():
   with pytest.raises(ValueError, match='remat'):
     _layer('bn_lstm', remat='sometimes').init(jax.random.key(0), jnp.zeros((B, T, I)),
-                                              train=True)
+                                              use_running_average=False, deterministic=False)

@@ -35,7 +35,7 @@ def test_mask_with_holes_is_a_clear_error():
     sequence.reverse_valid(x, holes)
   layer = variants.make_layer('lstm', 4)
   with pytest.raises(ValueError, match='mask row 0 has a valid step at t=2 after padding'):
-    layer.init(jax.random.key(0), x, holes, train=False)
+    layer.init(jax.random.key(0), x, holes, use_running_average=True, deterministic=True)
   # Under jit the mask has no values to check: a traced mask passes.
   jax.jit(sequence.check_mask_prefix)(holes)
 
@@ -50,7 +50,8 @@ def test_mask_value_other_than_zero_or_one_is_one_line_naming_it(value):
     sequence.reverse_valid(x, mask)
   assert helpers.one_line(error) == expected
   with pytest.raises(ValueError) as error:
-    variants.make_layer('lstm', 4).init(jax.random.key(0), x, mask, train=False)
+    variants.make_layer('lstm', 4).init(jax.random.key(0), x, mask, use_running_average=True,
+                                        deterministic=True)
   assert helpers.one_line(error) == expected
   jax.jit(sequence.check_mask_prefix)(mask)  # traced: not checked (documented)
 
@@ -58,9 +59,9 @@ def test_mask_value_other_than_zero_or_one_is_one_line_naming_it(value):
 def test_negative_time_index_is_one_line():
   layer = variants.make_layer('lstm', 4)
   x = jnp.ones((2, 3, 3))
-  variables = layer.init(jax.random.key(0), x, train=False)
+  variables = layer.init(jax.random.key(0), x, use_running_average=True, deterministic=True)
   with pytest.raises(ValueError) as error:
-    layer.apply(variables, x, train=False, first_step=-2)
+    layer.apply(variables, x, use_running_average=True, deterministic=True, first_step=-2)
   assert helpers.one_line(error) == ('first_step (the time index of inputs[:, 0]) must be '
                                      '>= 0; got -2.')
   with pytest.raises(ValueError) as error:

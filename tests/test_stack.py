@@ -29,8 +29,10 @@ def test_stack_equals_reference_layers_in_sequence(data):
   """Two stacked bn_lstm layers (no dropout) = the reference run twice, output to input."""
   x, mask = data
   rnn = br.StackedRNN('bn_lstm', H, num_layers=2, layer_options={'max_length': T})
-  variables = rnn.init(jax.random.key(0), x, mask, train=True)
-  (carries, out), _ = rnn.apply(variables, x, mask, train=True, mutable=['batch_stats'],
+  variables = rnn.init(jax.random.key(0), x, mask, use_running_average=False,
+                       deterministic=False)
+  (carries, out), _ = rnn.apply(variables, x, mask, use_running_average=False,
+                                deterministic=False, mutable=['batch_stats'],
                                 return_carry=True)
   params = helpers.float64(variables['params'])
   hidden = np.asarray(x, np.float64)
@@ -58,9 +60,10 @@ def _return_carry_modules():
                          ids=lambda v: v if isinstance(v, str) else '')
 def test_a_call_returns_the_outputs_or_with_return_carry_the_carry_too(name, module, args):
   """As `nn.RNN`: the outputs by default, `(carry, outputs)` with `return_carry=True`."""
-  variables = module.init(jax.random.key(0), *args, train=False)
-  run = lambda **kw: module.apply(variables, *args, train=True, mutable=['batch_stats'],
-                                  **kw)[0]
+  variables = module.init(jax.random.key(0), *args, use_running_average=True,
+                          deterministic=True)
+  run = lambda **kw: module.apply(variables, *args, use_running_average=False,
+                                  deterministic=False, mutable=['batch_stats'], **kw)[0]
   outputs = run()
   carry, same = run(return_carry=True)
   assert isinstance(outputs, jax.Array) and outputs.shape[:2] == (B, T), name
@@ -72,12 +75,16 @@ def test_a_call_returns_the_outputs_or_with_return_carry_the_carry_too(name, mod
 def test_stack_dropout_is_active_only_in_training(data):
   x, mask = data
   rnn = br.StackedRNN('lstm', H, num_layers=2, dropout_rate=0.5)
-  variables = rnn.init(jax.random.key(0), x, mask, train=False)
+  variables = rnn.init(jax.random.key(0), x, mask, use_running_average=True,
+                       deterministic=True)
   run = functools.partial(rnn.apply, variables, x, mask)
-  eval_a, eval_b = run(train=False), run(train=False)
+  eval_a = run(use_running_average=True, deterministic=True)
+  eval_b = run(use_running_average=True, deterministic=True)
   np.testing.assert_array_equal(np.asarray(eval_a), np.asarray(eval_b))
-  train_a = run(train=True, rngs={'dropout': jax.random.key(1)})
-  train_b = run(train=True, rngs={'dropout': jax.random.key(2)})
+  train_a = run(use_running_average=False, deterministic=False,
+                rngs={'dropout': jax.random.key(1)})
+  train_b = run(use_running_average=False, deterministic=False,
+                rngs={'dropout': jax.random.key(2)})
   assert not np.allclose(np.asarray(train_a), np.asarray(train_b))
   # The output dropout zeroes about half of the valid entries.
   valid = np.broadcast_to(mask[..., None] > 0, train_a.shape)
@@ -89,8 +96,10 @@ def test_stack_dropout_is_active_only_in_training(data):
 def test_bidirectional_stack_shapes_and_halves(data):
   x, mask = data
   rnn = br.StackedRNN('bn_input_only_seq', H, num_layers=2, bidirectional=True)
-  variables = rnn.init(jax.random.key(0), x, mask, train=True)
-  (carries, out), _ = rnn.apply(variables, x, mask, train=True, mutable=['batch_stats'],
+  variables = rnn.init(jax.random.key(0), x, mask, use_running_average=False,
+                       deterministic=False)
+  (carries, out), _ = rnn.apply(variables, x, mask, use_running_average=False,
+                                deterministic=False, mutable=['batch_stats'],
                                 return_carry=True)
   assert out.shape == (B, T, 2 * H)
   assert len(carries) == 2 and len(carries[0]) == 2  # (forward, backward) per layer
@@ -102,7 +111,8 @@ def test_stack_rejects_carries_when_bidirectional(data):
   x, mask = data
   rnn = br.StackedRNN('lstm', H, bidirectional=True)
   with pytest.raises(ValueError, match='initial_carries'):
-    rnn.init(jax.random.key(0), x, mask, train=False, initial_carries=[None])
+    rnn.init(jax.random.key(0), x, mask, use_running_average=True, deterministic=True,
+             initial_carries=[None])
 
 
 # ----------------------------------------------------------------------------- layer factories
@@ -125,10 +135,12 @@ def test_a_layer_factory_stacks_a_layer_of_ones_own(data):
   the previous one's outputs; bidirectional stacks and the models take it too."""
   x, mask = data
   rnn = br.StackedRNN(GRULayer, H, num_layers=2)
-  variables = rnn.init(jax.random.key(0), x, mask, train=False)
+  variables = rnn.init(jax.random.key(0), x, mask, use_running_average=True,
+                       deterministic=True)
   assert sorted(variables) == ['params'] and sorted(variables['params']) == [
       'layer_0', 'layer_1']
-  carries, out = rnn.apply(variables, x, mask, train=False, return_carry=True)
+  carries, out = rnn.apply(variables, x, mask, use_running_average=True, deterministic=True,
+                           return_carry=True)
   hidden = x
   for index in range(2):
     carry, hidden = GRULayer(H).apply(
@@ -138,12 +150,14 @@ def test_a_layer_factory_stacks_a_layer_of_ones_own(data):
   np.testing.assert_array_equal(np.asarray(out), np.asarray(hidden))
 
   both = br.StackedRNN(GRULayer, H, bidirectional=True)
-  out = both.apply(both.init(jax.random.key(0), x, mask, train=False), x, mask,
-                   train=False)
+  out = both.apply(both.init(jax.random.key(0), x, mask, use_running_average=True,
+                             deterministic=True),
+                   x, mask, use_running_average=True, deterministic=True)
   assert out.shape == (B, T, 2 * H)
   classifier = br.SequenceClassifier(num_classes=3, variant=GRULayer, hidden_size=H)
-  logits = classifier.apply(classifier.init(jax.random.key(0), x, mask, train=False),
-                            x, mask, train=False)
+  logits = classifier.apply(classifier.init(jax.random.key(0), x, mask,
+                                            use_running_average=True, deterministic=True),
+                            x, mask, use_running_average=True, deterministic=True)
   assert logits.shape == (B, 3)
 
 
@@ -151,7 +165,8 @@ def test_a_variant_that_is_no_name_nor_factory_is_a_one_line_error(data):
   x, mask = data
   for variant, got in ((GRULayer(H), 'a GRULayer instance'), (3, '3')):
     with pytest.raises(ValueError, match='a name in VARIANTS or a layer factory') as error:
-      br.StackedRNN(variant, H).init(jax.random.key(0), x, mask, train=False)
+      br.StackedRNN(variant, H).init(jax.random.key(0), x, mask, use_running_average=True,
+                                     deterministic=True)
     assert helpers.one_line(error).endswith(f'got {got}.')
 
 
@@ -161,10 +176,13 @@ def test_a_partial_of_the_layer_is_the_variant_of_that_name(data):
   by_name = br.StackedRNN('bn_lstm', H, num_layers=2, layer_options={'max_length': T})
   by_factory = by_name.clone(
       variant=functools.partial(br.RecurrentLayer, **variants.VARIANTS['bn_lstm']))
-  variables = by_name.init(jax.random.key(0), x, mask, train=False)
-  helpers.assert_trees_equal(by_factory.init(jax.random.key(0), x, mask, train=False),
+  variables = by_name.init(jax.random.key(0), x, mask, use_running_average=True,
+                           deterministic=True)
+  helpers.assert_trees_equal(by_factory.init(jax.random.key(0), x, mask,
+                                             use_running_average=True, deterministic=True),
                              variables)
-  run = lambda rnn: rnn.apply(variables, x, mask, train=True, mutable=['batch_stats'],
+  run = lambda rnn: rnn.apply(variables, x, mask, use_running_average=False,
+                              deterministic=False, mutable=['batch_stats'],
                               return_carry=True)
   helpers.assert_trees_equal(run(by_factory), run(by_name))
 
@@ -187,14 +205,15 @@ def test_bidirectional_backward_half_reverses_each_sequence():
   layer = stack.Bidirectional(make(), make())
   assert_close = functools.partial(helpers.assert_close, rtol=1e-4)
   shapes = jax.eval_shape(lambda: layer.init(jax.random.key(0), jnp.zeros(BI_X.shape),
-                                             train=False))
+                                             use_running_average=True, deterministic=True))
   rng = np.random.default_rng(11)
   params = {half: reference.random_params(
       {k: v.shape for k, v in shapes['params'][half].items()}, rng)
             for half in ('forward_layer', 'backward_layer')}
   stats = jax.tree.map(lambda s: np.zeros(s.shape), shapes['batch_stats'])
   ((fwd_carry, bwd_carry), out), new = jax.jit(functools.partial(
-      layer.apply, train=True, mutable=['batch_stats'], return_carry=True))(
+      layer.apply, use_running_average=False, deterministic=False, mutable=['batch_stats'],
+      return_carry=True))(
           {'params': helpers.float32(params), 'batch_stats': helpers.float32(stats)},
           helpers.float32(BI_X), helpers.float32(BI_MASK))
 

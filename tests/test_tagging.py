@@ -37,7 +37,7 @@ def _random_variables(model, x, seed=1):
   """Variables with float64-reference random parameters (gamma, beta, biases off their
   initial values), as float32."""
   variables = model.init(jax.random.PRNGKey(0), jnp.asarray(x), jnp.asarray(MASK),
-                         train=False)
+                         use_running_average=True, deterministic=True)
   rng = np.random.default_rng(seed)
   params = jax.tree.map(lambda p: np.asarray(p, np.float64), variables['params'])
   def draw(path, value):
@@ -58,7 +58,8 @@ def _train_step_fn(variant):
     def loss_fn(params, batch_stats, x, labels, mask):
       batch = {'inputs': x, 'labels': labels, 'mask': mask, 'weights': jnp.ones((B,))}
       (_, logits), mutated = task.apply(model, {'params': params, 'batch_stats': batch_stats},
-                                        batch, train=True, carry=None,
+                                        batch, use_running_average=False,
+                                        deterministic=False, carry=None,
                                         mutable=["batch_stats"])
       sums, count = task.loss_sums(logits, batch)
       return sums['loss'] / count, (logits, mutated['batch_stats'], sums, count)
@@ -106,9 +107,11 @@ def test_bidirectional_tagger_reads_each_sequence_alone():
   x, _ = _frames()
   model = _tagger('lstm')
   variables = _random_variables(model, x)
-  batched = np.asarray(model.apply(variables, x, MASK, train=False))
+  batched = np.asarray(model.apply(variables, x, MASK, use_running_average=True,
+                                   deterministic=True))
   for b, length in enumerate(LENGTHS):
-    alone = np.asarray(model.apply(variables, x[b:b + 1, :length], None, train=False))
+    alone = np.asarray(model.apply(variables, x[b:b + 1, :length], None,
+                                   use_running_average=True, deterministic=True))
     np.testing.assert_allclose(batched[b, :length], alone[0], rtol=1e-5, atol=1e-6)
   # A full-row reversal would start the backward pass on padding: not what happens.
   assert np.abs(batched[1, :5] - batched[1, :5][::-1]).max() > 1e-4

@@ -163,12 +163,15 @@ def test_apply_returns_the_mutated_collections_only_when_asked():
   model = task.build_model(_config(num_layers=1), {'num_classes': 3},
                            variants.LayerOptions(max_length=4))
   batch = {'inputs': np.ones((2, 4, 3), np.float32), 'mask': np.ones((2, 4), np.float32)}
-  variables = model.init(jax.random.key(0), batch['inputs'], batch['mask'], train=False)
-  (carry, logits), mutated = task.apply(model, variables, batch, train=True, carry=None,
+  variables = model.init(jax.random.key(0), batch['inputs'], batch['mask'],
+                         use_running_average=True, deterministic=True)
+  (carry, logits), mutated = task.apply(model, variables, batch, use_running_average=False,
+                                        deterministic=False, carry=None,
                                         mutable=['batch_stats'])
   assert carry is None and logits.shape == (2, 3)
   assert set(mutated) == {'batch_stats'}
-  (_, eval_logits), nothing = task.apply(model, {**variables, **mutated}, batch, train=False,
+  (_, eval_logits), nothing = task.apply(model, {**variables, **mutated}, batch,
+                                         use_running_average=True, deterministic=True,
                                          carry=None)
   assert nothing == {} and eval_logits.shape == (2, 3)
 

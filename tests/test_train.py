@@ -48,7 +48,7 @@ def test_train_step_takes_the_sgd_step_of_the_reference_gradient():
   task, tx = tasks.get('classification'), optax.sgd(LEARNING_RATE)
   batch = _batch()
   params = model.init(jax.random.key(0), batch['inputs'], batch['mask'],
-                      train=False)['params']
+                      use_running_average=True, deterministic=True)['params']
   state = train.TrainState(step=np.int32(0), params=params, batch_stats={},
                            opt_state=tx.init(params), rng=jax.random.PRNGKey(1))
   devices = jax.local_devices()[:2]

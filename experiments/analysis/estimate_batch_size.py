@@ -62,7 +62,8 @@ def batch_statistics_accuracy(trainer: loop.Trainer, state) -> float:
 
   @jax.jit
   def correct(batch, key):
-    logits, _ = model.apply(variables, batch['inputs'], train=True, rngs={'noise': key},
+    logits, _ = model.apply(variables, batch['inputs'], use_running_average=False,
+                            deterministic=False, rngs={'noise': key},
                             mutable=['batch_stats'])
     hits = (jnp.argmax(logits, -1) == batch['labels']) * batch['weights']
     return jnp.sum(hits), jnp.sum(batch['weights'])

@@ -61,7 +61,7 @@ def _state_gradients(params, classifier, h0, x, y):
   params: the `RecurrentLayer` parameters; classifier: `{'kernel' [H, C], 'bias' [C]}`;
   h0: `[B, H]`; x: `[B, T, I]`; y: `[B]`. Every gamma shares this one compilation.
   """
-  cfg = cells.StepConfig(recurrent_norm='batch', train=True)
+  cfg = cells.StepConfig(recurrent_norm='batch', batch_statistics=True)
 
   def loss(perturbation):
     def step(h, inputs):
@@ -92,7 +92,8 @@ def gradient_norms(gamma: float, x: np.ndarray, y: np.ndarray, hidden_size: int,
     raise ValueError('The layer and the step here must share epsilon.')
   key_layer, key_out, key_noise = jax.random.split(jax.random.PRNGKey(seed), 3)
   x = jnp.asarray(x)
-  params = layer.init({'params': key_layer}, x, train=False)['params']
+  params = layer.init({'params': key_layer}, x, use_running_average=True,
+                      deterministic=True)['params']
   classifier = {
       'kernel': jax.nn.initializers.lecun_normal()(key_out, (hidden_size, num_classes)),
       'bias': jnp.zeros((num_classes,)),
@@ -100,7 +101,8 @@ def gradient_norms(gamma: float, x: np.ndarray, y: np.ndarray, hidden_size: int,
   h0 = layer.initial_state_noise * jax.random.normal(key_noise, (batch, hidden_size))
   grads, hs = _state_gradients(params, classifier, h0, x, jnp.asarray(y))
   if check_layer:
-    layer_out, _ = layer.apply({'params': params}, x, train=True, initial_carry=h0,
+    layer_out, _ = layer.apply({'params': params}, x, use_running_average=False,
+                               deterministic=False, initial_carry=h0,
                                mutable=['batch_stats'])
     if not np.allclose(np.asarray(layer_out), np.swapaxes(np.asarray(hs), 0, 1),
                        atol=1e-5):

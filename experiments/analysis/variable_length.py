@@ -92,7 +92,8 @@ def train_arm(variant: str, fields: dict, seed: int, steps: int, hidden: int,
                                 layer_options={'max_length': width, **fields})
   rng = np.random.default_rng(seed)
   x, mask, _ = batch(rng, batch_size, TRAIN_LENGTHS, width)
-  variables = model.init(jax.random.key(seed), x, mask, train=False)
+  variables = model.init(jax.random.key(seed), x, mask, use_running_average=True,
+                         deterministic=True)
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(3e-3))
   params, stats = variables['params'], variables.get('batch_stats', {})
   opt_state = tx.init(params)
@@ -101,7 +102,8 @@ def train_arm(variant: str, fields: dict, seed: int, steps: int, hidden: int,
   def step(params, stats, opt_state, x, mask, labels):
     def loss_fn(p):
       logits, updates = model.apply({'params': p, 'batch_stats': stats}, x, mask,
-                                    train=True, mutable=['batch_stats'])
+                                    use_running_average=False, deterministic=False,
+                                    mutable=['batch_stats'])
       loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
       return loss, updates.get('batch_stats', stats)
     (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -116,7 +118,7 @@ def train_arm(variant: str, fields: dict, seed: int, steps: int, hidden: int,
 
 def accuracy(model, variables, rng, lengths) -> float:
   x, mask, labels = batch(rng, TEST_EXAMPLES, lengths, lengths[1])
-  logits = model.apply(variables, x, mask, train=False)
+  logits = model.apply(variables, x, mask, use_running_average=True, deterministic=True)
   return float(np.mean(np.argmax(np.asarray(logits), -1) == labels))
 
 

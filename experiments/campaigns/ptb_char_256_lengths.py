@@ -84,12 +84,13 @@ def _batch_stats_evaluator(config, trainer, length: int):
   model = trainer.task.build_model(config, dict(trainer.dataset.model_kwargs), options)
   tokens = jnp.zeros((1, length), jnp.int32)
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens, None,
-                                             train=False))
+                                             use_running_average=True, deterministic=True))
   fresh = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes.get('batch_stats', {}))
 
   def sums(params, batch):
     (_, logits), _ = trainer.task.apply(
-        model, {'params': params, 'batch_stats': fresh}, batch, train=True, carry=None,
+        model, {'params': params, 'batch_stats': fresh}, batch, use_running_average=False,
+        deterministic=False, carry=None,
         rngs={'dropout': jax.random.PRNGKey(0), 'noise': jax.random.PRNGKey(1)},
         mutable=['batch_stats'])
     s, n = trainer.task.loss_sums(logits, batch)
