@@ -223,15 +223,10 @@ class NormalizedLSTMCell(nn.RNNCellBase):
     layer = recurrent.RecurrentLayer(**self.layer_fields(), parent=self)
     nn.share_scope(self, layer)
     flat_mask = None if mask is None else mask.reshape(rows, length).astype(jnp.float32)
-    full_count = None
-    if not sequence:  # a step's rows are the batch's sequences, valid here or not
-      full_count = jnp.float32(rows)
-      if self.axis_name is not None:
-        full_count = jax.lax.psum(full_count, self.axis_name)
     (c, h), ys = layer(xs.reshape(rows, length, features), flat_mask,
                        use_running_average=not train, deterministic=True,
                        initial_carry=(c, h), first_step=first_step,
-                       full_count=full_count, return_carry=True)
+                       return_carry=True)
     steps = (jnp.full((rows,), length, jnp.int32) if flat_mask is None
              else jnp.sum(flat_mask > 0, axis=1).astype(jnp.int32))
     carry = LSTMCarry(c.reshape(batch_shape + (self.features,)),

@@ -226,7 +226,7 @@ class RecurrentLayer(nn.Module):
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
                use_running_average: Optional[bool] = None,
                deterministic: Optional[bool] = None, initial_carry=None, first_step=0,
-               full_count=None, return_carry: bool = False):
+               return_carry: bool = False):
     """Run the layer.
 
     Args:
@@ -246,9 +246,6 @@ class RecurrentLayer(nn.Module):
         each row's step. Step t of row b uses the statistics row `first_step[b] + t`.
         In training the rows valid at `inputs[:, 0]` must share it (their moments pool
         per step), and the rows must exist (`normalization.check_rows`).
-      full_count: the global count of a step every sequence of the batch reaches: the
-        base of the running average's per-row weights (default: the largest step count
-        of this call; a caller running sequences in pieces passes the batch's).
       return_carry: False: return the outputs; True: `(final_carry, outputs)`, as
         `nn.RNN`.
 
@@ -270,6 +267,7 @@ class RecurrentLayer(nn.Module):
     sites = self._batch_sites()
     max_length = self._max_length(length)
     if batch_statistics:
+      full_count = self._sequences(first_step, mask, batch, length)
       first_step = sequence.common_step(first_step, mask)
     if batch_statistics and sites:
       if isinstance(first_step, int) and first_step == 0:
@@ -408,6 +406,19 @@ class RecurrentLayer(nn.Module):
     return {site: batch_stats.population_rows(stats[site].value, length, first_step)
             for site in stats
             if not batch_statistics or self._per_step_training_statistics(site)}
+
+  def _sequences(self, first_step, mask: Optional[Array], batch: int, length: int):
+    """The global number of the batch's sequences, the base of the running average's
+    row weights (`normalization.update_running_stats`): the rows that have a valid step
+    in this call or before it (`first_step` > 0), so that a sequence run in pieces
+    weights its rows as one call does. None (the record's largest count, the same
+    number) for a call that starts every row at step 0."""
+    if isinstance(first_step, int) and first_step == 0:
+      return None
+    valid = (jnp.full((batch,), length, jnp.int32) if mask is None
+             else jnp.sum(mask > 0, axis=1))
+    rows = jnp.sum((jnp.broadcast_to(first_step, (batch,)) + valid > 0).astype(jnp.float32))
+    return rows if self.axis_name is None else jax.lax.psum(rows, self.axis_name)
 
   def _record_moments(self, stats, moments, first_step, full_count) -> None:
     """Fold this minibatch's moments into the population statistics (`batch_stats`);

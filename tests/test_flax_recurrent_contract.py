@@ -491,18 +491,10 @@ def test_nn_scan_of_the_cell_equals_rnn():
   close(new['batch_stats'], model.stats)
 
 
-EMPTY_ROW_REASON = (
-    'A step weights the running average by the rows of its batch (full_count = rows), '
-    'RNN by the largest valid count of its call: with a row of length 0 (3 rows, 2 '
-    'valid at step 0) the two move the trained statistics by (1 - momentum) * n / 3 and '
-    '(1 - momentum) * n / 2.')
-
-
 @pytest.mark.parametrize('api', APIS)
 @pytest.mark.parametrize('lengths', [
     pytest.param(LENGTHS, id='6-3-5'),
-    pytest.param(np.array([0, 3, 6]), id='0-3-6',
-                 marks=pytest.mark.xfail(strict=True, reason=EMPTY_ROW_REASON))])
+    pytest.param(np.array([0, 3, 6]), id='0-3-6')])
 def test_scan_by_hand_equals_rnn(api, lengths):
   """A scan of one's own over the cell with each step's mask, uneven lengths (Linen:
   `jax.lax.scan` of `cell.apply` carrying the statistics; NNX: `nnx.scan` carrying the
@@ -561,10 +553,6 @@ def test_chunked_calls_equal_one_call(api, train):
 
 
 @pytest.mark.parametrize('api', APIS)
-@pytest.mark.xfail(strict=True, reason=(
-    'RNN weights the running average by the largest valid count of its call: the second '
-    'chunk (counts 2, 2, 1 on steps 3..5 of a 3-row batch) moves trained rows by '
-    '(1 - momentum) * n / 2, one call on the whole sequence by (1 - momentum) * n / 3.'))
 def test_chunked_training_moves_the_running_average_as_one_call(api):
   """From trained statistics, the two chunks of `test_chunked_calls_equal_one_call` move
   the running average as one call on the whole sequence does (each row by its valid

@@ -141,10 +141,21 @@ def test_bidirectional_layers_refuse_to_step():
     layer.apply(layer_variables, None, x[:, 0], 0, method='step')
 
 
-def test_first_step_is_for_inference_only():
+def test_training_from_first_step_records_its_rows():
+  """A training call continuing a sequence at `first_step` records the statistics rows
+  from that step on, and rows past max_length are an error (one line)."""
   layer = variants.make_layer('bn_lstm', H, max_length=MAX_LEN)
   x, _ = _data(6, T_TRAIN, TRAIN_LENGTHS, False)
   variables = layer.init(jax.random.key(0), x, use_running_average=True, deterministic=True)
-  with pytest.raises(ValueError, match='first_step=2 is for inference'):
-    layer.apply(variables, x, use_running_average=False, deterministic=False, first_step=2,
-                mutable=['batch_stats'])
+  _, whole = layer.apply(variables, x, use_running_average=False, deterministic=True,
+                         mutable=['batch_stats'])
+  _, tail = layer.apply(variables, x[:, 2:], use_running_average=False, deterministic=True,
+                        first_step=2, mutable=['batch_stats'])
+  counts = tail['batch_stats']['cell']['count']
+  np.testing.assert_array_equal(counts[:2], 0.0)
+  want = whole['batch_stats']['cell']['count']
+  np.testing.assert_array_equal(counts[2:T_TRAIN], want[2:T_TRAIN])
+  with pytest.raises(ValueError, match=f'max_length={MAX_LEN}') as error:
+    layer.apply(variables, x, use_running_average=False, deterministic=True,
+                first_step=MAX_LEN - T_TRAIN + 1, mutable=['batch_stats'])
+  helpers.one_line(error)
