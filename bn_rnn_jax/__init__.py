@@ -40,11 +40,11 @@ _NAMES = {
     'default_config': 'config',
     'train_and_evaluate': 'loop', 'Trainer': 'trainer',
 }
-_MODULES = ('batch_stats', 'cells', 'checkpoint', 'config', 'export', 'extras',
-            'flax_cells', 'initializers', 'input_pipeline', 'layer_vjp', 'loop',
-            'metric_writer', 'models', 'modes', 'nnx_bridge', 'nnx_cells', 'normalization', 'optim',
-            'parallel', 'policy', 'population', 'recurrent', 'sequence', 'stack', 'tasks',
-            'train', 'trainer', 'variants', 'workdir')
+_MODULES = ('batch_stats', 'checkpoint', 'config', 'export', 'extras', 'flax_cells',
+            'fused_step', 'initializers', 'input_pipeline', 'layer_vjp', 'loop',
+            'metric_writer', 'models', 'modes', 'nnx_bridge', 'nnx_cells', 'normalization',
+            'optim', 'parallel', 'policy', 'population', 'recurrent', 'sequence', 'stack',
+            'steps', 'tasks', 'train', 'trainer', 'variants', 'workdir')
 
 __all__ = sorted(_NAMES) + list(_MODULES)
 

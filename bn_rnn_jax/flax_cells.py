@@ -12,7 +12,7 @@ features]`, as `flax.linen.RNNCellBase` asks:
 A cell is a thin adapter over `RecurrentLayer`, whose parameters and `batch_stats` it
 holds under the same names and shapes (`{site: {'mean': [T_max, F], 'var': [T_max, F],
 'count': [T_max]}}`): a step, or a whole sequence, is the layer's scan of the same step
-function (`cells.lstm_step`), and its statistics are recorded as the layer records them.
+function (`steps.lstm_step`), and its statistics are recorded as the layer records them.
 
 Lengths reach a cell as arguments, never by looking around:
 
@@ -50,7 +50,7 @@ from flax import struct
 from flax.linen.recurrent import flip_sequences
 
 from bn_rnn_jax import batch_stats
-from bn_rnn_jax import cells
+from bn_rnn_jax import steps
 from bn_rnn_jax import normalization
 from bn_rnn_jax import policy
 from bn_rnn_jax import recurrent

@@ -12,7 +12,7 @@ normalised with its gamma, as the layer's hoisted path computes it for all steps
 BN uses the mean and biased variance of the valid rows (mask 1) of the step, divided by
 their count (at least 1), or the step's population rows in inference. A padded row keeps
 its state `(c_{t-1}, h_{t-1})`, outputs 0 and counts in no statistic: the equations of
-`cells.lstm_step` with a hoisted input term.
+`steps.lstm_step` with a hoisted input term.
 
 What runs where:
   * `h_{t-1} W_h` (forward) and `dZ W_h^T` (backward) are XLA matmuls between the
@@ -467,7 +467,7 @@ def fused_bn_lstm_scan(params: dict[str, Array], carry: tuple[Array, Array],
   are outputs without a gradient. Forward-mode derivatives are not defined.
 
   Args:
-    params: the layer's parameters (`cells.py` names): `recurrent_kernel [H, 4H]`,
+    params: the layer's parameters (`steps.py` names): `recurrent_kernel [H, 4H]`,
       `recurrent_scale [4H]`, `bias [4H]`, `cell_scale [H]`, `cell_bias [H]`; other
       entries (`input_kernel`, `input_scale`) are not read.
     carry: `(c, h)`, each `[B, H]`.
@@ -544,7 +544,7 @@ def fused_bn_lstm(params: dict[str, Array], x: Array, mask: Optional[Array] = No
   as the layer's hoisted path), then `fused_bn_lstm_scan`.
 
   Args:
-    params: `cells.py` names: `input_kernel [I, 4H]`, `input_scale [4H]` and those of
+    params: `steps.py` names: `input_kernel [I, 4H]`, `input_scale [4H]` and those of
       `fused_bn_lstm_scan`.
     x: `[batch, time, features]`; padded positions are ignored (zeroed first).
     mask: `[batch, time]`, 1 on valid steps (a prefix of each row); None: all valid.

@@ -1,7 +1,7 @@
 """Initialisers Flax lacks: per-gate-block orthogonal and identity recurrent matrices.
 
 A recurrent kernel of a gated cell has shape `[H, G * H]`: G square blocks side by side,
-one per gate, in the order (f, i, o, g) of `cells.py`. Cooijmans et al. (sec. 5.1)
+one per gate, in the order (f, i, o, g) of `steps.py`. Cooijmans et al. (sec. 5.1)
 initialise W_h to the identity for sequential MNIST and orthogonally elsewhere. The paper
 does not say what that means for a gated cell; `recurrent_init` names the choices:
 

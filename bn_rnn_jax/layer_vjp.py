@@ -11,8 +11,8 @@ whole sequence:
     dX   = dZ_x W_x^T        one [B*T, G*H] x [G*H, I] product
 
 where `Z_h = H_prev W_h` and `Z_x = X W_x` are the matmul outputs of each step
-(`cells.step_terms`). What remains in the reverse scan is the vjp of the pointwise part
-of the step (`cells.lstm_cell` / `cells.rnn_cell`: gates, c, h, the normalisations, the
+(`steps.step_terms`). What remains in the reverse scan is the vjp of the pointwise part
+of the step (`steps.lstm_cell` / `steps.rnn_cell`: gates, c, h, the normalisations, the
 mask), taken with `jax.vjp`, so the batch norms use the closed-form backward pass of
 `normalization.batch_norm` (with its psum over `axis_name`), and one `[B, G*H] x [G*H, H]`
 product per step for the recurrent cotangent `dh_{t-1} += dZ_h W_h^T`. The pointwise
@@ -82,7 +82,7 @@ def scan_layer(cell: Callable, terms_fn: Callable, params: dict[str, jax.Array],
       its matmuls; `outputs['h'] [B, H]` is the differentiable output, the rest of
       `outputs` (the packed batch moments) gets no cotangent.
     terms_fn: `(params, carry, inputs) -> terms`, the step's matmuls
-      (`cells.step_terms`): `'recurrent'` = h_{t-1} W_h, and `'input'` = x_t W_x or the
+      (`steps.step_terms`): `'recurrent'` = h_{t-1} W_h, and `'input'` = x_t W_x or the
       hoisted `'input_term'` taken from the inputs.
     params: the layer's parameters: `input_kernel [I, G*H]`, `recurrent_kernel [H, G*H]`
       and the pointwise ones.

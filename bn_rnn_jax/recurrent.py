@@ -7,7 +7,7 @@ normalised; `variants.VARIANTS` names the combinations the papers study and
 Shapes: inputs `[batch, time, features]`, mask `[batch, time]` (1 = valid, valid steps
 first), outputs `[batch, time, hidden]`.
 
-Each step is a pure function of `cells.py`. In training the scan returns the per-step
+Each step is a pure function of `steps.py`. In training the scan returns the per-step
 batch moments, and the layer folds them into the `batch_stats` collection once, after the
 scan (`batch_stats.record`); in inference it gathers each step's population rows and
 feeds them to the scan as inputs. Nothing in the loop updates a `[T_max, F]` array, and
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bn_rnn_jax import batch_stats
-from bn_rnn_jax import cells
+from bn_rnn_jax import steps
 from bn_rnn_jax import initializers
 from bn_rnn_jax import layer_vjp
 from bn_rnn_jax import modes
@@ -133,8 +133,8 @@ class RecurrentLayer(nn.Module):
       raise ValueError(f'cell must be one of {sorted(_GATES)}; got {self.cell!r}.')
     for site, kind in (('recurrent_norm', self.recurrent_norm),
                        ('input_norm', self.input_norm), ('cell_norm', self.cell_norm)):
-      if kind not in cells.NORM_KINDS:
-        raise ValueError(f'{site} must be one of {cells.NORM_KINDS}; got {kind!r}.')
+      if kind not in steps.NORM_KINDS:
+        raise ValueError(f'{site} must be one of {steps.NORM_KINDS}; got {kind!r}.')
     if self.cell == 'rnn' and self.cell_norm is not None:
       raise ValueError('cell_norm applies to the LSTM cell only (cell="rnn" has no c_t).')
     batch_stats.check_statistics(self.statistics)
@@ -189,8 +189,8 @@ class RecurrentLayer(nn.Module):
     return batch_stats.statistics_length(self, self.max_length, per_step, length)
 
   def _batch_sites(self) -> dict[str, int]:
-    """`{site: features}` of the batch-normalised terms (`cells.batch_sites`)."""
-    return cells.batch_sites(self.hidden_size, _GATES[self.cell], self.recurrent_norm,
+    """`{site: features}` of the batch-normalised terms (`steps.batch_sites`)."""
+    return steps.batch_sites(self.hidden_size, _GATES[self.cell], self.recurrent_norm,
                              self.input_norm, self.cell_norm)
 
   # ------------------------------------------------------------------ parameters
@@ -288,7 +288,7 @@ class RecurrentLayer(nn.Module):
     time_major = jnp.swapaxes(inputs, 0, 1)                                 # [T, B, I]
     mask_tm = None if mask is None else jnp.swapaxes(mask, 0, 1)[..., None].astype(
         jnp.float32)                                                        # [T, B, 1]
-    cfg = cells.StepConfig(
+    cfg = steps.StepConfig(
         recurrent_norm=self.recurrent_norm, input_norm=self.input_norm,
         cell_norm=self.cell_norm, batch_statistics=batch_statistics, epsilon=self.epsilon,
         axis_name=self.axis_name, compute_dtype=self.dtype,
@@ -313,13 +313,13 @@ class RecurrentLayer(nn.Module):
                                                        run.remat, self.execution.unroll)
     else:
       step = functools.partial(
-          cells.lstm_step if self.cell == 'lstm' else cells.rnn_step, params, cfg)
-      step = cells.rematerialized(cells.pack_moments(step, loop_sites), run.remat)
+          steps.lstm_step if self.cell == 'lstm' else steps.rnn_step, params, cfg)
+      step = steps.rematerialized(steps.pack_moments(step, loop_sites), run.remat)
       final_carry, ys = jax.lax.scan(step, carry, xs, unroll=self.execution.unroll)
 
     if batch_statistics and sites and not self.is_initializing():
       counts = self._step_counts(batch, length, mask_tm)
-      moments.update(cells.unpack_moments(ys['moments'], loop_sites, sites, counts))
+      moments.update(steps.unpack_moments(ys['moments'], loop_sites, sites, counts))
       self._record_moments(stats, moments, first_step, full_count)
     outputs = jnp.swapaxes(ys['h'], 0, 1)
     if self.dtype is not None:
@@ -343,14 +343,14 @@ class RecurrentLayer(nn.Module):
   def _scan_with_layer_backward(self, params, cfg, carry, xs, loop_sites, remat: str,
                                 unroll: int):
     """`lax.scan` of the step with the whole-layer backward pass (`layer_vjp`)."""
-    cell_fn = cells.lstm_cell if self.cell == 'lstm' else cells.rnn_cell
+    cell_fn = steps.lstm_cell if self.cell == 'lstm' else steps.rnn_cell
 
     def cell(pointwise_params, carry, terms, inputs):
       carry, outputs = cell_fn(pointwise_params, cfg, carry, terms, inputs)
-      return carry, cells.packed_outputs(outputs, loop_sites)
+      return carry, steps.packed_outputs(outputs, loop_sites)
 
     def terms_fn(params, carry, inputs):
-      return cells.step_terms(params, cfg, carry, inputs)
+      return steps.step_terms(params, cfg, carry, inputs)
 
     # The input and recurrent terms meet as a plain sum (no separate normalisation).
     tied = self.input_norm is None and (self.cell == 'rnn' or self.recurrent_norm is None)
@@ -374,17 +374,17 @@ class RecurrentLayer(nn.Module):
     sequence_wise = batch_stats.sequence_wise_input(self.statistics)
     return moments[:2] + (jnp.sum(counts) if sequence_wise else counts,)
 
-  def _hoisted_input_term(self, params, cfg: cells.StepConfig, time_major, mask_tm,
+  def _hoisted_input_term(self, params, cfg: steps.StepConfig, time_major, mask_tm,
                           input_rows):
     """W_x x for all steps `[T, B, G*H]` and its normalisation, outside the scan.
 
     `input_rows`: `(mean, var)` `[T, F]` population rows of the input site (see
     `_step_rows`), or None."""
-    z = cells.matmul(time_major, params['input_kernel'], self.dtype)
+    z = steps.matmul(time_major, params['input_kernel'], self.dtype)
     reduce_axes = (0, 1) if batch_stats.sequence_wise_input(self.statistics) else (1,)
     stats = None if input_rows is None else tuple(
         a if a.ndim == 3 else a[:, None, :] for a in input_rows)
-    return cells.apply_norm(
+    return steps.apply_norm(
         self.input_norm, z, params.get('input_scale'), None,
         batch_statistics=cfg.batch_statistics,
         mask=None if self.padded_statistics else mask_tm,

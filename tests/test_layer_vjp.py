@@ -1,4 +1,4 @@
-"""`layer_vjp.scan_layer`, called directly on the cells of `cells.py`, against the float64
+"""`layer_vjp.scan_layer`, called directly on the cells of `steps.py`, against the float64
 reference: its forward values and its whole-layer backward pass (every remat mode, the
 tied-terms product, a hoisted input term, unrolled scans), with reference gradients by
 central finite differences of `reference.run_layer`."""
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bn_rnn_jax import cells
+from bn_rnn_jax import steps
 from bn_rnn_jax import layer_vjp
 import helpers
 import reference as ref
@@ -38,7 +38,7 @@ def _variant_setup(variant):
   if s['cell_site']:
     shapes['cell_scale'] = shapes['cell_bias'] = (H,)
   params = ref.random_params(shapes, np.random.default_rng(len(variant)))
-  cfg = cells.StepConfig(recurrent_norm=s['recurrent'], input_norm=s['input'],
+  cfg = steps.StepConfig(recurrent_norm=s['recurrent'], input_norm=s['input'],
                          cell_norm=s['cell_site'])
   tied = s['input'] is None and (s['cell'] == 'rnn' or s['recurrent'] is None)
   return cfg, params, tied
@@ -74,9 +74,9 @@ def _reference(variant):
 def _scan_layer_gradients(variant, mode, *, hoisted=False, unroll=1):
   """`scan_layer`'s outputs and the gradients of the weighted loss (float32)."""
   cfg, params, tied = _variant_setup(variant)
-  step_cell = cells.lstm_cell if ref.spec(variant)['cell'] == 'lstm' else cells.rnn_cell
+  step_cell = steps.lstm_cell if ref.spec(variant)['cell'] == 'lstm' else steps.rnn_cell
   cell = lambda p, carry, terms, inputs: step_cell(p, cfg, carry, terms, inputs)
-  terms_fn = lambda p, carry, inputs: cells.step_terms(p, cfg, carry, inputs)
+  terms_fn = lambda p, carry, inputs: steps.step_terms(p, cfg, carry, inputs)
   mask_tm = jnp.float32(MASK.T[..., None])                              # [T, B, 1]
 
   def loss(params, x, carry0):
@@ -123,8 +123,8 @@ def test_forward_and_gradients_match_the_reference(variant, mode):
     helpers.assert_close(g, w, rtol=1e-4, what='final carry')
   helpers.assert_close(np.swapaxes(outputs['h'], 0, 1), want_out, rtol=1e-4, what='outputs')
   assert set(outputs['moments']) == set(want_moments)
-  for site, steps in want_moments.items():
-    for t, (mean, _, count) in enumerate(steps):
+  for site, per_step in want_moments.items():
+    for t, (mean, _, count) in enumerate(per_step):
       helpers.assert_close(outputs['moments'][site][0][t], mean, rtol=1e-4,
                            what=f'{site} mean {t}')
       assert float(np.squeeze(outputs['moments'][site][2][t])) == count

@@ -19,7 +19,7 @@ pre-activation would be zero there and its normalisation would blow up the backw
 as in the paper (sec. 5.1), h_0 gets Gaussian noise (`initial_state='noise'`, std 0.1).
 
 dL/dh_t is read without touching the library: the scan here runs the library's own step
-function (`cells.rnn_step`) and adds a zero perturbation e_t to each new state, so that
+function (`steps.rnn_step`) and adds a zero perturbation e_t to each new state, so that
 dL/de_t = dL/dh_t; the script checks that its scan reproduces `RecurrentLayer` exactly.
 
   python -m experiments.analysis.gradient_flow [--mnist_dir=...] [--output_dir=...]
@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bn_rnn_jax import cells
+from bn_rnn_jax import steps
 from bn_rnn_jax import input_pipeline
 from bn_rnn_jax import variants
 from experiments.analysis import common
@@ -61,11 +61,11 @@ def _state_gradients(params, classifier, h0, x, y):
   params: the `RecurrentLayer` parameters; classifier: `{'kernel' [H, C], 'bias' [C]}`;
   h0: `[B, H]`; x: `[B, T, I]`; y: `[B]`. Every gamma shares this one compilation.
   """
-  cfg = cells.StepConfig(recurrent_norm='batch', batch_statistics=True)
+  cfg = steps.StepConfig(recurrent_norm='batch', batch_statistics=True)
 
   def loss(perturbation):
     def step(h, inputs):
-      h, _ = cells.rnn_step(params, cfg, h, {'x': inputs['x']})
+      h, _ = steps.rnn_step(params, cfg, h, {'x': inputs['x']})
       h = h + inputs['e']  # e_t = 0: dL/de_t is dL/dh_t.
       return h, h
     h_last, hs = jax.lax.scan(step, h0, {'x': jnp.swapaxes(x, 0, 1), 'e': perturbation})
@@ -88,7 +88,7 @@ def gradient_norms(gamma: float, x: np.ndarray, y: np.ndarray, hidden_size: int,
   layer = variants.make_layer('rnn_bn_recurrence', hidden_size, gamma_init=gamma,
                                max_length=length, initial_state='noise',
                                recurrent_init=recurrent_init)
-  if layer.epsilon != cells.StepConfig().epsilon:
+  if layer.epsilon != steps.StepConfig().epsilon:
     raise ValueError('The layer and the step here must share epsilon.')
   key_layer, key_out, key_noise = jax.random.split(jax.random.PRNGKey(seed), 3)
   x = jnp.asarray(x)

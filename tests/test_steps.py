@@ -1,4 +1,4 @@
-"""`cells.py`: one recurrent step against one step of the float64 reference.
+"""`steps.py`: one recurrent step against one step of the float64 reference.
 
 `lstm_step` and `rnn_step` are called directly (no layer, no scan) with a random carry, a
 batch whose last rows are padding, and random parameters; the new carry, the outputs and
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bn_rnn_jax import cells
+from bn_rnn_jax import steps
 import helpers
 import reference as ref
 
@@ -25,7 +25,7 @@ STEP_VARIANTS = ('lstm', 'bn_lstm', 'bn_input_only', 'ln_lstm', 'rnn', 'rnn_bn_i
 
 def _step_config(variant, **fields):
   s = ref.spec(variant)
-  return cells.StepConfig(recurrent_norm=s['recurrent'], input_norm=s['input'],
+  return steps.StepConfig(recurrent_norm=s['recurrent'], input_norm=s['input'],
                           cell_norm=s['cell_site'], **fields)
 
 
@@ -55,7 +55,7 @@ def _step_data(variant, seed=1):
 
 
 def _step(variant, cfg, params, carry, inputs):
-  step = cells.lstm_step if ref.spec(variant)['cell'] == 'lstm' else cells.rnn_step
+  step = steps.lstm_step if ref.spec(variant)['cell'] == 'lstm' else steps.rnn_step
   return jax.jit(lambda p, c, i: step(p, cfg, c, i))(
       helpers.float32(params), helpers.float32(carry), helpers.float32(inputs))
 
@@ -64,7 +64,7 @@ def _reference_step(variant, params, carry, x, valid, **kwargs):
   """`(carry, h [B, H], {site: (mean, var, count)})` of a one-step reference run."""
   new_carry, out, moments = ref.run_layer(params, x[:, None], valid[:, None], variant,
                                           initial_carry=carry, **kwargs)
-  return new_carry, out[:, 0], {site: steps[0] for site, steps in moments.items()}
+  return new_carry, out[:, 0], {site: rows[0] for site, rows in moments.items()}
 
 
 def _assert_step_matches(got, want):
@@ -168,24 +168,24 @@ def test_padded_statistics_count_the_padded_rows_in_the_moments():
 
 def test_unknown_normalisation_is_a_clear_error():
   with pytest.raises(ValueError, match="Unknown normalisation 'group'"):
-    cells.apply_norm('group', jnp.zeros((2, 3)), None, None, batch_statistics=True,
+    steps.apply_norm('group', jnp.zeros((2, 3)), None, None, batch_statistics=True,
                      epsilon=1e-5)
 
 
 def test_matmul_follows_float64_operands():
   with jax.enable_x64(True):
     a64, k64 = jnp.ones((2, 3), jnp.float64), jnp.ones((3, 4), jnp.float64)
-    assert cells.matmul(a64, k64, jnp.float32).dtype == jnp.float64
-    assert cells.matmul(a64.astype(jnp.float32), k64.astype(jnp.float32),
+    assert steps.matmul(a64, k64, jnp.float32).dtype == jnp.float64
+    assert steps.matmul(a64.astype(jnp.float32), k64.astype(jnp.float32),
                         jnp.float32).dtype == jnp.float32
     # A narrower compute dtype is kept; the result is float32 or wider.
-    assert cells.matmul(a64, k64, jnp.bfloat16).dtype == jnp.float64
+    assert steps.matmul(a64, k64, jnp.bfloat16).dtype == jnp.float64
 
 
 def test_bfloat16_matmul_returns_float32_close_to_the_product():
   rng = np.random.default_rng(12)
   x, kernel = rng.normal(size=(5, 7)), rng.normal(size=(7, 3))
-  got = cells.matmul(jnp.float32(x), jnp.float32(kernel), jnp.bfloat16)
+  got = steps.matmul(jnp.float32(x), jnp.float32(kernel), jnp.bfloat16)
   assert got.dtype == jnp.float32
   # bfloat16 operands keep 8 significant bits: ~0.4 % each, summed over 7 products.
   np.testing.assert_allclose(np.asarray(got), x @ kernel, rtol=0, atol=0.05)
