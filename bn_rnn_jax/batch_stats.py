@@ -52,6 +52,7 @@ from flax import linen as nn
 
 from bn_rnn_jax import modes
 from bn_rnn_jax import normalization
+from bn_rnn_jax import policy
 
 Array = jax.Array
 
@@ -283,7 +284,7 @@ class MaskedBatchNorm(nn.Module):
     y, mean, var, count = normalization.batch_norm(
         x, scale, bias, mask=None if mask is None else mask[..., None],
         reduce_axes=reduce_axes, axis_name=self.axis_name, epsilon=self.epsilon,
-        batch_sums=self.batch_sums)
+        batch_sums=policy.batch_sums_for(jax.default_backend(), self.batch_sums))
     if not self.is_initializing():
       record(self, stats, 'stats', mean, var, count, self.momentum)
     return y

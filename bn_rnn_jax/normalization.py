@@ -34,7 +34,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bn_rnn_jax import policy
 from bn_rnn_jax import sequence
 
 Array = jax.Array
@@ -47,16 +46,20 @@ def _psum(x, axis_name):
   return x if axis_name is None else lax.psum(x, axis_name)
 
 
-def batch_sum(v: Array, reduce_axes: Axes, batch_sums: str = 'auto') -> Array:
+BATCH_SUMS = ('reduce', 'contraction')
+
+
+def batch_sum(v: Array, reduce_axes: Axes, batch_sums: str = 'reduce') -> Array:
   """`jnp.sum(v, axis=reduce_axes)`, for the sums over batch (and time) of the moments
   and of their backward pass.
 
-  `batch_sums`: 'reduce' (`jnp.sum`), 'contraction' (a contraction with ones, at the
-  highest precision) or 'auto', the backend's choice (`policy.batch_sums_for`: the
-  contraction on CPU, whose reduction over the batch axis slows several times once the
-  kept part passes about 32K elements).
+  `batch_sums`: 'reduce' (`jnp.sum`) or 'contraction' (a contraction with ones, at the
+  highest precision): the same sums, computed differently (which is faster depends on
+  the backend: `policy.batch_sums_for`).
   """
-  if policy.batch_sums_for(jax.default_backend(), batch_sums) == 'reduce':
+  if batch_sums not in BATCH_SUMS:
+    raise ValueError(f'batch_sums must be one of {BATCH_SUMS}; got {batch_sums!r}.')
+  if batch_sums == 'reduce':
     return jnp.sum(v, axis=reduce_axes)
   ones = jnp.ones([v.shape[a] for a in reduce_axes], v.dtype)
   return jnp.tensordot(ones, v, axes=(tuple(range(len(reduce_axes))), tuple(reduce_axes)),
@@ -87,7 +90,7 @@ def batch_moments(x: Array,
                   mask: Optional[Array] = None,
                   reduce_axes: Sequence[int] = (0,),
                   axis_name: Optional[str] = None,
-                  batch_sums: str = 'auto'):
+                  batch_sums: str = 'reduce'):
   """Masked, cross-device mean and biased variance.
 
   Args:
@@ -238,7 +241,7 @@ def batch_norm(x: Array,
                reduce_axes: Sequence[int] = (0,),
                axis_name: Optional[str] = None,
                epsilon: float = DEFAULT_EPSILON,
-               batch_sums: str = 'auto'):
+               batch_sums: str = 'reduce'):
   """Training-mode batch norm with a closed-form backward pass.
 
   `BN(x; scale, bias) = bias + scale * (x - mean) / sqrt(var + epsilon)` with the masked,

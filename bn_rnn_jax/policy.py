@@ -46,10 +46,12 @@ from typing import Optional, Union
 
 import jax
 
+from bn_rnn_jax import normalization
+
 AUTO = 'auto'
 REMAT_MODES = ('none', 'dots', 'full')
 BACKWARD_PASSES = ('scan', 'layer')
-BATCH_SUMS = ('reduce', 'contraction')
+BATCH_SUMS = normalization.BATCH_SUMS
 
 #: remat 'auto' on CPU: the largest hidden size whose batch-normalised layers recompute the
 #: whole step in the backward pass.

@@ -67,7 +67,7 @@ class StepConfig:
     min_step_count: a training step whose batch moments average fewer valid entries is
       normalised with the population rows given as `inputs['stats']` instead (see
       `RecurrentLayer.min_step_count`).
-    batch_sums: how the sums over the batch run ('reduce', 'contraction' or 'auto';
+    batch_sums: how the sums over the batch run ('reduce' or 'contraction';
       `policy.py`).
   """
   recurrent_norm: Optional[str] = None
@@ -79,7 +79,7 @@ class StepConfig:
   compute_dtype: Any = None
   padded_statistics: bool = False
   min_step_count: int = 1
-  batch_sums: str = 'auto'
+  batch_sums: str = 'reduce'
 
 
 def _statistics_mask(cfg: StepConfig, mask: Optional[Array]) -> Optional[Array]:
@@ -104,7 +104,7 @@ def matmul(x: Array, kernel: Array, compute_dtype) -> Array:
 def apply_norm(kind: Optional[str], z: Array, scale: Optional[Array], bias: Optional[Array],
                *, batch_statistics: bool, mask: Optional[Array] = None, stats=None,
                reduce_axes=(0,), epsilon: float, axis_name: Optional[str] = None,
-               min_count: int = 1, batch_sums: str = 'auto'):
+               min_count: int = 1, batch_sums: str = 'reduce'):
   """Normalise `z [..., F]` by `kind`.
 
   Returns `(y, moments)`. `moments` is `(mean, var, count)` of a training-mode batch norm
