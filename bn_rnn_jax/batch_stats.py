@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from bn_rnn_jax import initializers
 from bn_rnn_jax import modes
 from bn_rnn_jax import normalization
 from bn_rnn_jax import policy
@@ -238,7 +239,7 @@ class MaskedBatchNorm(nn.Module):
     statistics: for x `[batch, time, F]` with a mask `[batch, time]`: 'per_step' (one
       row per step, `max_length` rows; inference past the last trained row reuses it) or
       'sequence' (one row over batch and valid steps). x `[batch, F]` has one row.
-    max_length, momentum, epsilon, gamma_init, axis_name: as `RecurrentLayer` (None:
+    max_length, momentum, epsilon, scale_init, axis_name: as `RecurrentLayer` (None:
       T_max is the time length of `init`'s x).
     batch_sums: how the batch sums run (`policy.batch_sums_for`).
 
@@ -249,7 +250,7 @@ class MaskedBatchNorm(nn.Module):
   max_length: Optional[int] = None
   momentum: float = 0.99
   epsilon: float = normalization.DEFAULT_EPSILON
-  gamma_init: float = 0.1
+  scale_init: initializers.Initializer = initializers.Constant(0.1)
   axis_name: Optional[str] = None
   batch_sums: str = 'auto'
 
@@ -270,7 +271,7 @@ class MaskedBatchNorm(nn.Module):
                                    x.shape[1] if per_step else 1)
     stats = site_variable(self, 'stats', max_length if per_step else 1, features,
                           batch_statistics=batch)
-    scale = self.param('scale', nn.initializers.constant(self.gamma_init), (features,))
+    scale = self.param('scale', self.scale_init, (features,))
     bias = self.param('bias', nn.initializers.zeros, (features,))
     if not batch:
       if x.ndim == 3:

@@ -39,7 +39,6 @@ that, so they exist only as layers (`RecurrentLayer`, `make_layer`).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional
 
 import jax
@@ -50,7 +49,7 @@ from flax import struct
 from flax.linen.recurrent import flip_sequences
 
 from bn_rnn_jax import batch_stats
-from bn_rnn_jax import steps
+from bn_rnn_jax import initializers
 from bn_rnn_jax import normalization
 from bn_rnn_jax import policy
 from bn_rnn_jax import recurrent
@@ -116,8 +115,9 @@ class NormalizedLSTMCell(nn.RNNCellBase):
       unused without.
     use_running_average: population statistics (True) or batch statistics, folded into
       the running average (False), as in `nn.BatchNorm`; a field, or a call argument.
-    momentum, epsilon, gamma_init, forget_bias, recurrent_init, input_init, dtype,
-      axis_name, min_statistics_count, execution: as `RecurrentLayer`.
+    momentum, epsilon, scale_init, forget_bias, recurrent_kernel_init, kernel_init,
+      dtype, axis_name, min_statistics_count, execution: as `RecurrentLayer` (which
+      checks them).
   """
   features: int
   recurrent_norm: Optional[str] = None
@@ -127,10 +127,10 @@ class NormalizedLSTMCell(nn.RNNCellBase):
   use_running_average: Optional[bool] = None
   momentum: float = 0.99
   epsilon: float = normalization.DEFAULT_EPSILON
-  gamma_init: float = 0.1
+  scale_init: initializers.Initializer = initializers.Constant(0.1)
   forget_bias: float = 0.0
-  recurrent_init: str = 'orthogonal'
-  input_init: str = 'orthogonal'
+  recurrent_kernel_init: initializers.Initializer = initializers.ORTHOGONAL_BLOCKS
+  kernel_init: initializers.Initializer = initializers.ORTHOGONAL
   dtype: Optional[Any] = None
   axis_name: Optional[str] = None
   min_statistics_count: int = batch_stats.DEFAULT_MIN_STATISTICS_COUNT
@@ -147,9 +147,10 @@ class NormalizedLSTMCell(nn.RNNCellBase):
     return dict(hidden_size=self.features, cell='lstm', recurrent_norm=self.recurrent_norm,
                 input_norm=self.input_norm, cell_norm=self.cell_norm,
                 statistics='per_step', max_length=self.max_length, momentum=self.momentum,
-                epsilon=self.epsilon, gamma_init=self.gamma_init,
-                forget_bias=self.forget_bias, recurrent_init=self.recurrent_init,
-                input_init=self.input_init, execution=self.execution, dtype=self.dtype,
+                epsilon=self.epsilon, scale_init=self.scale_init,
+                forget_bias=self.forget_bias,
+                recurrent_kernel_init=self.recurrent_kernel_init,
+                kernel_init=self.kernel_init, execution=self.execution, dtype=self.dtype,
                 axis_name=self.axis_name, min_statistics_count=self.min_statistics_count)
 
   @nn.nowrap
@@ -256,7 +257,7 @@ class LNLSTMCell(NormalizedLSTMCell):
   recurrent_norm: Optional[str] = 'layer'
   input_norm: Optional[str] = 'layer'
   cell_norm: Optional[str] = 'layer'
-  gamma_init: float = 1.0
+  scale_init: initializers.Initializer = initializers.Constant(1.0)
 
 
 class RNN(nn.Module):

@@ -1,9 +1,11 @@
-"""Initialisers Flax lacks: per-gate-block orthogonal and identity recurrent matrices.
+"""Initialisers Flax lacks: per-gate-block orthogonal and identity recurrent matrices,
+and the named presets the papers use.
 
 A recurrent kernel of a gated cell has shape `[H, G * H]`: G square blocks side by side,
 one per gate, in the order (f, i, o, g) of `steps.py`. Cooijmans et al. (sec. 5.1)
 initialise W_h to the identity for sequential MNIST and orthogonally elsewhere. The paper
-does not say what that means for a gated cell; `recurrent_init` names the choices:
+does not say what that means for a gated cell; the presets of `RECURRENT_INITS` (by the
+names a config's `model.recurrent_init` uses) are the choices:
 
   'orthogonal'          every `[H, H]` gate block an independent orthogonal matrix (not
                         one `[H, 4H]` orthogonal slab).
@@ -13,19 +15,36 @@ does not say what that means for a gated cell; `recurrent_init` names the choice
                         [I | one [H, 3H] orthogonal slab]; here each of f, i, o is its own
                         orthogonal block, as with 'orthogonal'). For the tanh RNN (one
                         block, the candidate) it equals 'identity'.
+  'glorot_uniform'      Glorot & Bengio's U(+-sqrt(6 / (H + G*H))) over the whole
+                        kernel (Laurent et al. sec. 5.1).
+
+A layer or cell takes initialisers as Flax does, callables `init(key, shape, dtype)`:
+`recurrent_kernel_init` (W_h), `kernel_init` (W_x) and `scale_init` (every gamma). The
+presets here are module-level values, and `Constant` is a hashable constant, so that two
+layers built from the same config compare equal (and share their compiled steps).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import dataclasses
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-#: W_x's initialisers by name (`input_init`).
-INPUT_INITS = {'orthogonal': nn.initializers.orthogonal(),
-               'glorot_uniform': nn.initializers.glorot_uniform()}
+Initializer = Callable[..., jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class Constant:
+  """`value` everywhere, as `nn.initializers.constant(value)`, but hashable and equal by
+  value (e.g. `scale_init=Constant(0.1)`, Cooijmans et al.'s gamma)."""
+  value: float
+
+  def __call__(self, key, shape, dtype=jnp.float32) -> jax.Array:
+    del key
+    return jnp.full(shape, self.value, dtype)
 
 
 def _check_blocks(shape):
@@ -75,16 +94,32 @@ def identity_candidate_blocks(scale: float = 1.0):
   return init
 
 
-def recurrent_initializer(name: str):
-  """'orthogonal' | 'identity' | 'identity_candidate': the per-gate-block recurrent
-  initialiser of that name (see the module docstring); 'glorot_uniform': Glorot & Bengio's
-  U(+-sqrt(6 / (H + G*H))) over the whole kernel (Laurent et al. sec. 5.1)."""
-  table = {'orthogonal': orthogonal_blocks(), 'identity': identity_blocks(),
-           'identity_candidate': identity_candidate_blocks(),
-           'glorot_uniform': nn.initializers.glorot_uniform()}
-  if name not in table:
-    raise ValueError(f'recurrent_init must be one of {sorted(table)}; got {name!r}.')
-  return table[name]
+ORTHOGONAL = nn.initializers.orthogonal()
+GLOROT_UNIFORM = nn.initializers.glorot_uniform()
+ORTHOGONAL_BLOCKS = orthogonal_blocks()
+IDENTITY_BLOCKS = identity_blocks()
+IDENTITY_CANDIDATE_BLOCKS = identity_candidate_blocks()
+#: W_h's initialisers by name (`config.model.recurrent_init`; the module docstring).
+RECURRENT_INITS = {'orthogonal': ORTHOGONAL_BLOCKS, 'identity': IDENTITY_BLOCKS,
+                   'identity_candidate': IDENTITY_CANDIDATE_BLOCKS,
+                   'glorot_uniform': GLOROT_UNIFORM}
+#: W_x's initialisers by name (`config.model.input_init`).
+INPUT_INITS = {'orthogonal': ORTHOGONAL, 'glorot_uniform': GLOROT_UNIFORM}
+
+
+def recurrent_initializer(name: str) -> Initializer:
+  """The recurrent (W_h) initialiser of that name (`RECURRENT_INITS`)."""
+  if name not in RECURRENT_INITS:
+    raise ValueError(f'recurrent_init must be one of {sorted(RECURRENT_INITS)}; got '
+                     f'{name!r}.')
+  return RECURRENT_INITS[name]
+
+
+def input_initializer(name: str) -> Initializer:
+  """The input (W_x) initialiser of that name (`INPUT_INITS`)."""
+  if name not in INPUT_INITS:
+    raise ValueError(f'input_init must be one of {sorted(INPUT_INITS)}; got {name!r}.')
+  return INPUT_INITS[name]
 
 
 def gate_bias(num_gates: int, hidden_size: int, forget_gate: int | None = None,
@@ -104,27 +139,27 @@ def gate_bias(num_gates: int, hidden_size: int, forget_gate: int | None = None,
 
 def layer_parameters(input_size: int, hidden_size: int, *, cell: str = 'lstm',
                      recurrent_norm: Optional[str] = None, input_norm: Optional[str] = None,
-                     cell_norm: Optional[str] = None, gamma_init: float = 0.1,
-                     forget_bias: float = 0.0, recurrent_init: str = 'orthogonal',
-                     input_init: str = 'orthogonal') -> dict[str, tuple[Any, tuple]]:
+                     cell_norm: Optional[str] = None,
+                     scale_init: Initializer = Constant(0.1), forget_bias: float = 0.0,
+                     recurrent_kernel_init: Initializer = ORTHOGONAL_BLOCKS,
+                     kernel_init: Initializer = ORTHOGONAL) -> dict[str, tuple[Any, tuple]]:
   """`{name: (initializer, shape)}` of a recurrent layer's (or cell's) parameters, in the
   order they are created: W_x `[I, G*H]`, W_h `[H, G*H]`, the bias `[G*H]`, and the
   scales (and the cell's shift) of its normalised terms. One layout for
-  `RecurrentLayer`, the Linen cells and the NNX cells, so their variables map 1:1."""
+  `RecurrentLayer` and the cells, so their variables map 1:1."""
   gates = 4 if cell == 'lstm' else 1
   width = gates * hidden_size
-  gamma = nn.initializers.constant(gamma_init)
   params = {
-      'input_kernel': (INPUT_INITS[input_init], (input_size, width)),
-      'recurrent_kernel': (recurrent_initializer(recurrent_init), (hidden_size, width)),
+      'input_kernel': (kernel_init, (input_size, width)),
+      'recurrent_kernel': (recurrent_kernel_init, (hidden_size, width)),
       'bias': (gate_bias(gates, hidden_size, 0 if cell == 'lstm' else None, forget_bias),
                (width,)),
   }
   if input_norm is not None:
-    params['input_scale'] = (gamma, (width,))
+    params['input_scale'] = (scale_init, (width,))
   if recurrent_norm is not None:
-    params['recurrent_scale' if cell == 'lstm' else 'scale'] = (gamma, (width,))
+    params['recurrent_scale' if cell == 'lstm' else 'scale'] = (scale_init, (width,))
   if cell_norm is not None:
-    params['cell_scale'] = (gamma, (hidden_size,))
+    params['cell_scale'] = (scale_init, (hidden_size,))
     params['cell_bias'] = (nn.initializers.zeros, (hidden_size,))
   return params

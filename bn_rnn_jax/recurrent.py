@@ -66,11 +66,12 @@ class RecurrentLayer(nn.Module):
       its last row.
     momentum: running-average momentum of the population statistics.
     epsilon: variance epsilon.
-    gamma_init: initial gamma of every normalisation (0.1, Cooijmans sec. 4).
+    scale_init: initialiser of every normalisation's gamma (`initializers.Constant(0.1)`,
+      Cooijmans sec. 4).
     forget_bias: initial bias of the forget gate.
-    recurrent_init: 'orthogonal', 'identity' (per gate block), 'identity_candidate'
-      (identity on the candidate block only; `initializers.py`) or 'glorot_uniform'.
-    input_init: W_x's initialiser: 'orthogonal' or 'glorot_uniform' (Laurent et al.).
+    recurrent_kernel_init: W_h's initialiser `[H, G*H]`: per-gate-block orthogonal by
+      default; the papers' presets by name in `initializers.RECURRENT_INITS`.
+    kernel_init: W_x's initialiser `[I, G*H]` (`initializers.INPUT_INITS`).
     initial_state: 'zeros', 'learned', or 'noise' (zeros plus N(0, initial_state_noise^2)
       on h_0 in training, from the 'noise' rng stream: it keeps the recurrent term's batch
       variance off zero while the inputs are constant, e.g. black rows of MNIST).
@@ -114,10 +115,10 @@ class RecurrentLayer(nn.Module):
   max_length: Optional[int] = None
   momentum: float = 0.99
   epsilon: float = normalization.DEFAULT_EPSILON
-  gamma_init: float = 0.1
+  scale_init: initializers.Initializer = initializers.Constant(0.1)
   forget_bias: float = 0.0
-  recurrent_init: str = 'orthogonal'
-  input_init: str = 'orthogonal'
+  recurrent_kernel_init: initializers.Initializer = initializers.ORTHOGONAL_BLOCKS
+  kernel_init: initializers.Initializer = initializers.ORTHOGONAL
   initial_state: str = 'zeros'
   initial_state_noise: float = 0.1
   execution: policy_lib.Execution = policy_lib.Execution()
@@ -141,9 +142,6 @@ class RecurrentLayer(nn.Module):
     if self.initial_state not in _INITIAL_STATES:
       raise ValueError(f'initial_state must be one of {_INITIAL_STATES}; got '
                        f'{self.initial_state!r}.')
-    if self.input_init not in initializers.INPUT_INITS:
-      raise ValueError(f'input_init must be one of {sorted(initializers.INPUT_INITS)}; got '
-                       f'{self.input_init!r}.')
     if self.hidden_size <= 0 or (self.max_length is not None and self.max_length <= 0):
       raise ValueError(f'hidden_size ({self.hidden_size}) and max_length '
                        f'({self.max_length}) must be positive.')
@@ -197,9 +195,9 @@ class RecurrentLayer(nn.Module):
   def _params(self, input_size: int) -> dict[str, Array]:
     specs = initializers.layer_parameters(
         input_size, self.hidden_size, cell=self.cell, recurrent_norm=self.recurrent_norm,
-        input_norm=self.input_norm, cell_norm=self.cell_norm, gamma_init=self.gamma_init,
-        forget_bias=self.forget_bias, recurrent_init=self.recurrent_init,
-        input_init=self.input_init)
+        input_norm=self.input_norm, cell_norm=self.cell_norm, scale_init=self.scale_init,
+        forget_bias=self.forget_bias, recurrent_kernel_init=self.recurrent_kernel_init,
+        kernel_init=self.kernel_init)
     return {name: self.param(name, init, shape) for name, (init, shape) in specs.items()}
 
   def initial_carry(self, batch_size: int, deterministic: bool, dtype=jnp.float32):

@@ -32,6 +32,7 @@ import optax
 from jax import lax
 
 from bn_rnn_jax import config as config_lib
+from bn_rnn_jax import initializers
 from bn_rnn_jax import modes
 from bn_rnn_jax import parallel
 from bn_rnn_jax import policy
@@ -70,12 +71,21 @@ class TrainState:
 # ====================================================================== construction
 def layer_options(config, train_length: int) -> variants.LayerOptions:
   """The `RecurrentLayer` fields of `config.model`, with T_max and the device axis; the
-  execution keys (`model.remat`, `model.unroll`, ...) as one `policy.Execution`."""
+  execution keys (`model.remat`, `model.unroll`, ...) as one `policy.Execution`; the
+  initialisers by name (`recurrent_init`, `input_init`) and value (`gamma_init`) as the
+  layer's `recurrent_kernel_init`, `kernel_init` and `scale_init`."""
   max_length = config.model.max_length or train_length
   if train_length > max_length:
     raise ValueError(f'Training sequences have T={train_length} steps but '
                      f'config.model.max_length={max_length} (T_max) is smaller.')
   fields = config_lib.layer_fields(config)
+  if 'recurrent_init' in fields:
+    fields['recurrent_kernel_init'] = initializers.recurrent_initializer(
+        fields.pop('recurrent_init'))
+  if 'input_init' in fields:
+    fields['kernel_init'] = initializers.input_initializer(fields.pop('input_init'))
+  if 'gamma_init' in fields:
+    fields['scale_init'] = initializers.Constant(float(fields.pop('gamma_init')))
   settings = {name: fields.pop(name) for name in policy.EXECUTION_FIELDS if name in fields}
   execution = policy.Execution(**settings)
   return variants.LayerOptions(fields, execution=execution, max_length=max_length,

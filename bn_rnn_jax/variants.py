@@ -26,6 +26,7 @@ import dataclasses
 import difflib
 from typing import Any, Iterator, Mapping
 
+from bn_rnn_jax import initializers
 from bn_rnn_jax import recurrent
 
 #: The papers' layers by name: `{name: RecurrentLayer fields}` (the table above).
@@ -38,7 +39,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     'bn_input_only': dict(cell='lstm', input_norm='batch'),
     'bn_input_only_seq': dict(cell='lstm', input_norm='batch', statistics='sequence'),
     'ln_lstm': dict(cell='lstm', recurrent_norm='layer', input_norm='layer',
-                    cell_norm='layer', gamma_init=1.0),
+                    cell_norm='layer',
+                    scale_init=initializers.Constant(1.0)),
     'rnn': dict(cell='rnn'),
     'rnn_bn_input': dict(cell='rnn', input_norm='batch'),
     'rnn_bn_recurrence': dict(cell='rnn', recurrent_norm='batch'),

@@ -5,6 +5,7 @@ import pytest
 
 from bn_rnn_jax import config as config_lib
 from bn_rnn_jax import policy
+from bn_rnn_jax import train
 from bn_rnn_jax import variants
 import training_fixtures as fx
 
@@ -33,12 +34,13 @@ def test_bad_values_are_one_line_errors(field, value, message):
 
 
 def test_layer_fields_are_recurrent_layer_or_execution_fields():
-  """Every field `layer_fields` passes on is one `RecurrentLayer` has, or a setting of
-  `policy.Execution` (every one of which the config has)."""
-  fields = config_lib.layer_fields(config_lib.default_config())
-  variants.check_fields({name: value for name, value in fields.items()
-                         if name not in policy.EXECUTION_FIELDS})
+  """Every field the config passes to the layers (`train.layer_options`, the initialisers'
+  names made callables) is one `RecurrentLayer` has, or a setting of `policy.Execution`
+  (every one of which the config has)."""
+  config = config_lib.default_config()
+  variants.check_fields(dict(train.layer_options(config, 10)))
   assert set(policy.EXECUTION_FIELDS) <= set(config_lib.LAYER_FIELDS)
+  fields = config_lib.layer_fields(config)
   assert set(config_lib.LAYER_FIELDS) - {'max_length'} >= set(fields) - {'dtype'}
 
 

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional, Union
 import pytest
 
 from bn_rnn_jax import config as config_lib
+from bn_rnn_jax import initializers
 from bn_rnn_jax import models
 from bn_rnn_jax import tasks
 from bn_rnn_jax import train
@@ -324,7 +325,8 @@ def test_laurent_and_brown_configs_build_the_papers_model():
     config_lib.validate_config(loaded[name])
   config = loaded['laurent_speech']
   options = train.layer_options(config, config.data.max_frames)
-  assert options['input_init'] == options['recurrent_init'] == 'glorot_uniform'
+  assert options['kernel_init'] is options['recurrent_kernel_init'] is (
+      initializers.GLOROT_UNIFORM)
   model = tasks.get('tagging').build_model(config, {'num_classes': 3546}, options)
   assert (model.num_layers, model.hidden_size, model.bidirectional, model.variant) == (
       5, 250, True, 'bn_input_only_seq')

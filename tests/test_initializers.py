@@ -56,7 +56,8 @@ class _Layers(nn.Module):
   def __call__(self, x):
     run = dict(use_running_average=True, deterministic=True)
     variants.make_layer('bn_lstm', H, max_length=4, forget_bias=1.0,
-                         recurrent_init='identity', name='bn_lstm')(x, **run)
+                         recurrent_kernel_init=initializers.IDENTITY_BLOCKS,
+                         name='bn_lstm')(x, **run)
     variants.make_layer('rnn_bn_recurrence', H, max_length=4, name='rnn')(x, **run)
     variants.make_layer('ln_lstm', H, name='ln_lstm')(x, **run)
 

@@ -4,6 +4,7 @@ unknown field refused in one line)."""
 
 import pytest
 
+from bn_rnn_jax import initializers
 from bn_rnn_jax import policy
 from bn_rnn_jax import recurrent
 from bn_rnn_jax import variants
@@ -25,7 +26,7 @@ def test_make_layer_overrides_fields_and_names_the_layer():
   layer = variants.make_layer('bn_lstm', 7, max_length=9, momentum=0.5, name='encoder')
   assert (layer.hidden_size, layer.max_length, layer.momentum, layer.name) == (
       7, 9, 0.5, 'encoder')
-  assert variants.make_layer('ln_lstm', 3).gamma_init == 1.0   # Ba et al.: gamma 1
+  assert variants.make_layer('ln_lstm', 3).scale_init == initializers.Constant(1.0)  # Ba et al.
   with pytest.raises(ValueError, match=r"Unknown RNN variant 'bn_gru'"):
     variants.make_layer('bn_gru', 4)
   with pytest.raises(ValueError, match='Unknown RecurrentLayer fields'):

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bn_rnn_jax import initializers
 from bn_rnn_jax import steps
 from bn_rnn_jax import input_pipeline
 from bn_rnn_jax import variants
@@ -85,9 +86,10 @@ def gradient_norms(gamma: float, x: np.ndarray, y: np.ndarray, hidden_size: int,
   check_layer: also assert that the scan here reproduces `RecurrentLayer`'s outputs.
   """
   batch, length, _ = x.shape
-  layer = variants.make_layer('rnn_bn_recurrence', hidden_size, gamma_init=gamma,
-                               max_length=length, initial_state='noise',
-                               recurrent_init=recurrent_init)
+  layer = variants.make_layer(
+      'rnn_bn_recurrence', hidden_size, scale_init=initializers.Constant(gamma),
+      max_length=length, initial_state='noise',
+      recurrent_kernel_init=initializers.recurrent_initializer(recurrent_init))
   if layer.epsilon != steps.StepConfig().epsilon:
     raise ValueError('The layer and the step here must share epsilon.')
   key_layer, key_out, key_noise = jax.random.split(jax.random.PRNGKey(seed), 3)
