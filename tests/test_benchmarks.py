@@ -171,8 +171,8 @@ def test_rows_for_each_dtype_and_skipped_lines(monkeypatch):
 
 @pytest.mark.parametrize('bidirectional', helpers.core_cases([False, True], core=[False]))
 def test_cell_row_runs_and_updates_its_statistics(monkeypatch, bidirectional):
-  """The `nn.RNN(BNLSTMCell)` row: a fwd+bwd with batch statistics, timed beside Flax's
-  cell, counted with its products; the statistics it trains are carried through the scan."""
+  """The `br.RNN(BNLSTMCell)` row: a fwd+bwd with batch statistics, timed beside Flax's
+  cell, counted with its products; every step's statistics row is recorded."""
   shape = dict(TINY, bidirectional=bidirectional, padding=0.25 if bidirectional else 0.0)
   monkeypatch.setitem(rnn_speed.SHAPES, 't', shape)
   rows, _ = rnn_speed.run(['t'], ['flax_optimized_lstm', rnn_speed.CELL], 1)

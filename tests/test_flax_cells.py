@@ -223,29 +223,6 @@ def test_population_inference_past_max_length(variant):
     assert_close(out, want_out)
 
 
-def test_called_step_by_step_equals_rnn():
-  """The cell called in a Python loop with each step's mask equals `RNN` with lengths:
-  outputs, carry and every statistic (the running average's row weights included);
-  use_running_average as a call argument."""
-  cell = flax_cells.BNLSTMCell(H, max_length=MAX_LEN)
-  x, mask = _inputs(8, UNEVEN)
-  x = jnp.asarray(x, jnp.float32)
-  variables = _variables('bn_lstm', 'cell')
-  (want_carry, want), want_new = flax_cells.RNN(cell).apply(
-      variables, x, seq_lengths=jnp.asarray(UNEVEN), use_running_average=False,
-      return_carry=True, mutable=['batch_stats'])
-  carry = cell.initialize_carry(None, x[:, 0].shape)
-  inner = {collection: tree['cell'] for collection, tree in variables.items()}
-  for t in range(T):
-    (carry, h), new = cell.apply(inner, carry, x[:, t], jnp.asarray(mask[:, t]),
-                                 use_running_average=False, mutable=['batch_stats'])
-    inner = {**inner, **new}
-    np.testing.assert_allclose(h, want[:, t], rtol=1e-5, atol=1e-6)
-  helpers.assert_trees_close(carry, want_carry, rtol=1e-5, atol=1e-6)
-  helpers.assert_trees_close(inner['batch_stats'], want_new['batch_stats']['cell'],
-                             rtol=1e-5, atol=1e-6)
-
-
 def test_a_batch_normalised_cell_needs_max_length():
   """A cell makes its statistics before it sees a sequence: without `max_length` a cell
   with batch statistics is a one-line error (Linen and NNX); layer norm keeps none."""

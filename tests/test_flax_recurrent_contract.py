@@ -51,6 +51,10 @@ LINEN_CELLS = {'bn_lstm': flax_cells.BNLSTMCell, 'bn_input_only': flax_cells.BNI
 NNX_CELLS = {'bn_lstm': nnx_cells.BNLSTMCell, 'bn_input_only': nnx_cells.BNInputLSTMCell,
              'ln_lstm': nnx_cells.LNLSTMCell}
 APIS = ['linen', 'nnx']
+# The NNX cells wrap the Linen ones (`nnx_bridge.FromLinen`): a property of the call runs
+# on Linen in the default tier and on NNX too with --exhaustive; those of the NNX API, the
+# chunks and the scans run on both.
+LINEN_FIRST = helpers.core_cases(APIS, core=['linen'])
 
 
 def close(got, want):
@@ -277,7 +281,7 @@ def bidirectional(forward, backward, x, *, train, **fields):
 
 
 # ----------------------------------------------------------------------------- Flax's RNN tests
-@pytest.mark.parametrize('api', APIS)
+@pytest.mark.parametrize('api', LINEN_FIRST)
 def test_forward_shapes_and_parameter_shapes(api):
   """`RNN(cell)` with `return_carry`: outputs `[B, T, H]`, the carry's c and h `[B, H]`
   and step `[B]` (= T); the parameters and per-step statistics in the layer's layout."""
@@ -298,7 +302,7 @@ def test_forward_shapes_and_parameter_shapes(api):
   assert np.all(np.asarray(model.stats['cell']['count']) > 0)
 
 
-@pytest.mark.parametrize('api', APIS)
+@pytest.mark.parametrize('api', LINEN_FIRST)
 def test_multiple_batch_dims(api):
   """Inputs `[2, 3, T, I]` with `seq_lengths [2, 3]`: outputs `[2, 3, T, H]`, a carry per
   row, and the outputs, carry and statistics of the batch flattened to 6 rows."""
@@ -316,7 +320,7 @@ def test_multiple_batch_dims(api):
   close(model.stats, flat.stats)
 
 
-@pytest.mark.parametrize('api', APIS)
+@pytest.mark.parametrize('api', LINEN_FIRST)
 def test_unroll(api):
   """`Execution(unroll=2)` on the cell (`nn.RNN`'s `unroll`): outputs `[B, T, H]`, and
   the outputs, carry and statistics of unroll 1, with uneven lengths."""
@@ -332,7 +336,7 @@ def test_unroll(api):
   close(unrolled.stats, plain.stats)
 
 
-@pytest.mark.parametrize('api', APIS)
+@pytest.mark.parametrize('api', LINEN_FIRST)
 def test_time_major(api):
   """`time_major=True`: inputs and outputs `[T, B, ...]`, a carry `[B, H]` that is not
   zero, and the batch-major run's outputs, carry and statistics."""
@@ -349,7 +353,7 @@ def test_time_major(api):
   close(model.stats, batch_major.stats)
 
 
-@pytest.mark.parametrize('api', APIS)
+@pytest.mark.parametrize('api', LINEN_FIRST)
 def test_stepped_by_hand_equals_rnn(api):
   """The cell called at each step (a mask of ones) gives `RNN`'s outputs step by step,
   its final carry and the same statistics (training)."""
@@ -363,8 +367,9 @@ def test_stepped_by_hand_equals_rnn(api):
   close(by_hand.stats, model.stats)
 
 
-@pytest.mark.parametrize('api,kind', [('linen', 'bn_lstm'), ('nnx', 'bn_lstm'),
-                                      ('linen', 'bn_input_only'), ('nnx', 'ln_lstm')])
+@pytest.mark.parametrize('api,kind', helpers.core_cases(
+    [('linen', 'bn_lstm'), ('nnx', 'bn_lstm'), ('linen', 'bn_input_only'), ('nnx', 'ln_lstm')],
+    core=[('linen', 'bn_lstm')]))
 def test_stepped_by_hand_with_seq_lengths(api, kind):
   """With `seq_lengths`, the cell stepped with each step's mask: the outputs (0 on
   padding), each row's final carry = the hand-stepped carry after that row's last valid
@@ -381,7 +386,7 @@ def test_stepped_by_hand_with_seq_lengths(api, kind):
   close(by_hand.stats, model.stats)
 
 
-@pytest.mark.parametrize('api', APIS)
+@pytest.mark.parametrize('api', LINEN_FIRST)
 def test_single_example_batches_in_evaluation(api):
   """Each row stepped alone, as a batch of one, gives its row of the batch's `RNN`
   outputs and carry. Evaluated with population statistics (one training batch first):
@@ -394,7 +399,7 @@ def test_single_example_batches_in_evaluation(api):
     close(carry, rows(want_carry, slice(row, row + 1)))
 
 
-@pytest.mark.parametrize('api', APIS)
+@pytest.mark.parametrize('api', LINEN_FIRST)
 def test_variable_batch_size(api):
   """One `RNN` evaluates batches of 1, 2 and 3 rows, each row as in the whole batch
   (population statistics)."""
@@ -406,7 +411,7 @@ def test_variable_batch_size(api):
     close(out, full[:size])
 
 
-@pytest.mark.parametrize('api', APIS)
+@pytest.mark.parametrize('api', LINEN_FIRST)
 def test_flax_rnn_evaluates_the_cell(api):
   """Flax's own `nn.RNN` / `nnx.RNN` (no mask reaches the cell) evaluates the cell as
   `RNN` does: the outputs of the valid steps and each row's last valid carry."""
@@ -423,7 +428,7 @@ def test_flax_rnn_evaluates_the_cell(api):
   close(carry, want_carry)
 
 
-@pytest.mark.parametrize('api', APIS)
+@pytest.mark.parametrize('api', LINEN_FIRST)
 @pytest.mark.parametrize('keep_order', [False, True])
 def test_reverse(api, keep_order):
   """`reverse=True` runs each row's valid steps backwards: the cell stepped by hand over
@@ -439,7 +444,7 @@ def test_reverse(api, keep_order):
   close(by_hand.stats, model.stats)
 
 
-@pytest.mark.parametrize('api', APIS)
+@pytest.mark.parametrize('api', LINEN_FIRST)
 @pytest.mark.parametrize('case', ['plain', 'shared_cell', 'merge_fn', 'return_carry'])
 def test_bidirectional(api, case):
   """`nn.Bidirectional` / `nnx.Bidirectional` of two `RNN`s with `seq_lengths`: the
@@ -567,7 +572,7 @@ def test_chunked_training_moves_the_running_average_as_one_call(api):
   close(chunked.stats, model.stats)
 
 
-@pytest.mark.parametrize('api', APIS)
+@pytest.mark.parametrize('api', LINEN_FIRST)
 def test_chunked_evaluation_rows_at_different_steps(api):
   """In evaluation a second chunk may find its rows at different steps (the first
   chunk's lengths 3, 1, 2): each row normalises with its own statistics rows, so each
@@ -589,7 +594,7 @@ def test_chunked_evaluation_rows_at_different_steps(api):
     close(rows(carry, row), rows(want_carry, 0))
 
 
-@pytest.mark.parametrize('api', APIS)
+@pytest.mark.parametrize('api', LINEN_FIRST)
 def test_training_past_max_length_across_chunks_is_an_error(api):
   """A training chunk that would take the carried step past `max_length` (6) raises: a
   one-line ValueError eagerly, and under `jit` (the carry an argument, its step traced)
@@ -675,7 +680,7 @@ def test_cell_inside_another_rnns_cell_keeps_its_own_lengths():
 
 
 # ----------------------------------------------------------------------------- carries
-@pytest.mark.parametrize('api', APIS)
+@pytest.mark.parametrize('api', LINEN_FIRST)
 def test_initial_carry(api):
   """`RNN(x, initial_carry=carry)` starts every row from that carry (NNX: the cell's
   `initialize_carry(carry_init=ones)`), as the cell stepped by hand from it does; Flax's
