@@ -81,7 +81,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   lock = checkpoint_lib.WorkdirLock(workdir).acquire() if primary else None
   run = None  # set once the run is set up: a failure before leaves no trace of a first launch
   try:
-    trainer = Trainer(config, workdir, dataset)
+    trainer = Trainer(config, workdir, dataset, checked=True)
     _check_eval_splits(trainer)
     if primary:
       workdir_lib.write_config(trainer.config, workdir, launch)

@@ -75,13 +75,17 @@ def _device_steps(model, task, optimizer_json: str, steps_per_epoch: int,
 class Trainer:
   """The device-mapped steps of one run, and the state's placement on devices.
 
-  `config` is validated first; `dataset` defaults to
+  `config` is validated first, and the distributed runtime started where it asks for
+  one, unless `checked` says the caller did both (`loop.train_and_evaluate`, which
+  checks before it reads the workdir); `dataset` defaults to
   `input_pipeline.get_dataset(config)`.
   """
 
-  def __init__(self, config, workdir: Optional[str] = None, dataset=None):
-    config_lib.validate_config(config)
-    parallel.maybe_initialize_distributed(config)
+  def __init__(self, config, workdir: Optional[str] = None, dataset=None, *,
+               checked: bool = False):
+    if not checked:
+      config_lib.validate_config(config)
+      parallel.maybe_initialize_distributed(config)
     self.config = config
     self.devices = parallel.local_devices(config.train.num_devices)
     self.num_devices = len(self.devices)
