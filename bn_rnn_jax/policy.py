@@ -52,6 +52,7 @@ AUTO = 'auto'
 REMAT_MODES = ('none', 'dots', 'full')
 BACKWARD_PASSES = ('scan', 'layer')
 BATCH_SUMS = normalization.BATCH_SUMS
+FUSED_STEPS = ('none', 'xla', 'pallas')
 
 #: remat 'auto' on CPU: the largest hidden size whose batch-normalised layers recompute the
 #: whole step in the backward pass.
@@ -100,6 +101,12 @@ class Execution:
       (`jax.jvp`, `jax.hessian`): pass 'scan' for those.
     batch_sums: how the sums over the batch run: 'reduce' or 'contraction' (with ones).
       The same values either way.
+    fused_step: 'none' (the step functions under `lax.scan`), or the BN-LSTM step of
+      `fused_step.py` with its whole-sequence backward pass: 'xla' (plain JAX) or
+      'pallas' (one Pallas kernel per step and direction; Pallas's interpreter on CPU).
+      For BN-LSTM layers with per-step statistics on one device only; the input term is
+      then hoisted, and `remat` and `backward` do not apply. No backend chooses it until
+      it is measured there, so it has no 'auto'.
 
   Example:
     >>> from bn_rnn_jax import policy
@@ -114,6 +121,7 @@ class Execution:
   unroll: int = 1
   backward: str = AUTO
   batch_sums: str = AUTO
+  fused_step: str = 'none'
 
   def __post_init__(self):
     if self.hoist_input != AUTO and not isinstance(self.hoist_input, bool):
@@ -122,6 +130,8 @@ class Execution:
     _choice('remat', self.remat, REMAT_MODES)
     _choice('backward', self.backward, BACKWARD_PASSES)
     _choice('batch_sums', self.batch_sums, BATCH_SUMS)
+    if self.fused_step not in FUSED_STEPS:
+      raise ValueError(f'fused_step must be one of {FUSED_STEPS}; got {self.fused_step!r}.')
     if not isinstance(self.unroll, int) or self.unroll < 1:
       raise ValueError(f'unroll must be a positive int; got {self.unroll!r}.')
 

@@ -30,13 +30,14 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bn_rnn_jax import batch_stats
-from bn_rnn_jax import steps
+from bn_rnn_jax import fused_step
 from bn_rnn_jax import initializers
 from bn_rnn_jax import layer_vjp
 from bn_rnn_jax import modes
 from bn_rnn_jax import normalization
 from bn_rnn_jax import policy as policy_lib
 from bn_rnn_jax import sequence
+from bn_rnn_jax import steps
 
 Array = jax.Array
 
@@ -272,6 +273,9 @@ class RecurrentLayer(nn.Module):
         normalization.check_length(length, max_length)
       else:
         normalization.check_rows(first_step, length, max_length)
+    if self.execution.fused_step != 'none':
+      self._check_fused(first_step)
+      run = dataclasses.replace(run, hoist_input=True)
     stats = {site: batch_stats.site_variable(
         self, site, batch_stats.num_rows(site, self.statistics, max_length), features,
         batch_statistics=batch_statistics) for site, features in sites.items()}
@@ -306,7 +310,9 @@ class RecurrentLayer(nn.Module):
       xs['stats'] = rows
     loop_sites = (tuple(site for site in sites if site not in moments) if batch_statistics
                   else ())
-    if run.backward == 'layer':
+    if self.execution.fused_step != 'none':
+      final_carry, ys = self._fused_scan(params, carry, xs, mask_tm, rows, batch_statistics)
+    elif run.backward == 'layer':
       final_carry, ys = self._scan_with_layer_backward(params, cfg, carry, xs, loop_sites,
                                                        run.remat, self.execution.unroll)
     else:
@@ -317,7 +323,8 @@ class RecurrentLayer(nn.Module):
 
     if batch_statistics and sites and not self.is_initializing():
       counts = self._step_counts(batch, length, mask_tm)
-      moments.update(steps.unpack_moments(ys['moments'], loop_sites, sites, counts))
+      moments.update(ys['moments'] if self.execution.fused_step != 'none' else
+                     steps.unpack_moments(ys['moments'], loop_sites, sites, counts))
       self._record_moments(stats, moments, first_step, full_count)
     outputs = jnp.swapaxes(ys['h'], 0, 1)
     if self.dtype is not None:
@@ -337,6 +344,36 @@ class RecurrentLayer(nn.Module):
                           **modes.EVAL.kwargs(), initial_carry=carry, first_step=t,
                           return_carry=True)
     return carry, outputs[:, 0]
+
+  def _check_fused(self, first_step) -> None:
+    """One line for a layer `fused_step` does not cover (`policy.Execution.fused_step`)."""
+    name = self.execution.fused_step
+    bn_lstm = (self.cell == 'lstm' and self.recurrent_norm == self.input_norm ==
+               self.cell_norm == 'batch')
+    why = ('it runs the BN-LSTM (cell lstm, batch norm on all three sites)' if not bn_lstm
+           else "it keeps per-step statistics ('per_step')" if self.statistics != 'per_step'
+           else 'it computes its moments on one device (no axis_name)' if self.axis_name
+           else 'it counts valid entries only (padded_statistics=False)'
+           if self.padded_statistics
+           else 'it does not fall back on population rows (min_step_count=1)'
+           if self.min_step_count > 1
+           else 'it reads one statistics row per step for all rows (first_step a scalar)'
+           if getattr(first_step, 'ndim', 0) else None)
+    if why:
+      raise ValueError(f"Execution(fused_step={name!r}) does not fit this layer: {why}; "
+                       "use fused_step='none'.")
+
+  def _fused_scan(self, params, carry, xs, mask_tm, rows, batch_statistics: bool):
+    """The recurrence by `fused_step.fused_bn_lstm_scan` (on the hoisted input term):
+    `(final carry, {'h': [T, B, H], 'moments': {site: (mean, var, count)}})`."""
+    population = None
+    if not batch_statistics:
+      population = {site: rows[site] for site in ('recurrent', 'cell')}
+    final_carry, h, moments = fused_step.fused_bn_lstm_scan(
+        params, carry, xs['input_term'], mask_tm, population=population,
+        epsilon=self.epsilon, kernel=self.execution.fused_step,
+        interpret=jax.default_backend() == 'cpu', compute_dtype=self.dtype)
+    return final_carry, {'h': h, 'moments': moments}
 
   def _scan_with_layer_backward(self, params, cfg, carry, xs, loop_sites, remat: str,
                                 unroll: int):

@@ -1,8 +1,9 @@
 """`fused_step.py`: the fused BN-LSTM step (Pallas kernels run in Pallas's interpreter, and
 the same step functions as plain JAX) against the float64 reference (`reference.py`):
 outputs, final state, per-step moments, every gradient (central finite differences),
-inference with population rows; against `RecurrentLayer`'s scan on the same variables;
-and the Pallas kernels lowered for CUDA from this CPU machine at benchmark shapes.
+inference with population rows; the same through `RecurrentLayer(execution=
+Execution(fused_step=...))`, the statistics it records included; and the Pallas kernels
+lowered for CUDA from this CPU machine at benchmark shapes.
 
 Shapes are tiny and deliberately not powers of two (B=5, H=6, I=3, T=6), with uneven
 lengths and junk in the padded positions; `block_h=4` splits the hidden units over two
@@ -137,48 +138,53 @@ def test_inference_with_population_rows_matches_the_reference():
   _check_gradients(got, want)
 
 
-def test_fused_scan_equals_the_layers_scan():
-  """`RecurrentLayer` (hoisted input term, autodiff of the scan) and the fused scan on
-  the layer's own variables: outputs, final state, the moments the layer records per
-  step, and the gradients."""
-  layer = variants.make_layer('bn_lstm', H, max_length=T, execution=policy.Execution(
-      hoist_input=True, backward='scan'))
-  params, stat_shapes = helpers.reference_params(layer, (B, T, I), seed=3)
-  stats = {site: ref.init_population(s['mean'].shape[0], s['mean'].shape[1])
-           for site, s in stat_shapes.items()}
+@pytest.mark.parametrize('kernel', helpers.core_cases(list(KERNELS), core=['pallas'],
+                                                      also=['xla']))
+def test_layer_with_fused_step_matches_the_reference(kernel):
+  """`RecurrentLayer(execution=Execution(fused_step=...))`: in training the outputs, the
+  final state, every gradient and the statistics it records; in inference (population
+  rows as its `batch_stats`) the outputs."""
+  layer = variants.make_layer('bn_lstm', H, max_length=T,
+                              execution=policy.Execution(fused_step=kernel))
+  fresh = {site: ref.init_population(T, f) for site, f in _widths.items()}
 
-  def layer_loss(params, x, mask, carry0):
+  def loss(arrays, mask):
+    params, x, carry0 = _split(arrays)
     (carry, out), new = layer.apply(
-        {'params': params, 'batch_stats': helpers.float32(stats)}, x, mask,
-        use_running_average=False, deterministic=False, initial_carry=carry0,
+        {'params': params, 'batch_stats': helpers.float32(fresh)}, x, mask,
+        use_running_average=False, deterministic=True, initial_carry=carry0,
         mutable=['batch_stats', 'minibatch_moments'], return_carry=True)
     return _loss_terms(carry, out), (carry, out, new['minibatch_moments'])
 
-  def fused_loss(params, x, mask, carry0):
-    carry, out, moments = fused_step.fused_bn_lstm(params, x, mask, initial_carry=carry0,
-                                                   **KERNELS['pallas'])
-    return _loss_terms(carry, out), (carry, out, moments)
-
-  args = helpers.float32((params, X, MASK, CARRY0))
-  grad = lambda f: jax.jit(jax.value_and_grad(f, argnums=(0, 1, 3), has_aux=True))(*args)
-  (_, (l_carry, l_out, recorded)), l_grads = helpers.float64(grad(layer_loss))
-  (_, (f_carry, f_out, moments)), f_grads = helpers.float64(grad(fused_loss))
-  assert_close(f_out, l_out, rtol=1e-5, what='outputs')
-  for a, b in zip(f_carry, l_carry):
-    assert_close(a, b, rtol=1e-5, what='final carry')
-  assert set(recorded) == set(SITES)
+  arrays = {**PARAMS, '__x': X, '__c0': CARRY0[0], '__h0': CARRY0[1]}
+  (_, (carry, out, recorded)), grads = helpers.float64(jax.jit(jax.value_and_grad(
+      loss, has_aux=True))(*helpers.float32((arrays, MASK))))
+  want = reference_run()
+  _check_forward(dict(carry=carry, out=out), want)
+  _check_gradients(dict(grads=grads), want)
   for site in SITES:
-    mean, var, count = moments[site]
-    assert_close(mean, recorded[site]['mean'], rtol=1e-5, what=f'{site} mean')
-    assert_close(var, recorded[site]['var'], rtol=1e-5, what=f'{site} var')
-    np.testing.assert_array_equal(count, recorded[site]['count'])
-  # Both differ from the reference only by float32 rounding, which the two-row batch
-  # statistics of the last step amplify (tests/test_recurrent.py's hoisted-vs-in-step
-  # tolerance).
-  for a, b, name in zip(jax.tree.leaves(f_grads), jax.tree.leaves(l_grads),
-                        [jax.tree_util.keystr(p) for p, _ in
-                         jax.tree.leaves_with_path(f_grads)]):
-    assert_close(a, b, rtol=5e-4, what=name)
+    record = ref.minibatch_record(want['moments'][site], False, T)
+    for key in ('mean', 'var', 'count'):
+      assert_close(recorded[site][key], record[key], what=f'{site} {key}')
+
+  population = {site: {'mean': mean, 'var': var, 'count': np.ones(T)}
+                for site, (mean, var) in POPULATION.items()}
+  out = layer.apply(helpers.float32({'params': PARAMS, 'batch_stats': population}),
+                    *helpers.float32((X, MASK)), use_running_average=True,
+                    initial_carry=helpers.float32(CARRY0))
+  assert_close(out, reference_run(inference=True)['out'], what='inference outputs')
+
+
+def test_layers_it_does_not_cover_are_refused_in_one_line():
+  x = jnp.ones((B, T, I))
+  for variant, fields, why in (('ln_lstm', {}, 'batch norm on all three sites'),
+                               ('bn_lstm', {'statistics': 'shared'}, "'per_step'"),
+                               ('bn_lstm', {'min_step_count': 2}, 'min_step_count=1')):
+    layer = variants.make_layer(variant, H, max_length=T, **fields,
+                                execution=policy.Execution(fused_step='xla'))
+    with pytest.raises(ValueError, match=f"fused_step='xla'.*{why}") as error:
+      layer.init(jax.random.key(0), x, use_running_average=True)
+    helpers.one_line(error)
 
 
 def test_layout_pads_to_powers_of_two():
