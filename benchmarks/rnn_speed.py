@@ -38,7 +38,9 @@ line elsewhere; its row records `max_abs_diff_to_lstm_ref`, the largest differen
 outputs from JAX's pure-JAX version of the same LSTM); and `VARIANT[:BACKWARD[:REMAT]]`
 for our layer, e.g. `bn_lstm:layer` (whole-layer backward pass) or `bn_lstm:scan:dots`
 (autodiff of the scan, storing matmul outputs); without a backward, the layer's 'auto'
-(`policy.py`). And a float32 floor, not an LSTM: `products_only:scan` and
+(`policy.py`); `bn_lstm:fused:xla` and `bn_lstm:fused:pallas` run the BN-LSTM with
+`Execution(fused_step=...)` (`fused_step.py`; Pallas on accelerators only). And a
+float32 floor, not an LSTM: `products_only:scan` and
 `products_only:layer` run the matrix products of Flax's fwd+bwd with no gate math
 (`products_only`): all of them inside the steps, or only the two the recurrence forces
 (`h W_h`, `dz W_h^T`) with the input and weight-gradient products as one large product
@@ -102,9 +104,12 @@ FLOORS = (f'{PRODUCTS_ONLY}:scan', f'{PRODUCTS_ONLY}:layer')
 ANCHORS = (REFERENCE, CUDNN)
 # Our BN-LSTM as a cell of Flax's `nn.RNN`: its products are Flax's cell's too.
 CELL = 'bn_lstm_cell'
+# The BN-LSTM with `Execution(fused_step=...)` (`fused_step.py`): plain JAX, and Pallas
+# (interpreted on CPU, where its time means nothing, so it runs on accelerators only).
+FUSED = ('bn_lstm:fused:xla', 'bn_lstm:fused:pallas')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 IMPLS = (*ANCHORS, *FLOORS, 'lstm', 'lstm:scan', 'lstm:layer', 'bn_lstm', 'bn_lstm:scan',
-         'bn_lstm:scan:dots', 'bn_lstm:scan:full', 'bn_lstm:layer', CELL)
+         'bn_lstm:scan:dots', 'bn_lstm:scan:full', 'bn_lstm:layer', CELL, *FUSED)
 
 _SHAPES = flags.DEFINE_list('shapes', ['a', 'b', 'c', 'd'], 'Shapes to run (a-d).')
 _IMPLS = flags.DEFINE_list('impls', list(IMPLS), 'Implementations to run.')
@@ -166,9 +171,11 @@ def lengths_and_mask(shape: dict):
 def _layer(impl: str, shape: dict, dtype: str = 'float32') -> nn.Module:
   variant, *rest = impl.split(':')
   settings = {}   # the layer's `execution` (policy.Execution)
-  if rest:
+  if rest and rest[0] == 'fused':
+    settings['fused_step'] = rest[1]
+  elif rest:
     settings['backward'] = rest[0]
-  if len(rest) > 1:
+  if len(rest) > 1 and 'fused_step' not in settings:
     settings['remat'] = rest[1]
   if flags.FLAGS.is_parsed():  # the command line's overrides (none when imported)
     if _UNROLL.value is not None:
@@ -324,6 +331,8 @@ def skip_reason(impl: str, dtype: str, cudnn_unavailable: Optional[str]) -> Opti
     return cudnn_unavailable
   if impl in (CUDNN, *FLOORS) and dtype != 'float32':
     return f'{impl} {dtype}: skipped, it runs float32 only.'
+  if impl.endswith(':pallas') and jax.default_backend() == 'cpu':
+    return f'{impl}: skipped, Pallas runs interpreted on CPU (time it on an accelerator).'
   return None
 
 
