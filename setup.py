@@ -3,7 +3,7 @@
 from setuptools import find_packages, setup
 
 EXTRAS = {
-    # The trainer, its configs, checkpoints and event files (bn_rnn_jax.loop, experiments/).
+    # The trainer, its configs, checkpoints and event files (bn_rnn_jax.training, experiments/).
     'train': ['optax>=0.2.8', 'orbax-checkpoint>=0.12.8', 'absl-py', 'ml_collections',
               'tensorboardX'],
     'data': ['tensorflow-datasets>=4.9.10', 'array_record', 'scikit-learn', 'kaldiio'],

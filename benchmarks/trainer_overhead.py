@@ -47,9 +47,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
 from bn_rnn_jax import input_pipeline
-from bn_rnn_jax import loop
-from bn_rnn_jax import metric_writer
 from bn_rnn_jax.input_pipeline import mnist
+from bn_rnn_jax.training import loop
+from bn_rnn_jax.training import metric_writer
 from experiments import machine_facts
 from experiments.configs import quickstart as quickstart_config
 from experiments.configs import seq_mnist as seq_mnist_config

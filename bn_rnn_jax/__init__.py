@@ -4,8 +4,11 @@ Cooijmans et al. 2016 (BN-LSTM) and Laurent et al. 2016 (input-only BN), with pe
 statistics in the Flax `batch_stats` collection, scanned with `lax.scan`, mapped over
 devices with exact cross-device moments.
 
-The public names below load on first use, so that `from bn_rnn_jax import config` (what
-experiment configs import) does not import JAX.
+The layers, cells, models and statistics (which import only jax, flax and numpy) are the
+modules of this package; the data pipelines are `bn_rnn_jax.input_pipeline`, and the trainer
+(config, steps, loop, checkpoints, metrics) is `bn_rnn_jax.training`. The public names below
+load on first use, so that `from bn_rnn_jax.training import config` (what experiment configs
+import) does not import JAX.
 
   Layers     RecurrentLayer, make_layer, VARIANTS, LayerOptions, Execution, StackedRNN,
              Bidirectional, MaskedBatchNorm, reverse_valid
@@ -13,10 +16,11 @@ experiment configs import) does not import JAX.
              RNN (Flax's nn.RNN, passing the cells their lengths)
   Models     SequenceClassifier, LanguageModel, SequenceTagger, AttentiveReader
   Statistics estimate_population_stats, batch_norm, batch_moments, layer_norm, normalize
-  Training   default_config, train_and_evaluate, Trainer
+  Training   default_config, train_and_evaluate, Trainer (from `bn_rnn_jax.training`)
   Modules    nnx_cells (the cells and RNN in Flax NNX), nnx_bridge (any layer or model
              as an NNX module, the estimate in NNX), export (`jax.export` of a trained model), batch_stats
              (statistics sites and their misuse checks), ...
+  Packages   input_pipeline (the datasets), training (the trainer)
 """
 
 import importlib
@@ -37,14 +41,13 @@ _NAMES = {
     'estimate_population_stats': 'population',
     'batch_norm': 'normalization', 'batch_moments': 'normalization',
     'layer_norm': 'normalization', 'normalize': 'normalization',
-    'default_config': 'config',
-    'train_and_evaluate': 'loop', 'Trainer': 'trainer',
+    'default_config': 'training.config',
+    'train_and_evaluate': 'training.loop', 'Trainer': 'training.trainer',
 }
-_MODULES = ('batch_stats', 'checkpoint', 'config', 'export', 'extras', 'flax_cells',
-            'fused_step', 'initializers', 'input_pipeline', 'layer_vjp', 'loop',
-            'metric_writer', 'models', 'modes', 'nnx_bridge', 'nnx_cells', 'normalization',
-            'optim', 'parallel', 'policy', 'population', 'recurrent', 'sequence', 'stack',
-            'steps', 'tasks', 'train', 'trainer', 'variants', 'workdir')
+_MODULES = ('batch_stats', 'export', 'extras', 'flax_cells', 'fused_step', 'initializers',
+            'input_pipeline', 'layer_vjp', 'models', 'modes', 'nnx_bridge', 'nnx_cells',
+            'normalization', 'policy', 'population', 'recurrent', 'sequence', 'stack', 'steps',
+            'training', 'variants')
 
 __all__ = sorted(_NAMES) + list(_MODULES)
 

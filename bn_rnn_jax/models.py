@@ -1,13 +1,13 @@
 """Models built from the recurrent layers: sequence classifier, language model, frame
 tagger (Laurent et al. sec. 5.1) and Attentive Reader (Cooijmans et al. sec. 5.4).
 
-Modules only; losses and metrics live in `tasks.py`, training in `train.py`. Each model
-takes `layer_options` (`variants.LayerOptions`, or a dict), the `RecurrentLayer` fields
-of its recurrent stack. Each model's call takes Flax's pair `use_running_average=` /
-`deterministic=` (`modes.py`), as its layers do. The classifier, the tagger and the
-reader return logits; the language model returns logits, or `(carries, logits)` with
-`return_carry=True` (the state carried across truncated-BPTT segments), as the layers
-return outputs or `(carry, outputs)`.
+Modules only; losses and metrics live in `training/tasks.py`, training in
+`training/train.py`. Each model takes `layer_options` (`variants.LayerOptions`, or a
+dict), the `RecurrentLayer` fields of its recurrent stack. Each model's call takes Flax's
+pair `use_running_average=` / `deterministic=` (`modes.py`), as its layers do. The
+classifier, the tagger and the reader return logits; the language model returns logits,
+or `(carries, logits)` with `return_carry=True` (the state carried across truncated-BPTT
+segments), as the layers return outputs or `(carry, outputs)`.
 """
 
 from __future__ import annotations

@@ -42,11 +42,11 @@ with extras.needed_by('experiments/export.py', exit=True):
   import ml_collections
 
   from bn_rnn_jax import batch_stats
-  from bn_rnn_jax import checkpoint as checkpoint_lib
   from bn_rnn_jax import export as export_lib
-  from bn_rnn_jax import loop
-  from bn_rnn_jax import parallel
-  from bn_rnn_jax import workdir as workdir_lib
+  from bn_rnn_jax.training import checkpoint as checkpoint_lib
+  from bn_rnn_jax.training import loop
+  from bn_rnn_jax.training import parallel
+  from bn_rnn_jax.training import workdir as workdir_lib
 
 RTOL, ATOL = 1e-5, 1e-6
 

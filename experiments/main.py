@@ -13,7 +13,7 @@ config (every field), checks it and exits. Data are
 read under the data root: `--config.data.root=/path/to/datasets` or the environment
 variable BN_RNN_JAX_DATA. `--workdir` receives config.json, checkpoints, metrics.jsonl and
 TensorBoard events, and a run started again in the same workdir resumes from its latest
-checkpoint. All the work happens in `bn_rnn_jax.loop.train_and_evaluate`; a mistake in
+checkpoint. All the work happens in `bn_rnn_jax.training.loop.train_and_evaluate`; a mistake in
 the arguments, the config or the data ends the run with one line `error: ...`, and Ctrl-C
 with one line naming the checkpoint the same command resumes from (exit status 130).
 """
@@ -39,7 +39,7 @@ with extras.needed_by('experiments/main.py', exit=True):
   from absl import flags
   from ml_collections import config_flags
 
-  from bn_rnn_jax import config as config_lib
+  from bn_rnn_jax.training import config as config_lib
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 FLAGS = flags.FLAGS
@@ -154,7 +154,7 @@ def show_config(config) -> None:
 def stopped(workdir: str) -> str:
   """The line a launch stopped by Ctrl-C ends with: where the same command resumes (the
   launch's saves are complete by then: the loop waits for them on its way out)."""
-  from bn_rnn_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   workdir = os.path.abspath(workdir)
   steps = workdir_lib.checkpoint_steps(workdir)
   if not steps:
@@ -204,9 +204,9 @@ def train(config, workdir: str) -> None:
   # Imported here: the checks of the arguments answer without loading JAX.
   with extras.needed_by('experiments/main.py', exit=True):
     # pylint: disable=g-import-not-at-top
-    from bn_rnn_jax import checkpoint
-    from bn_rnn_jax import loop
-    from bn_rnn_jax import parallel
+    from bn_rnn_jax.training import checkpoint
+    from bn_rnn_jax.training import loop
+    from bn_rnn_jax.training import parallel
     # pylint: enable=g-import-not-at-top
   checkpoint.quiet_orbax_logs()
   try:

@@ -5,7 +5,7 @@ r"""Learning curves of one or several runs in one PNG.
       --workdirs=runs/qs/quickstart/lstm_s0,runs/qs/quickstart/bn_lstm_s0 \
       --metric=accuracy --splits=valid,train --output=runs/qs/curves.png
 
-Reads each workdir's records with `bn_rnn_jax.metric_writer.read_metrics`; one line per
+Reads each workdir's records with `bn_rnn_jax.training.metric_writer.read_metrics`; one line per
 (run, split), x = training step. Training records carry the metrics evaluations derive
 (`bpc`, `perplexity`, `fer`, ...), so `--splits=valid,train` draws both. A metric no
 record has is a one-line error listing the metrics there are; a (run, split) without it
@@ -23,7 +23,7 @@ from absl import app
 from absl import flags
 
 from bn_rnn_jax import extras
-from bn_rnn_jax import metric_writer
+from bn_rnn_jax.training import metric_writer
 
 
 # Record fields that are not metrics (`metric_writer.MetricWriter.write`).

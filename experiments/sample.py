@@ -28,7 +28,7 @@ with extras.needed_by('experiments/sample.py', exit=True):
   from absl import app
   from absl import flags
 
-  from bn_rnn_jax import checkpoint as checkpoint_lib
+  from bn_rnn_jax.training import checkpoint as checkpoint_lib
   from experiments import export as export_command
 
 FLAGS = flags.FLAGS

@@ -19,8 +19,8 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import training_fixtures as fx  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bn_rnn_jax import loop  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bn_rnn_jax.input_pipeline import mnist  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bn_rnn_jax.training import loop  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def main(process_id: int, port: int, out_file: str) -> None:
@@ -31,7 +31,7 @@ def main(process_id: int, port: int, out_file: str) -> None:
   config.distributed.coordinator_address = f'127.0.0.1:{port}'
   config.distributed.num_processes = 2
   config.distributed.process_id = process_id
-  from bn_rnn_jax import parallel  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax.training import parallel  # pylint: disable=g-import-not-at-top
   parallel.maybe_initialize_distributed(config)
   dataset = mnist.SequenceDataset(
       fx.synthetic_splits(), seed=config.seed, batch_size=config.train.batch_size,

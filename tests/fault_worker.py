@@ -17,8 +17,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import training_fixtures as fx  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bn_rnn_jax import checkpoint  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bn_rnn_jax import loop  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bn_rnn_jax.training import checkpoint  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bn_rnn_jax.training import loop  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _kill_inside_save(step: int) -> None:

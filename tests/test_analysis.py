@@ -19,9 +19,9 @@ import pytest
 from scipy import integrate
 
 from bn_rnn_jax import input_pipeline
-from bn_rnn_jax import parallel
-from bn_rnn_jax import loop
-from bn_rnn_jax import metric_writer
+from bn_rnn_jax.training import parallel
+from bn_rnn_jax.training import loop
+from bn_rnn_jax.training import metric_writer
 from experiments.analysis import common
 from experiments.analysis import estimate_batch_size
 from experiments.analysis import estimate_noise

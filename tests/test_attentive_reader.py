@@ -10,9 +10,9 @@ import pytest
 
 from bn_rnn_jax import models
 from bn_rnn_jax import policy
-from bn_rnn_jax import tasks
-from bn_rnn_jax import loop
 from bn_rnn_jax.input_pipeline import reading
+from bn_rnn_jax.training import tasks
+from bn_rnn_jax.training import loop
 import helpers
 import reference
 import training_fixtures as fx

@@ -29,8 +29,8 @@ from absl.testing import flagsaver
 from ml_collections import config_flags
 import pytest
 
-from bn_rnn_jax import config as config_lib
-from bn_rnn_jax import metric_writer
+from bn_rnn_jax.training import config as config_lib
+from bn_rnn_jax.training import metric_writer
 from experiments.campaign import collect
 from experiments.campaign import runner
 from experiments.campaign import show

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from bn_rnn_jax import checkpoint
+from bn_rnn_jax.training import checkpoint
 import helpers
 
 

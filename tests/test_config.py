@@ -1,12 +1,12 @@
-"""`bn_rnn_jax.config`: the default config and its checks (one-line errors naming the
+"""`bn_rnn_jax.training.config`: the default config and its checks (one-line errors naming the
 field). The files of `experiments/configs/` are tested in `test_experiment_configs.py`."""
 
 import pytest
 
-from bn_rnn_jax import config as config_lib
 from bn_rnn_jax import policy
-from bn_rnn_jax import train
 from bn_rnn_jax import variants
+from bn_rnn_jax.training import config as config_lib
+from bn_rnn_jax.training import train
 import training_fixtures as fx
 
 

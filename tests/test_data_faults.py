@@ -19,14 +19,14 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import input_pipeline
-from bn_rnn_jax import config as config_lib
-from bn_rnn_jax import loop
 from bn_rnn_jax.input_pipeline import files
 from bn_rnn_jax.input_pipeline import kaldi
 from bn_rnn_jax.input_pipeline import mnist
 from bn_rnn_jax.input_pipeline import reading
 from bn_rnn_jax.input_pipeline import tagging
 from bn_rnn_jax.input_pipeline import text
+from bn_rnn_jax.training import config as config_lib
+from bn_rnn_jax.training import loop
 import helpers
 from helpers import one_line
 import training_fixtures as fx

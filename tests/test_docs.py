@@ -8,7 +8,7 @@ quoted table matches its JSON, and the README says what CI does.
   tier; the default run runs the README's examples).
 * Every `<!-- json-table NAME -->` block of the README and docs/ equals `docs/tables.py`'s
   rendering of its JSON (the campaign tables: tests/test_campaign.py).
-* Every config field has its description in bn_rnn_jax/config.py.
+* Every config field has its description in bn_rnn_jax/training/config.py.
 * The README's install and test commands are those of .ci/run, its library example runs,
   and no page narrates the history of the work or cites files outside the repository.
 """
@@ -93,8 +93,9 @@ def _inventory(out: str) -> set[str]:
 
 def _modules() -> list[str]:
   names = list(bn_rnn_jax._MODULES)  # pylint: disable=protected-access
-  names += ['input_pipeline.' + m.name for m in pkgutil.iter_modules(
-      bn_rnn_jax.input_pipeline.__path__)]
+  for package in ('input_pipeline', 'training'):
+    names += [f'{package}.{m.name}' for m in pkgutil.iter_modules(
+        getattr(bn_rnn_jax, package).__path__)]
   return [f'bn_rnn_jax.{name}' for name in names]
 
 
@@ -221,7 +222,7 @@ def test_every_experiment_row_names_an_existing_config_and_page():
 
 # ---------------------------------------------------------------------- config fields
 def test_every_config_field_has_a_description():
-  from bn_rnn_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax.training import config as config_lib  # pylint: disable=g-import-not-at-top
   fields = config_fields.fields()
   paths = {f.path for f in fields}
 
@@ -235,7 +236,7 @@ def test_every_config_field_has_a_description():
 
   assert paths == set(leaves(config_lib.default_config()))
   missing = [f.path for f in fields if not f.description]
-  assert not missing, f'fields without a comment in bn_rnn_jax/config.py: {missing}'
+  assert not missing, f'fields without a comment in bn_rnn_jax/training/config.py: {missing}'
   by_path = {f.path: f for f in fields}
   assert by_path['train.time_budget_s'].description.startswith('Wall-clock seconds')
   assert 'rmsprop' in by_path['optimizer.name'].description

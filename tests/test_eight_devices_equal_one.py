@@ -24,10 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bn_rnn_jax import loop
 from bn_rnn_jax import normalization
-from bn_rnn_jax import parallel
 from bn_rnn_jax import variants
+from bn_rnn_jax.training import loop
+from bn_rnn_jax.training import parallel
 import helpers
 from helpers import assert_close
 import reference as ref

@@ -21,12 +21,12 @@ from typing import Any, Callable, Optional, Union
 
 import pytest
 
-from bn_rnn_jax import config as config_lib
 from bn_rnn_jax import initializers
 from bn_rnn_jax import models
-from bn_rnn_jax import tasks
-from bn_rnn_jax import train
 from bn_rnn_jax import variants
+from bn_rnn_jax.training import config as config_lib
+from bn_rnn_jax.training import tasks
+from bn_rnn_jax.training import train
 import helpers
 
 CONFIG_DIR = helpers.EXPERIMENT_CONFIGS

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import export
-from bn_rnn_jax import loop
 from bn_rnn_jax import variants
 from bn_rnn_jax.input_pipeline import mnist
+from bn_rnn_jax.training import loop
 from experiments import export as export_command
 import helpers
 import training_fixtures as fx

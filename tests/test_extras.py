@@ -30,10 +30,11 @@ def _line(who: str, distribution: str, extra: str) -> str:
           'in the bn_rnn_jax repository')
 
 
-@pytest.mark.parametrize('module', ['bn_rnn_jax.loop', 'bn_rnn_jax.config',
+@pytest.mark.parametrize('module', ['bn_rnn_jax.training.loop', 'bn_rnn_jax.training.config',
                                     'bn_rnn_jax.input_pipeline.tagging'])
 def test_importing_a_training_module_without_its_extra_is_one_line(monkeypatch, module):
-  _hide(monkeypatch, 'ml_collections', module, 'bn_rnn_jax.config', 'bn_rnn_jax.loop')
+  _hide(monkeypatch, 'ml_collections', module, 'bn_rnn_jax.training.config',
+        'bn_rnn_jax.training.loop')
   with pytest.raises(extras.MissingExtra) as raised:
     importlib.import_module(module)
   assert str(raised.value) == _line(module, 'ml_collections', 'train')
@@ -50,7 +51,7 @@ def test_the_digits_without_scikit_learn_is_one_line(monkeypatch):
 
 
 def test_the_event_files_without_tensorboardx_are_one_line(monkeypatch, tmp_path):
-  from bn_rnn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax.training import metric_writer  # pylint: disable=g-import-not-at-top
   _hide(monkeypatch, 'tensorboardX')
   writer = metric_writer.MetricWriter(str(tmp_path))
   with pytest.raises(extras.MissingExtra, match="needs tensorboardX \\(the 'train' extra\\)"):
@@ -83,10 +84,10 @@ def test_other_import_errors_pass_unchanged(monkeypatch):
       import no_such_package_anywhere  # pylint: disable=g-import-not-at-top,unused-import
   assert type(raised.value) is ModuleNotFoundError   # pylint: disable=unidiomatic-typecheck
   # A MissingExtra from further in keeps the module it names.
-  _hide(monkeypatch, 'ml_collections', 'bn_rnn_jax.config')
-  with pytest.raises(extras.MissingExtra, match='^bn_rnn_jax.config needs'):
+  _hide(monkeypatch, 'ml_collections', 'bn_rnn_jax.training.config')
+  with pytest.raises(extras.MissingExtra, match='^bn_rnn_jax.training.config needs'):
     with extras.needed_by('outer'):
-      importlib.import_module('bn_rnn_jax.config')
+      importlib.import_module('bn_rnn_jax.training.config')
 
 
 def _setup_extras() -> dict[str, list[str]]:
@@ -113,6 +114,6 @@ def test_the_package_names_the_extra_of_a_training_name(monkeypatch):
   """`bn_rnn_jax.train_and_evaluate` loads the trainer on first use: without its extra,
   the one line (the layers need none: tests/test_install.py)."""
   import bn_rnn_jax as br  # pylint: disable=g-import-not-at-top
-  _hide(monkeypatch, 'ml_collections', 'bn_rnn_jax.loop', 'bn_rnn_jax.config')
-  with pytest.raises(extras.MissingExtra, match='^bn_rnn_jax.loop needs ml_collections'):
+  _hide(monkeypatch, 'ml_collections', 'bn_rnn_jax.training.loop', 'bn_rnn_jax.training.config')
+  with pytest.raises(extras.MissingExtra, match='^bn_rnn_jax.training.loop needs ml_collections'):
     br.train_and_evaluate  # pylint: disable=pointless-statement

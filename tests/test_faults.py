@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import batch_stats
-from bn_rnn_jax import checkpoint
-from bn_rnn_jax import loop
 from bn_rnn_jax import variants
-from bn_rnn_jax import workdir as workdir_lib
 from bn_rnn_jax.input_pipeline import mnist
+from bn_rnn_jax.training import checkpoint
+from bn_rnn_jax.training import loop
+from bn_rnn_jax.training import workdir as workdir_lib
 import helpers
 import training_fixtures as fx
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import input_pipeline as ip
-from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import mnist
+from bn_rnn_jax.training import config as config_lib
 import real_data
 
 REAL_MNIST = real_data.path('mnist')

@@ -5,9 +5,9 @@ Brown corpus when it is under the data root."""
 import numpy as np
 import pytest
 
-from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import kaldi
 from bn_rnn_jax.input_pipeline import tagging
+from bn_rnn_jax.training import config as config_lib
 import helpers
 import real_data
 import training_fixtures as fx

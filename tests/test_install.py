@@ -22,8 +22,8 @@ import helpers
 
 #: Packages of the extras (`setup.py`), which the layers and cells must not import.
 EXTRA_MODULES = ('ml_collections', 'tensorboardX', 'tensorflow_datasets', 'tensorflow',
-                 'array_record', 'sklearn', 'kaldiio', 'matplotlib', 'tensorboard', 'bn_rnn_jax.loop', 'bn_rnn_jax.train',
-                 'bn_rnn_jax.checkpoint', 'bn_rnn_jax.config', 'bn_rnn_jax.input_pipeline')
+                 'array_record', 'sklearn', 'kaldiio', 'matplotlib', 'tensorboard',
+                 'bn_rnn_jax.training', 'bn_rnn_jax.input_pipeline')
 
 # Builds the layers and cells (and, with TRAIN, runs a training step of each); prints the
 # modules it imported.
@@ -63,10 +63,9 @@ MODEL_NAMES = (
     'batch_norm', 'batch_moments', 'layer_norm', 'normalize')
 #: Packages of the 'train' and 'data' extras that the path above must not import.
 TRAINER_PACKAGES = ('optax', 'orbax', 'absl', 'ml_collections', 'tensorflow_datasets')
-#: Our modules that import them (or need an extra); none may load on that path.
-TRAINER_MODULES = ('checkpoint', 'config', 'extras', 'input_pipeline', 'loop',
-                   'metric_writer', 'optim', 'parallel', 'tasks', 'train', 'trainer',
-                   'workdir')
+#: Our modules and subpackages that import them (or need an extra): the trainer
+#: (`bn_rnn_jax.training`), the data pipelines and `extras`; none may load on that path.
+TRAINER_MODULES = ('extras', 'input_pipeline', 'training')
 
 # Touches MODEL_NAMES with every import statement traced; prints, as JSON, the imports
 # made by our own modules (importer, module) and the bn_rnn_jax modules it loaded.

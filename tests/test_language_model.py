@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from bn_rnn_jax import metric_writer
-from bn_rnn_jax import loop
+from bn_rnn_jax.training import metric_writer
+from bn_rnn_jax.training import loop
 import training_fixtures as fx
 
 # Every test here trains or runs a command end to end.

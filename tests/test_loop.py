@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bn_rnn_jax import loop
-from bn_rnn_jax import metric_writer
+from bn_rnn_jax.training import loop
+from bn_rnn_jax.training import metric_writer
 import helpers
 import training_fixtures as fx
 

@@ -8,11 +8,11 @@ import os
 import numpy as np
 import pytest
 
-from bn_rnn_jax import config as config_lib
-from bn_rnn_jax import loop
-from bn_rnn_jax import metric_writer
-from bn_rnn_jax import tasks
 from bn_rnn_jax.input_pipeline import text
+from bn_rnn_jax.training import config as config_lib
+from bn_rnn_jax.training import loop
+from bn_rnn_jax.training import metric_writer
+from bn_rnn_jax.training import tasks
 
 WORDS = ('the', 'cat', 'dog', 'sat', 'on', 'a', 'mat', 'ran')
 

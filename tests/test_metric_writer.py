@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from bn_rnn_jax import metric_writer
+from bn_rnn_jax.training import metric_writer
 
 
 def _metrics_file(tmp_path, text):

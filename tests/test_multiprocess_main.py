@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from bn_rnn_jax import checkpoint
-from bn_rnn_jax import loop
-from bn_rnn_jax import metric_writer
+from bn_rnn_jax.training import checkpoint
+from bn_rnn_jax.training import loop
+from bn_rnn_jax.training import metric_writer
 import helpers
 import training_fixtures as fx
 

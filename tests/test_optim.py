@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bn_rnn_jax import optim
+from bn_rnn_jax.training import optim
 import training_fixtures as fx
 
 

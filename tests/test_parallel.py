@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bn_rnn_jax import loop
-from bn_rnn_jax import parallel
+from bn_rnn_jax.training import loop
+from bn_rnn_jax.training import parallel
 import helpers
 import training_fixtures as fx
 

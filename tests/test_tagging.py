@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import models
-from bn_rnn_jax import tasks
 from bn_rnn_jax.input_pipeline import tagging
+from bn_rnn_jax.training import tasks
 import helpers
 import reference as ref
 import training_fixtures as fx

@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bn_rnn_jax import config as config_lib
 from bn_rnn_jax import models
-from bn_rnn_jax import tasks
 from bn_rnn_jax import variants
+from bn_rnn_jax.training import config as config_lib
+from bn_rnn_jax.training import tasks
 import reference as ref
 
 

@@ -10,10 +10,10 @@ import tarfile
 
 import pytest
 
-from bn_rnn_jax import checkpoint
-from bn_rnn_jax import config as config_lib
-from bn_rnn_jax import loop
-from bn_rnn_jax import metric_writer
+from bn_rnn_jax.training import checkpoint
+from bn_rnn_jax.training import config as config_lib
+from bn_rnn_jax.training import loop
+from bn_rnn_jax.training import metric_writer
 import helpers
 import training_fixtures as fx
 

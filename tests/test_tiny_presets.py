@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from bn_rnn_jax import metric_writer
+from bn_rnn_jax.training import metric_writer
 import helpers
 import real_data
 

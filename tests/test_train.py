@@ -8,9 +8,9 @@ import optax
 import pytest
 
 from bn_rnn_jax import models
-from bn_rnn_jax import parallel
-from bn_rnn_jax import tasks
-from bn_rnn_jax import train
+from bn_rnn_jax.training import parallel
+from bn_rnn_jax.training import tasks
+from bn_rnn_jax.training import train
 import helpers
 import reference as ref
 

@@ -1,4 +1,4 @@
-"""The workdir keeps the config of its first launch (`bn_rnn_jax.workdir`): a relaunch that
+"""The workdir keeps the config of its first launch (`bn_rnn_jax.training.workdir`): a relaunch that
 changes the run's meaning is refused (workdir untouched) unless allowed and recorded; a
 failed first launch leaves nothing; a best checkpoint that is not the run's own is moved
 aside. Tiny runs on synthetic data (`training_fixtures`), one device."""
@@ -11,9 +11,9 @@ import shutil
 
 import pytest
 
-from bn_rnn_jax import loop
-from bn_rnn_jax import metric_writer
-from bn_rnn_jax import workdir as workdir_lib
+from bn_rnn_jax.training import loop
+from bn_rnn_jax.training import metric_writer
+from bn_rnn_jax.training import workdir as workdir_lib
 import helpers
 import training_fixtures as fx
 

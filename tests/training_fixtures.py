@@ -8,12 +8,12 @@ import tarfile
 import numpy as np
 import pytest
 
-from bn_rnn_jax import checkpoint
-from bn_rnn_jax import config as config_lib
-from bn_rnn_jax import loop
-from bn_rnn_jax import metric_writer
 from bn_rnn_jax.input_pipeline import mnist
 from bn_rnn_jax.input_pipeline import reading
+from bn_rnn_jax.training import checkpoint
+from bn_rnn_jax.training import config as config_lib
+from bn_rnn_jax.training import loop
+from bn_rnn_jax.training import metric_writer
 import helpers
 
 

@@ -1,6 +1,6 @@
 """Input pipelines: datasets as pure functions of (seed, step).
 
-The training loop (`bn_rnn_jax/loop.py`) is task-generic. It talks to a dataset only
+The training loop (`bn_rnn_jax/training/loop.py`) is task-generic. It talks to a dataset only
 through the interface below, so a new task (e.g. language modelling in `text.py`) plugs in
 by returning an object with these members from `get_dataset`.
 

@@ -1,5 +1,5 @@
-"""The config reference: every field of `bn_rnn_jax.config.default_config()`, described
-by its comment in `bn_rnn_jax/config.py` (the one place the descriptions live).
+"""The config reference: every field of `bn_rnn_jax.training.config.default_config()`, described
+by its comment in `bn_rnn_jax/training/config.py` (the one place the descriptions live).
 
 `fields()` pairs each field's default (from the function) with its comment (from the
 source): the comment on the field's line with its continuation lines (comment-only lines
@@ -19,7 +19,7 @@ import re
 import tokenize
 from typing import Any
 
-from bn_rnn_jax import config as config_lib
+from bn_rnn_jax.training import config as config_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,13 +31,13 @@ import jax
 import numpy as np
 
 from bn_rnn_jax import extras
-from bn_rnn_jax import parallel
 from bn_rnn_jax import input_pipeline
-from bn_rnn_jax import train
-from bn_rnn_jax import config as config_lib
-from bn_rnn_jax import loop
 from bn_rnn_jax.input_pipeline import mnist
 from bn_rnn_jax.input_pipeline import text
+from bn_rnn_jax.training import config as config_lib
+from bn_rnn_jax.training import loop
+from bn_rnn_jax.training import parallel
+from bn_rnn_jax.training import train
 # The one trailing moving average of the project's figures (the campaigns' tables use it).
 from experiments.campaign.tables import smooth  # pylint: disable=unused-import
 

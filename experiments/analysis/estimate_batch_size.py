@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bn_rnn_jax import loop
 from bn_rnn_jax import population
+from bn_rnn_jax.training import loop
 from experiments.analysis import common
 
 _STEPS = flags.DEFINE_integer('eb_steps', 300, 'Training steps before the evaluation.')

@@ -32,9 +32,9 @@ from absl import logging
 import jax
 import numpy as np
 
-from bn_rnn_jax import loop
 from bn_rnn_jax import modes
 from bn_rnn_jax import population
+from bn_rnn_jax.training import loop
 from experiments.analysis import common
 from experiments.analysis import estimate_batch_size
 

@@ -32,9 +32,9 @@ from absl import flags
 from absl import logging
 import numpy as np
 
-from bn_rnn_jax import checkpoint
-from bn_rnn_jax import loop
-from bn_rnn_jax import workdir as workdir_lib
+from bn_rnn_jax.training import checkpoint
+from bn_rnn_jax.training import loop
+from bn_rnn_jax.training import workdir as workdir_lib
 from experiments.analysis import common
 from experiments.analysis import estimate_batch_size
 from experiments.campaign import collect

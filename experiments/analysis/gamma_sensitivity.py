@@ -32,7 +32,7 @@ from absl import flags
 from absl import logging
 import numpy as np
 
-from bn_rnn_jax import loop
+from bn_rnn_jax.training import loop
 from experiments.analysis import common
 
 _TASKS = flags.DEFINE_list('gs_tasks', ['mnist', 'ptb'], 'Tasks: mnist and/or ptb.')

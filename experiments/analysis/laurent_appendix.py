@@ -29,7 +29,7 @@ from absl import flags
 from absl import logging
 import numpy as np
 
-from bn_rnn_jax import loop
+from bn_rnn_jax.training import loop
 from experiments.analysis import common
 
 _VARIANTS = flags.DEFINE_list(

@@ -27,8 +27,8 @@ from absl import flags
 from absl import logging
 import numpy as np
 
-from bn_rnn_jax import parallel
-from bn_rnn_jax import loop
+from bn_rnn_jax.training import parallel
+from bn_rnn_jax.training import loop
 from experiments.analysis import common
 
 _HIDDEN = flags.DEFINE_integer('ps_hidden_size', 128, 'BN-LSTM units.')

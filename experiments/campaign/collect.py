@@ -9,7 +9,7 @@
   machines                   every machine the runs trained on, where there were several
   setup, baselines           the spec's one-line setup and the data's baselines, if any
   runs                       `{run name: {arm, seed, records, launches}}`: every record of
-                             the run's metrics.jsonl (`bn_rnn_jax.metric_writer`), and
+                             the run's metrics.jsonl (`bn_rnn_jax.training.metric_writer`), and
                              for an evaluation campaign its `evaluation` instead
 
 Records are written one per line, so the JSON stays readable and diffs stay small.
@@ -74,7 +74,7 @@ def machines_used(launches: Sequence[dict]) -> list[dict]:
 
 def read_run(workdir: str) -> dict:
   """`{'records', 'launches'}` of a training run's workdir."""
-  from bn_rnn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax.training import metric_writer  # pylint: disable=g-import-not-at-top
   return {'records': metric_writer.read_metrics(workdir),
           'launches': read_launches(workdir)}
 
@@ -114,7 +114,7 @@ def read_launches(workdir: str) -> list[dict]:
 def run_config(workdir: str) -> Optional[ml_collections.ConfigDict]:
   """The config a run in `workdir` was trained with (its config.json and the changes
   recorded since), or None without one."""
-  from bn_rnn_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   return workdir_lib.load_config(workdir)
 
 
@@ -134,7 +134,7 @@ def trained_config(workdir: str, launches: Sequence[dict]) -> Optional[ml_collec
 def finished(records: Sequence[dict], config: ml_collections.ConfigDict) -> bool:
   """Whether the records end as a finished run of `config` ends, or as a run a non-finite
   step stopped (its outcome: another launch stops at the same step)."""
-  from bn_rnn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax.training import metric_writer  # pylint: disable=g-import-not-at-top
   if records and records[-1]['split'] == metric_writer.STOPPED:
     return True
   last = config.train.num_steps
@@ -147,7 +147,7 @@ def finished(records: Sequence[dict], config: ml_collections.ConfigDict) -> bool
 def config_differences(workdir: str, config: ml_collections.ConfigDict) -> list[tuple]:
   """`(field, the run's value, config's value)` of each field of the run's meaning in
   which the run in `workdir` differs from `config`, in field order (none without a run)."""
-  from bn_rnn_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   found = workdir_lib.run_config(workdir)
   if found is None:
     return []

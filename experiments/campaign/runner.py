@@ -98,7 +98,7 @@ def progress(task: Task) -> tuple[str, int]:
   if not os.path.exists(os.path.join(task.workdir, 'metrics.jsonl')):
     return 'new', 0
   check_config(task)
-  from bn_rnn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax.training import metric_writer  # pylint: disable=g-import-not-at-top
   records = metric_writer.read_metrics(task.workdir)
   if collect.finished(records, task.config):
     return 'finished', task.total
@@ -119,7 +119,7 @@ def _latest_checkpoint(workdir: str) -> int:
 def check_config(task: Task) -> None:
   """A workdir trained with another config is an error. The run's config is its own
   (config.json of its first launch, with the changes recorded since); fields that do not
-  change what it computes (`bn_rnn_jax.workdir.HARMLESS`: a longer or shorter budget,
+  change what it computes (`bn_rnn_jax.training.workdir.HARMLESS`: a longer or shorter budget,
   cadences) may differ: the run goes on or is finished."""
   differ = collect.config_differences(task.workdir, task.config)
   if differ:
@@ -430,7 +430,7 @@ def _run(campaign, runs_dir, parallel, seeds, arms, extra, compile_cache, tiny) 
 def status(campaign: spec_lib.Campaign, runs_dir: str, seeds=None, arms=None,
            extra: Mapping[str, Any] = ()) -> str:
   """One line per task: state, steps, wall time so far, launches."""
-  from bn_rnn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax.training import metric_writer  # pylint: disable=g-import-not-at-top
   lines = []
   for task in plan(campaign, runs_dir, seeds, arms, extra):
     state, done = progress(task)

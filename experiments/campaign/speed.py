@@ -23,7 +23,7 @@ def measure(campaign: spec_lib.Campaign, extra: Mapping[str, Any] = (),
   """The speed JSON of `campaign.speed` (the machine included); `arms` (default the
   speed table's) must start with the reference arm."""
   import jax  # pylint: disable=g-import-not-at-top
-  from bn_rnn_jax import loop  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax.training import loop  # pylint: disable=g-import-not-at-top
   speed = campaign.speed
   if speed is None:
     raise ValueError(f'Campaign {campaign.name!r} has no speed table.')

@@ -54,8 +54,8 @@ def get_campaign() -> spec.Campaign:
 def _load_run(workdir: str):
   """`(config, trainer, replicated state, step)` of a trained workdir's checkpoint."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from bn_rnn_jax import checkpoint as checkpoint_lib  # pylint: disable=g-import-not-at-top
-  from bn_rnn_jax import loop  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax.training import checkpoint as checkpoint_lib  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax.training import loop  # pylint: disable=g-import-not-at-top
   with open(os.path.join(workdir, 'config.json')) as f:
     config = ml_collections.ConfigDict(json.load(f))
   config.train.num_devices = 1
@@ -77,8 +77,8 @@ def _batch_stats_evaluator(config, trainer, length: int):
   dropout in the character configs)."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bn_rnn_jax import parallel  # pylint: disable=g-import-not-at-top
-  from bn_rnn_jax import train  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax.training import parallel  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax.training import train  # pylint: disable=g-import-not-at-top
   options = train.layer_options(config, trainer.dataset.train_length)
   options = options.replace(max_length=max(length, options['max_length']))
   model = trainer.task.build_model(config, dict(trainer.dataset.model_kwargs), options)

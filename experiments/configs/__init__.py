@@ -1,13 +1,13 @@
 """Experiment configs: one ml_collections file per paper experiment (`get_config(arg)`).
 
-Each starts from `bn_rnn_jax.config.default_config()` (the fields every run has) and sets
+Each starts from `bn_rnn_jax.training.config.default_config()` (the fields every run has) and sets
 the paper's hyperparameters. Each opens with the command that runs it, the hardware and
 time, the expected result (pointing at its `experiments/results/` JSON where this project
 has one) and its tiny command. Load one with `experiments/main.py --config <file>[:<arg>]`;
 any field can then be overridden on the command line, e.g. `--config.model.variant=lstm`,
 and `--show_config` prints them all.
 
-The argument (`bn_rnn_jax.config.parse_arg`) names at most one variant or size and any
+The argument (`bn_rnn_jax.training.config.parse_arg`) names at most one variant or size and any
 presets, comma-separated: `ptb_char.py:bn_lstm,tiny`, `attentive_reader.py:lstm,cpu`.
 Every file has the preset `tiny`: the whole run (data, training, evaluation, test) in
 well under a minute on 2 CPU cores, a smoke test whose numbers mean nothing

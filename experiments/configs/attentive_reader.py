@@ -55,8 +55,8 @@ all 3,174 questions (population statistics estimated from 5 training batches), t
 paper's learning rates and batch sizes.
 """
 
-from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import reading
+from bn_rnn_jax.training import config as config_lib
 
 # The names of `models.READER_VARIANTS` (a config loads without the model code).
 VARIANTS = ('lstm', 'bn_lstm', 'bn_everywhere', 'bn_e_star', 'bn_e_star_star',

@@ -36,8 +36,8 @@ momentum 0.9, no clipping, BN only on W_x x, evaluation with population statisti
 stopping on validation FCE. Values that are ours (commented below) scale it to this CPU.
 """
 
-from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import tagging
+from bn_rnn_jax.training import config as config_lib
 
 VARIANTS = ('lstm', 'bn_input_only_seq', 'bn_input_only')
 

@@ -55,8 +55,8 @@ estimate (moments averaged over 10 training batches) and early stopping on valid
 length buckets of 100 frames so that few programs compile.
 """
 
-from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import tagging
+from bn_rnn_jax.training import config as config_lib
 
 VARIANTS = ('lstm', 'bn_input_only_seq', 'bn_input_only')
 

@@ -32,7 +32,7 @@ accuracy after 300 steps, `experiments/analysis/estimate_batch_size.py --eb_perm
 experiments/results/figures/estimate_batch_size_pmnist.json).
 """
 
-from bn_rnn_jax import config as config_lib
+from bn_rnn_jax.training import config as config_lib
 from experiments.configs import seq_mnist
 
 

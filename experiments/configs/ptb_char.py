@@ -50,8 +50,8 @@ is ~25.5 epochs of 783 steps) and the softmax layer's initialiser (Flax's LeCun 
 the paper says "orthogonal initialization for all weight matrices").
 """
 
-from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import text
+from bn_rnn_jax.training import config as config_lib
 
 VARIANTS = ('lstm', 'bn_lstm', 'bn_input_only')
 

@@ -71,8 +71,8 @@ LSTM (BN) 62.5 / 120.9; medium 49.1 / 89.0 and 41.0 / 90.6; large 49.3 / 81.8 an
 35.0 / 97.4.
 """
 
-from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import text
+from bn_rnn_jax.training import config as config_lib
 
 VARIANTS = ('lstm', 'bn_input_only', 'bn_lstm')
 PTB_TRAIN_TOKENS = 929_589   # ptb.train.txt words + one <eos> per line

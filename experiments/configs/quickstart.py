@@ -30,8 +30,8 @@ Same hyperparameters as `seq_mnist.py` (Cooijmans et al. sec. 5.1) but a smaller
 and a short budget. `experiments/quickstart.py` trains `variants` one after the other.
 """
 
-from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import mnist
+from bn_rnn_jax.training import config as config_lib
 
 
 def get_config(arg: str = ''):

@@ -53,8 +53,8 @@ Choices the paper leaves open, taken from the authors' released code:
 claim is decided.
 """
 
-from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import mnist
+from bn_rnn_jax.training import config as config_lib
 
 
 def get_config(arg: str = ''):

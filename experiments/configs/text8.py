@@ -33,8 +33,8 @@ Not from the paper: the step budget (the paper gives none; 50,000 steps is 12.8 
 of 3,906 steps) and the softmax initialiser (Flax's LeCun normal).
 """
 
-from bn_rnn_jax import config as config_lib
 from bn_rnn_jax.input_pipeline import text
+from bn_rnn_jax.training import config as config_lib
 
 VARIANTS = ('lstm', 'bn_lstm', 'bn_input_only')
 

@@ -23,15 +23,15 @@ import numpy as np
 import optax
 from absl import logging
 
-from bn_rnn_jax import config as config_lib
 from bn_rnn_jax import extras
 from bn_rnn_jax import input_pipeline
-from bn_rnn_jax import optim
-from bn_rnn_jax import parallel
 from bn_rnn_jax import population
-from bn_rnn_jax import tasks
-from bn_rnn_jax import train
-from bn_rnn_jax.train import TrainState
+from bn_rnn_jax.training import config as config_lib
+from bn_rnn_jax.training import optim
+from bn_rnn_jax.training import parallel
+from bn_rnn_jax.training import tasks
+from bn_rnn_jax.training import train
+from bn_rnn_jax.training.train import TrainState
 
 with extras.needed_by(__name__):
   import ml_collections

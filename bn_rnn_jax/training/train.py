@@ -31,15 +31,15 @@ import numpy as np
 import optax
 from jax import lax
 
-from bn_rnn_jax import config as config_lib
 from bn_rnn_jax import initializers
 from bn_rnn_jax import modes
-from bn_rnn_jax import parallel
 from bn_rnn_jax import policy
 from bn_rnn_jax import population
-from bn_rnn_jax import tasks
 from bn_rnn_jax import variants
-from bn_rnn_jax.tasks import Task
+from bn_rnn_jax.training import config as config_lib
+from bn_rnn_jax.training import parallel
+from bn_rnn_jax.training import tasks
+from bn_rnn_jax.training.tasks import Task
 
 AXIS = parallel.AXIS
 

@@ -40,8 +40,8 @@ import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bn_rnn_jax import workdir as workdir_lib
-from bn_rnn_jax.config import PARALLEL_BACKENDS as BACKENDS
+from bn_rnn_jax.training import workdir as workdir_lib
+from bn_rnn_jax.training.config import PARALLEL_BACKENDS as BACKENDS
 
 AXIS = 'batch'
 

@@ -106,7 +106,7 @@ def default_config() -> ml_collections.ConfigDict:
   t.time_budget_s = _placeholder(float)
   # A launch on a workdir whose run was started with other values of fields that change
   # what it computes (data, model, optimizer, batch, seed) is refused unless this is True;
-  # the change is then recorded in <workdir>/config_changes.jsonl (bn_rnn_jax.workdir).
+  # the change is then recorded in <workdir>/config_changes.jsonl (bn_rnn_jax.training.workdir).
   t.allow_config_change = False
   # Donate the state to the train step: XLA may write the new state into the old one's
   # buffers instead of new ones (what that saves: docs/speed.md). The loop then keeps its

@@ -1,5 +1,5 @@
 """The training loop: `train_and_evaluate(config, workdir)` and the `Trainer` it drives
-(`bn_rnn_jax.trainer`, also importable from here).
+(`bn_rnn_jax.training.trainer`, also importable from here).
 
 `Trainer` holds one run's model, optimizer and device-mapped steps (`train.py`'s pure
 functions under `parallel.device_map`) and places the state on the devices. `_Run` is
@@ -14,8 +14,8 @@ after a kill.
 Evaluation: `trainer.py` (`config.eval.population_stats`, `config.eval.compare`).
 
 Before anything is written, a launch is checked against the run its workdir holds
-(`bn_rnn_jax.workdir`), and in a multi-process run every process against process 0
-(`parallel.check_same_config`).
+(`bn_rnn_jax.training.workdir`), and in a multi-process run every process against
+process 0 (`parallel.check_same_config`).
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ with extras.needed_by(__name__):
   import ml_collections
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from bn_rnn_jax import checkpoint as checkpoint_lib
-from bn_rnn_jax import config as config_lib
-from bn_rnn_jax import metric_writer
-from bn_rnn_jax import parallel
-from bn_rnn_jax import train
-from bn_rnn_jax import workdir as workdir_lib
-from bn_rnn_jax.train import TrainState
-from bn_rnn_jax.trainer import Trainer
+from bn_rnn_jax.training import checkpoint as checkpoint_lib
+from bn_rnn_jax.training import config as config_lib
+from bn_rnn_jax.training import metric_writer
+from bn_rnn_jax.training import parallel
+from bn_rnn_jax.training import train
+from bn_rnn_jax.training import workdir as workdir_lib
+from bn_rnn_jax.training.train import TrainState
+from bn_rnn_jax.training.trainer import Trainer
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
