@@ -30,14 +30,12 @@ EXTRA_MODULES = ('ml_collections', 'tensorboardX', 'tensorflow_datasets', 'tenso
 SCRIPT = '''
 import sys
 import jax, jax.numpy as jnp
-from flax import linen as nn
 import bn_rnn_jax as br
 
 TRAIN = %s
 x, mask = jnp.ones((4, 6, 3)), jnp.ones((4, 6)).at[0, 4:].set(0)
 layer = br.make_layer('bn_lstm', 5, max_length=6)
-encoder = nn.RNN(br.BNLSTMCell(5, max_length=6, use_running_average=False),
-                 variable_carry='batch_stats')
+encoder = br.RNN(br.BNLSTMCell(5, max_length=6, use_running_average=False))
 models = [(layer, (x, mask), dict(use_running_average=False, deterministic=False)),
           (encoder, (x,), dict(seq_lengths=jnp.array([4, 6, 6, 6])))]
 for model, args, kwargs in models * TRAIN:

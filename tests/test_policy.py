@@ -49,7 +49,7 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import policy
-from bn_rnn_jax import train
+from bn_rnn_jax.training import train
 from bn_rnn_jax import variants
 import helpers
 import reference as ref

@@ -31,7 +31,7 @@ EVAL_STATISTICS = ('estimate', 'running', 'batch')
 LAYER_FIELDS = ('statistics', 'recurrent_init', 'input_init', 'initial_state',
                 'initial_state_noise', 'gamma_init', 'momentum', 'epsilon', 'forget_bias',
                 'min_step_count', 'min_statistics_count', 'padded_statistics', 'unroll', 'remat', 'backward',
-                'hoist_input', 'batch_sums')
+                'hoist_input', 'batch_sums', 'fused_step')
 
 _placeholder = ml_collections.config_dict.placeholder
 
@@ -81,6 +81,7 @@ def default_config() -> ml_collections.ConfigDict:
   m.backward = 'auto'            # 'auto' | 'scan' | 'layer' (policy.py)
   m.hoist_input = _placeholder(bool)         # None = the backend's choice (policy.py)
   m.batch_sums = 'auto'          # 'auto' | 'reduce' | 'contraction' (policy.py)
+  m.fused_step = 'none'          # 'none' | 'xla' | 'pallas': the BN-LSTM's fused step
 
   config.optimizer = o = ml_collections.ConfigDict()
   o.name = 'rmsprop'             # 'rmsprop' | 'adam' | 'sgd'

@@ -38,7 +38,7 @@ HARMLESS = ('train.log_every', 'train.num_steps', 'train.time_budget_s', 'train.
             'train.allow_config_change', 'train.donate_state', 'eval.', 'checkpoint.every',
             'checkpoint.keep', 'parallel.', 'distributed.', 'data.root', 'data.tfds_data_dir',
             'data.cache_dir', 'model.remat', 'model.unroll', 'model.backward',
-            'model.hoist_input', 'model.batch_sums')
+            'model.hoist_input', 'model.batch_sums', 'model.fused_step')
 
 
 def flat_config(config) -> dict:
