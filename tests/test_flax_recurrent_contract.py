@@ -52,8 +52,10 @@ NNX_CELLS = {'bn_lstm': nnx_cells.BNLSTMCell, 'bn_input_only': nnx_cells.BNInput
              'ln_lstm': nnx_cells.LNLSTMCell}
 APIS = ['linen', 'nnx']
 # The NNX cells wrap the Linen ones (`nnx_bridge.FromLinen`): a property of the call runs
-# on Linen in the default tier and on NNX too with --exhaustive; those of the NNX API, the
-# chunks and the scans run on both.
+# on Linen in the default tier and on NNX too with --exhaustive (test_nnx.py and the NNX
+# API's tests below run the NNX cells by default). A property another default-tier test
+# proves (parameter shapes: test_flax_cells; unroll: test_layer_vjp; stepping without
+# lengths: stepping with them) runs with --exhaustive only.
 LINEN_FIRST = helpers.core_cases(APIS, core=['linen'])
 
 
@@ -281,7 +283,8 @@ def bidirectional(forward, backward, x, *, train, **fields):
 
 
 # ----------------------------------------------------------------------------- Flax's RNN tests
-@pytest.mark.parametrize('api', LINEN_FIRST)
+@pytest.mark.exhaustive
+@pytest.mark.parametrize('api', APIS)
 def test_forward_shapes_and_parameter_shapes(api):
   """`RNN(cell)` with `return_carry`: outputs `[B, T, H]`, the carry's c and h `[B, H]`
   and step `[B]` (= T); the parameters and per-step statistics in the layer's layout."""
@@ -320,7 +323,8 @@ def test_multiple_batch_dims(api):
   close(model.stats, flat.stats)
 
 
-@pytest.mark.parametrize('api', LINEN_FIRST)
+@pytest.mark.exhaustive
+@pytest.mark.parametrize('api', APIS)
 def test_unroll(api):
   """`Execution(unroll=2)` on the cell (`nn.RNN`'s `unroll`): outputs `[B, T, H]`, and
   the outputs, carry and statistics of unroll 1, with uneven lengths."""
@@ -353,7 +357,8 @@ def test_time_major(api):
   close(model.stats, batch_major.stats)
 
 
-@pytest.mark.parametrize('api', LINEN_FIRST)
+@pytest.mark.exhaustive
+@pytest.mark.parametrize('api', APIS)
 def test_stepped_by_hand_equals_rnn(api):
   """The cell called at each step (a mask of ones) gives `RNN`'s outputs step by step,
   its final carry and the same statistics (training)."""
@@ -399,7 +404,8 @@ def test_single_example_batches_in_evaluation(api):
     close(carry, rows(want_carry, slice(row, row + 1)))
 
 
-@pytest.mark.parametrize('api', LINEN_FIRST)
+@pytest.mark.exhaustive
+@pytest.mark.parametrize('api', APIS)
 def test_variable_batch_size(api):
   """One `RNN` evaluates batches of 1, 2 and 3 rows, each row as in the whole batch
   (population statistics)."""
@@ -429,7 +435,7 @@ def test_flax_rnn_evaluates_the_cell(api):
 
 
 @pytest.mark.parametrize('api', LINEN_FIRST)
-@pytest.mark.parametrize('keep_order', [False, True])
+@pytest.mark.parametrize('keep_order', helpers.core_cases([False, True], core=[True]))
 def test_reverse(api, keep_order):
   """`reverse=True` runs each row's valid steps backwards: the cell stepped by hand over
   the reversed valid steps gives the outputs in reversed order (in input order with
@@ -445,7 +451,8 @@ def test_reverse(api, keep_order):
 
 
 @pytest.mark.parametrize('api', LINEN_FIRST)
-@pytest.mark.parametrize('case', ['plain', 'shared_cell', 'merge_fn', 'return_carry'])
+@pytest.mark.parametrize('case', helpers.core_cases(
+    ['plain', 'shared_cell', 'merge_fn', 'return_carry'], core=['shared_cell', 'return_carry']))
 def test_bidirectional(api, case):
   """`nn.Bidirectional` / `nnx.Bidirectional` of two `RNN`s with `seq_lengths`: the
   forward run and the reversed run (`keep_order`) merged (concatenated, or by
@@ -480,6 +487,7 @@ def test_bidirectional(api, case):
 
 
 # ----------------------------------------------------------------------------- scans
+@pytest.mark.exhaustive
 def test_nn_scan_of_the_cell_equals_rnn():
   """`nn.scan` of the Linen cell class (params broadcast, `batch_stats` carried) over the
   time axis with each step's mask: `RNN`'s outputs, carry and statistics (training)."""
@@ -496,7 +504,7 @@ def test_nn_scan_of_the_cell_equals_rnn():
   close(new['batch_stats'], model.stats)
 
 
-@pytest.mark.parametrize('api', APIS)
+@pytest.mark.parametrize('api', LINEN_FIRST)
 @pytest.mark.parametrize('lengths', [
     pytest.param(LENGTHS, id='6-3-5'),
     pytest.param(np.array([0, 3, 6]), id='0-3-6')])
@@ -536,7 +544,7 @@ def test_scan_by_hand_equals_rnn(api, lengths):
 
 
 # ----------------------------------------------------------------------------- chunks
-@pytest.mark.parametrize('api', APIS)
+@pytest.mark.parametrize('api', LINEN_FIRST)
 @pytest.mark.parametrize('train', [True, False], ids=['training', 'evaluation'])
 def test_chunked_calls_equal_one_call(api, train):
   """`RNN` on x[:, :3], then on x[:, 3:] from the first call's carry with `seq_lengths`
@@ -557,7 +565,7 @@ def test_chunked_calls_equal_one_call(api, train):
   close(chunked.stats, model.stats)
 
 
-@pytest.mark.parametrize('api', APIS)
+@pytest.mark.parametrize('api', LINEN_FIRST)
 def test_chunked_training_moves_the_running_average_as_one_call(api):
   """From trained statistics, the two chunks of `test_chunked_calls_equal_one_call` move
   the running average as one call on the whole sequence does (each row by its valid
