@@ -27,8 +27,9 @@
 #   speed     rnn_speed.py at shapes a-d ($SHAPES), float32 and bfloat16, one JSON per
 #             shape (batch-sum timings with the first); $IMPLS (rnn_speed.py's
 #             --impls) picks the implementations             -> rnn_speed_<shape>.json
-#   profile   launch_profile.py: one jax.profiler trace of shape (a) per implementation,
-#             kernels per time step and the gaps between them -> launch_profile_a.json
+#   profile   launch_profile.py: one jax.profiler trace of shape (a) per implementation
+#             ($TRACED, comma-separated, picks them), kernels per time step and the gaps
+#             between them                                   -> launch_profile_a.json
 #   hoist     rnn_speed.py at $SHAPES with the input term computed in the step
 #             (--hoist false), float32, lstm and bn_lstm: the hoisting choice of the
 #             execution policy                               -> rnn_speed_<shape>_in_step.json
@@ -147,9 +148,9 @@ speed_stage() {
 }
 
 profile_stage() {
-  local traced=(flax_optimized_lstm cudnn_lstm lstm bn_lstm bn_lstm_cell) calls=3
+  local traced=${TRACED:-flax_optimized_lstm,cudnn_lstm,lstm,bn_lstm,bn_lstm_cell} calls=3
   (( quick )) && calls=1
-  "$python" benchmarks/launch_profile.py --shape a --traced "$(IFS=,; echo "${traced[*]}")" \
+  "$python" benchmarks/launch_profile.py --shape a --traced "$traced" \
     --calls $calls --json "$outdir/launch_profile_a.json"
 }
 
