@@ -337,7 +337,7 @@ def minibatch_moments_record(mean: Array, var: Array, count: Array, num_rows: in
   mean = jnp.where(seen[:, None], jnp.atleast_2d(mean), 0.0)
   var = jnp.where(seen[:, None], jnp.atleast_2d(var), 1.0)
   count = jnp.where(seen, count, jnp.where(thin, -count, 0.0))
-  if isinstance(first_row, int) and first_row == 0:
+  if sequence.starts_at_zero(first_row):
     pad = num_rows - mean.shape[0]
     if pad < 0:
       check_length(mean.shape[0], num_rows)
@@ -357,9 +357,13 @@ def minibatch_moments_record(mean: Array, var: Array, count: Array, num_rows: in
 
 def check_rows(first_row, length: int, num_rows: int) -> None:
   """Training steps `first_row .. first_row + length - 1` must have statistics rows (an
-  error, never a clamp): checked at once when `first_row` (an int, or an int array of
-  rows' steps) is concrete; when it is traced (a step counter carried under `jit`), a
-  `jax.debug.callback` raises when the batch runs."""
+  error, never a clamp): `check_length` for a sequence run in one call, else checked
+  when the values are there (`sequence.check_when_run`: a step counter carried under
+  `jit` is traced). `first_row`: an int, or an int array of rows' steps."""
+  if sequence.starts_at_zero(first_row):
+    check_length(length, num_rows)
+    return
+
   def check(first):
     last = int(np.max(first)) + length
     if last > num_rows:
@@ -367,10 +371,7 @@ def check_rows(first_row, length: int, num_rows: int) -> None:
           f'Training steps {last - length}..{last - 1} need per-step statistics rows, but '
           f'max_length={num_rows}: raise max_length to at least {last} (population '
           'statistics past the training length are reused at inference only).')
-  if isinstance(first_row, jax.core.Tracer):
-    jax.debug.callback(check, first_row)
-  else:
-    check(np.asarray(first_row))
+  sequence.check_when_run(check, first_row)
 
 
 def record_weights(record: dict[str, Array]) -> Array:

@@ -269,11 +269,9 @@ class RecurrentLayer(nn.Module):
       full_count = self._sequences(first_step, mask, batch, length)
       first_step = sequence.common_step(first_step, mask)
     if batch_statistics and sites:
-      if isinstance(first_step, int) and first_step == 0:
-        normalization.check_length(length, max_length)
-      else:
-        normalization.check_rows(first_step, length, max_length)
-    if self.execution.fused_step != 'none':
+      normalization.check_rows(first_step, length, max_length)
+    fused = self.execution.fused_step != 'none'
+    if fused:
       self._check_fused(first_step)
       run = dataclasses.replace(run, hoist_input=True)
     stats = {site: batch_stats.site_variable(
@@ -310,7 +308,7 @@ class RecurrentLayer(nn.Module):
       xs['stats'] = rows
     loop_sites = (tuple(site for site in sites if site not in moments) if batch_statistics
                   else ())
-    if self.execution.fused_step != 'none':
+    if fused:
       final_carry, ys = self._fused_scan(params, carry, xs, mask_tm, rows, batch_statistics)
     elif run.backward == 'layer':
       final_carry, ys = self._scan_with_layer_backward(params, cfg, carry, xs, loop_sites,
@@ -323,7 +321,7 @@ class RecurrentLayer(nn.Module):
 
     if batch_statistics and sites and not self.is_initializing():
       counts = self._step_counts(batch, length, mask_tm)
-      moments.update(ys['moments'] if self.execution.fused_step != 'none' else
+      moments.update(ys['moments'] if fused else
                      steps.unpack_moments(ys['moments'], loop_sites, sites, counts))
       self._record_moments(stats, moments, first_step, full_count)
     outputs = jnp.swapaxes(ys['h'], 0, 1)
@@ -448,7 +446,7 @@ class RecurrentLayer(nn.Module):
     in this call or before it (`first_step` > 0), so that a sequence run in pieces
     weights its rows as one call does. None (the record's largest count, the same
     number) for a call that starts every row at step 0."""
-    if isinstance(first_step, int) and first_step == 0:
+    if sequence.starts_at_zero(first_step):
       return None
     valid = (jnp.full((batch,), length, jnp.int32) if mask is None
              else jnp.sum(mask > 0, axis=1))

@@ -65,12 +65,27 @@ def check_time_index(value, what: str) -> None:
     raise ValueError(f'{what} must be >= 0; got {int(values.min())}.')
 
 
+def starts_at_zero(first_step) -> bool:
+  """Whether `first_step` is the static 0 of a sequence run in one call (not a piece of
+  one, not a traced or per-row step): the calls that need no step offset."""
+  return isinstance(first_step, int) and first_step == 0
+
+
+def check_when_run(check, *values) -> None:
+  """`check(*values)` (which raises on bad values) at once when the values are concrete,
+  or, when one is traced (under `jit`), through a `jax.debug.callback` when the
+  computation runs: an error either way, never a silent clamp."""
+  if any(isinstance(value, jax.core.Tracer) for value in values):
+    jax.debug.callback(check, *values)
+  else:
+    check(*values)
+
+
 def common_step(first_step, mask: Optional[Array]):
   """The step of a training batch's first column, from each row's step `first_step`
   (an int, a scalar, or `[batch]`): the rows valid there (`mask [batch, time]`) pool
   their batch moments per step, so they must share it (rows at other steps take part as
-  padding only). Rows at different steps are an error: at once when the values are
-  concrete, when the batch runs when they are traced (a `jax.debug.callback`)."""
+  padding only). Rows at different steps are an error (`check_when_run`)."""
   if np.ndim(first_step) == 0:
     return first_step
   valid = (jnp.ones(np.shape(first_step), bool) if mask is None else mask[:, 0] > 0)
@@ -81,10 +96,7 @@ def common_step(first_step, mask: Optional[Array]):
       raise ValueError(f'Training rows start at different steps {steps.tolist()}: batch '
                        'statistics pool the rows of one step, so a batch trains from one '
                        'step (rows at other steps are padding in this call).')
-  if isinstance(first_step, jax.core.Tracer) or isinstance(valid, jax.core.Tracer):
-    jax.debug.callback(check, first_step, valid)
-  else:
-    check(first_step, valid)
+  check_when_run(check, first_step, valid)
   return jnp.max(jnp.where(valid, first_step, 0))
 
 

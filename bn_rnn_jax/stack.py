@@ -113,7 +113,7 @@ class StackedRNN(nn.Module):
       raise ValueError(f'dropout_rate must be in [0, 1); got {self.dropout_rate}.')
     if initial_carries is not None and self.bidirectional:
       raise ValueError('initial_carries are for unidirectional stacks (carried state).')
-    if self.bidirectional and not (isinstance(first_step, int) and first_step == 0):
+    if self.bidirectional and not sequence.starts_at_zero(first_step):
       raise ValueError(_NO_BIDIRECTIONAL_STEP)
     axis_name = self.layer_options.get('axis_name')
     carries = []
@@ -129,7 +129,7 @@ class StackedRNN(nn.Module):
         extra = {'return_carry': True}
         if initial_carries is not None:
           extra['initial_carry'] = initial_carries[index]
-        if not (isinstance(first_step, int) and first_step == 0):
+        if not sequence.starts_at_zero(first_step):
           extra['first_step'] = first_step
         carry, x = self._layer(f'layer_{index}')(x, mask, **mode.kwargs(), **extra)
       carries.append(carry)
