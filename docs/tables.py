@@ -3,7 +3,7 @@ r"""Every table the docs quote, rendered from the JSON it comes from.
 The README and the pages under docs/ quote two kinds of marked blocks:
 
   <!-- campaign-table CAMPAIGN TABLE --> ... <!-- /campaign-table -->
-      a campaign's table, rendered by its spec (`experiments/campaigns/CAMPAIGN.py`) from
+      a campaign's table, rendered by its spec (`experiments/campaign_specs/CAMPAIGN.py`) from
       `experiments/results/CAMPAIGN.json`: `python -m experiments.campaign report CAMPAIGN`;
   <!-- json-table NAME [ARG] --> ... <!-- /json-table -->
       a table of this module (`RENDERERS`), from the JSONs under `experiments/results/`
@@ -61,7 +61,7 @@ def _records(result: dict, arm: str, seed: int = 0) -> list[dict]:
 
 
 def _quickstart() -> tuple[str, str]:
-  from experiments.campaigns import quickstart  # pylint: disable=g-import-not-at-top
+  from experiments.campaign_specs import quickstart  # pylint: disable=g-import-not-at-top
   result = _result('quickstart')
   runs = {(r['arm'], r['seed']): quickstart._row(r)  # pylint: disable=protected-access
           for r in result['runs'].values()}
@@ -87,7 +87,7 @@ def _init_options() -> tuple[str, str]:
 def _fig2(panel: str) -> tuple[str, str]:
   """The headline of one panel of Fig. 2: `panel` is 'seq' or 'pmnist'."""
   from experiments.campaign import tables  # pylint: disable=g-import-not-at-top
-  from experiments.campaigns import _fig2 as fig2  # pylint: disable=g-import-not-at-top
+  from experiments.campaign_specs import _fig2 as fig2  # pylint: disable=g-import-not-at-top
   result = _result(fig2.NAMES[panel])
   lstm, bn = f'{panel}_lstm', f'{panel}_bn_lstm'
   batch = {arm: fig2.validation_curve(_records(result, arm), 'accuracy_batch')
@@ -124,7 +124,7 @@ def _ptb_char_lengths() -> tuple[str, str]:
 
 
 def _ptb_word_small() -> tuple[str, str]:
-  from experiments.campaigns import ptb_word_small  # pylint: disable=g-import-not-at-top
+  from experiments.campaign_specs import ptb_word_small  # pylint: disable=g-import-not-at-top
   result = _result('ptb_word_small')
   best = {arm: min(p for _, p in ptb_word_small.epochs(_records(result, arm))['valid'])
           for arm in ('lstm', 'bn_input_only')}

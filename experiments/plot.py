@@ -10,7 +10,7 @@ Reads each workdir's records with `bn_rnn_jax.training.metric_writer.read_metric
 (`bpc`, `perplexity`, `fer`, ...), so `--splits=valid,train` draws both. A metric no
 record has is a one-line error listing the metrics there are; a (run, split) without it
 is left out with a warning. `plot_curves` is also what the campaigns' figures draw with
-(`experiments/campaigns/`).
+(`experiments/campaign_specs/`).
 """
 
 from __future__ import annotations

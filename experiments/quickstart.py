@@ -3,7 +3,7 @@ r"""Quickstart: LSTM vs BN-LSTM, same budget, real data, offline, CPU-friendly.
   python experiments/quickstart.py                 # in ~/.cache/bn_rnn_jax/quickstart
   python experiments/quickstart.py --workdir DIR   # in DIR
 
-Runs the `quickstart` campaign (`experiments/campaigns/quickstart.py`): both variants on
+Runs the `quickstart` campaign (`experiments/campaign_specs/quickstart.py`): both variants on
 scikit-learn's 8x8 digits read pixel by pixel (64 steps, nothing to download), five seeds,
 two runs at a time, then prints its table (every seed's validation accuracy, and what
 holds in every seed) and writes `<workdir>/learning_curves.png`. About 3 minutes on 2 CPU
@@ -42,7 +42,7 @@ with extras.needed_by('experiments/quickstart.py', exit=True):
   from absl import flags
   from ml_collections import config_flags
 
-  from experiments.campaigns import quickstart
+  from experiments.campaign_specs import quickstart
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 FLAGS = flags.FLAGS

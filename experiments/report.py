@@ -147,8 +147,8 @@ def _speed_campaigns() -> dict:
 def names() -> list[str]:
   """Every result set this script prints, in the order it prints them (a campaign still
   training has none yet)."""
-  from experiments import campaigns  # pylint: disable=g-import-not-at-top
-  done = [n for n in spec.names() if n not in campaigns.IN_PROGRESS]
+  from experiments import campaign_specs  # pylint: disable=g-import-not-at-top
+  done = [n for n in spec.names() if n not in campaign_specs.IN_PROGRESS]
   return done + ['figures', 'variable_length'] + list(benchmarks()) + sorted(
       _speed_campaigns())
 

@@ -1,4 +1,4 @@
-"""The campaign mechanism (experiments/campaign/, experiments/campaigns/).
+"""The campaign mechanism (experiments/campaign/, experiments/campaign_specs/).
 
 * Every table the docs quote regenerates from its committed JSON byte for byte: the docs
   mark each quoted table with `<!-- campaign-table NAME TABLE -->` ... `<!-- /campaign-table -->`.
@@ -35,9 +35,9 @@ from experiments.campaign import collect
 from experiments.campaign import runner
 from experiments.campaign import show
 from experiments.campaign import spec
-from experiments import campaigns
-from experiments.campaigns import ptb_word_small
-from experiments.campaigns import quickstart
+from experiments import campaign_specs
+from experiments.campaign_specs import ptb_word_small
+from experiments.campaign_specs import quickstart
 import helpers
 import training_fixtures as fx
 
@@ -65,12 +65,12 @@ QUOTED = _quoted_tables()
 
 def _committed() -> list[str]:
   """The campaigns with results: all but those still training."""
-  return [name for name in spec.names() if name not in campaigns.IN_PROGRESS]
+  return [name for name in spec.names() if name not in campaign_specs.IN_PROGRESS]
 
 
 def test_campaigns_in_progress_are_those_without_results():
   for name in spec.names():
-    assert os.path.exists(collect.path_of(name)) == (name not in campaigns.IN_PROGRESS), name
+    assert os.path.exists(collect.path_of(name)) == (name not in campaign_specs.IN_PROGRESS), name
 
 
 def test_docs_quote_tables_of_every_committed_training_campaign():
@@ -138,7 +138,7 @@ def test_list_shows_every_campaign_with_command_and_expected_time():
     assert f'{name}: {campaign.title}' in text and campaign.command in text
     assert f'expected: {campaign.expected}' in text
     # big_vision's manner: the spec's header carries its commands
-    doc = importlib.import_module(f'experiments.campaigns.{name}').__doc__
+    doc = importlib.import_module(f'experiments.campaign_specs.{name}').__doc__
     assert f'python -m experiments.campaign run {name}' in doc
     if campaign.speed:
       assert f'python -m experiments.campaign speed {name}' in text
@@ -148,7 +148,7 @@ def test_experiment_modules_import_together_without_flag_clashes():
   """The command line, the plotting and report modules, every spec and every figure
   script in one process: no absl DuplicateFlagError."""
   modules = ['experiments.campaign.__main__', 'experiments.plot', 'experiments.report'] + [
-      f'experiments.campaigns.{n}' for n in spec.names()] + [
+      f'experiments.campaign_specs.{n}' for n in spec.names()] + [
           f'experiments.analysis.{os.path.splitext(os.path.basename(p))[0]}' for p in
           glob.glob(os.path.join(REPO, 'experiments', 'analysis', '*.py'))]
   for module in modules:
@@ -422,7 +422,8 @@ def data(tmp_path_factory):
   }
 
 
-DATA = {'ptb_char_256': 'ptb', 'ptb_char_256_lengths': 'ptb', 'ptb_word_small': 'ptb',
+DATA = {'ptb_char_256': 'ptb', 'ptb_char_256_lengths': 'ptb', 'ptb_char_1000': 'ptb',
+        'ptb_word_small': 'ptb',
         'brown_tagger': 'brown', 'attentive_reader_long': 'cloze',
         'attentive_reader_1200': 'cloze', 'attentive_reader_200': 'cloze'}
 

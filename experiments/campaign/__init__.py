@@ -7,6 +7,6 @@
   speed.py     the interleaved timer of a campaign's speed table
   show.py      tables and figures from a results JSON, the list of campaigns
 
-The specs are `experiments/campaigns/<name>.py`; the command line is `__main__.py`
+The specs are `experiments/campaign_specs/<name>.py`; the command line is `__main__.py`
 (`python -m experiments.campaign list`).
 """

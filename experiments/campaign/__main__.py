@@ -1,4 +1,4 @@
-r"""Run, follow, collect and report the campaigns of experiments/campaigns/.
+r"""Run, follow, collect and report the campaigns of experiments/campaign_specs/.
 
   python -m experiments.campaign list                  # every table: command, expected time
   python -m experiments.campaign run NAME [--parallel=2] [--seeds=0,1] [--set=k=v ...]

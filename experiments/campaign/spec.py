@@ -1,7 +1,7 @@
 """What a campaign is: a config file, a grid of arms x seeds, the runs' environment, and
 the tables and figure that its results JSON renders.
 
-A spec module `experiments/campaigns/<name>.py` defines `get_campaign() -> Campaign`.
+A spec module `experiments/campaign_specs/<name>.py` defines `get_campaign() -> Campaign`.
 Every run of a campaign is `experiments/main.py --config <config>[:<arm.config_arg>]`
 with, in this order, the campaign's `overrides`, the arm's `overrides`, `seed=<seed>` and
 the command line's `--set key=value` pairs. Table and figure functions read the results
@@ -255,16 +255,16 @@ def jsonable(value):
 
 # ---------------------------------------------------------------------- registry
 def get(name: str) -> Campaign:
-  """The campaign of `experiments/campaigns/<name>.py`."""
-  from experiments import campaigns  # pylint: disable=g-import-not-at-top
-  if name not in campaigns.NAMES:
-    raise ValueError(f'Unknown campaign {name!r}; have {", ".join(campaigns.NAMES)}.')
-  campaign = importlib.import_module(f'experiments.campaigns.{name}').get_campaign()
+  """The campaign of `experiments/campaign_specs/<name>.py`."""
+  from experiments import campaign_specs  # pylint: disable=g-import-not-at-top
+  if name not in campaign_specs.NAMES:
+    raise ValueError(f'Unknown campaign {name!r}; have {", ".join(campaign_specs.NAMES)}.')
+  campaign = importlib.import_module(f'experiments.campaign_specs.{name}').get_campaign()
   if campaign.name != name:
-    raise ValueError(f'experiments/campaigns/{name}.py names its campaign {campaign.name!r}.')
+    raise ValueError(f'experiments/campaign_specs/{name}.py names its campaign {campaign.name!r}.')
   return campaign
 
 
 def names() -> tuple[str, ...]:
-  from experiments import campaigns  # pylint: disable=g-import-not-at-top
-  return tuple(campaigns.NAMES)
+  from experiments import campaign_specs  # pylint: disable=g-import-not-at-top
+  return tuple(campaign_specs.NAMES)

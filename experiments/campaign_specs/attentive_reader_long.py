@@ -21,7 +21,7 @@ of documents 128 long.
 """
 
 from experiments.campaign import spec
-from experiments.campaigns import _attentive_reader as reader
+from experiments.campaign_specs import _attentive_reader as reader
 
 
 def get_campaign() -> spec.Campaign:

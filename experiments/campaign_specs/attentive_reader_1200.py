@@ -15,7 +15,7 @@ checkpoints every 200 steps.
 """
 
 from experiments.campaign import spec
-from experiments.campaigns import _attentive_reader as reader
+from experiments.campaign_specs import _attentive_reader as reader
 
 
 def get_campaign() -> spec.Campaign:

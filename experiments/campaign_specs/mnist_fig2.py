@@ -15,7 +15,7 @@ their clocks. Setup, statistics and the paper's milestones: `_fig2.py`.
 """
 
 from experiments.campaign import spec
-from experiments.campaigns import _fig2
+from experiments.campaign_specs import _fig2
 
 
 def get_campaign() -> spec.Campaign:
