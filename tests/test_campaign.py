@@ -423,8 +423,7 @@ def data(tmp_path_factory):
 
 
 DATA = {'ptb_char_256': 'ptb', 'ptb_char_256_lengths': 'ptb', 'ptb_char_1000': 'ptb',
-        'ptb_word_small': 'ptb',
-        'brown_tagger': 'brown', 'attentive_reader_long': 'cloze',
+        'ptb_char_1000_lengths': 'ptb', 'ptb_word_small': 'ptb', 'brown_tagger': 'brown', 'attentive_reader_long': 'cloze',
         'attentive_reader_1200': 'cloze', 'attentive_reader_200': 'cloze'}
 
 

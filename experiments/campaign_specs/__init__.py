@@ -12,6 +12,7 @@ NAMES = (
     'ptb_char_256',
     'ptb_char_256_lengths',
     'ptb_char_1000',
+    'ptb_char_1000_lengths',
     'ptb_word_small',
     'brown_tagger',
     'attentive_reader_long',
@@ -21,4 +22,4 @@ NAMES = (
 
 #: Campaigns whose runs are still training: no results JSON yet (`collect` writes it once
 #: every run has finished), so no quoted table.
-IN_PROGRESS = ('ptb_char_1000',)
+IN_PROGRESS = ('ptb_char_1000', 'ptb_char_1000_lengths')
