@@ -32,11 +32,13 @@ site of every module):
                `mutable=['batch_stats']` and drop the update.
   population statistics (`use_running_average=True`): a site whose statistics no
                training batch reached (`count` 0 in every row) would normalise with
-               mean 0, variance 1. Checked when the statistics are concrete values (an
-               eager `apply`, or variables closed over by a jitted function); under
-               `jax.jit` / `pmap` they are tracers and pass unchecked: call
-               `untrained_sites(variables['batch_stats'])` before jitting.
-               `allow_untrained_statistics()` opts out.
+               mean 0, variance 1. Checked at once when the statistics are concrete
+               values (an eager `apply`, or variables closed over by a jitted
+               function), and when the computation runs when they are traced (variables
+               passed to `jax.jit`, `pmap` or `nnx.jit`: a `jax.errors.JaxRuntimeError`
+               carrying the message; `sequence.check_when_run`).
+               `untrained_sites(variables['batch_stats'])` names them beforehand;
+               `allow_untrained_statistics()` opts out (read when the call is traced).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from bn_rnn_jax import initializers
 from bn_rnn_jax import modes
 from bn_rnn_jax import normalization
 from bn_rnn_jax import policy
+from bn_rnn_jax import sequence
 
 Array = jax.Array
 
@@ -111,7 +114,8 @@ _UNTRAINED_ALLOWED = contextvars.ContextVar('untrained_statistics_allowed', defa
 @contextlib.contextmanager
 def allow_untrained_statistics() -> Iterator[None]:
   """Inside this context `use_running_average=True` accepts statistics no training batch
-  reached (they normalise with mean 0, variance 1), e.g. to look at an untrained model."""
+  reached (they normalise with mean 0, variance 1), e.g. to look at an untrained model.
+  A jitted function follows the context it is traced in."""
   token = _UNTRAINED_ALLOWED.set(True)
   try:
     yield
@@ -141,12 +145,18 @@ def is_untrained(site_stats) -> bool:
   count = site_stats['count']
   if isinstance(count, jax.core.Tracer):
     return False
+  return _no_row_reached(count)
+
+
+def _no_row_reached(count) -> bool:
+  """Whether concrete counts `[R]` hold no row a training batch reached."""
   return not np.any(np.asarray(count) > 0)
 
 
 def untrained_sites(stats_tree) -> list[str]:
   """Paths (`'rnn/layer_0/recurrent'`) of the sites in a `batch_stats` tree that no
-  training batch reached: what a jitted evaluation would normalise with (0, 1).
+  training batch reached: the sites an evaluation with it refuses (they would normalise
+  with mean 0, variance 1).
 
   Example:
     >>> import bn_rnn_jax as br
@@ -170,12 +180,19 @@ def untrained_sites(stats_tree) -> list[str]:
 
 def _check_trained(module: nn.Module, site: str, site_stats: Any) -> None:
   """Population statistics (`use_running_average=True`) must not be ones that no
-  training batch reached."""
-  if is_untrained(site_stats) and not _UNTRAINED_ALLOWED.get():
-    raise ValueError(
-        f'{_where(module, site)}: use_running_average=True with population statistics no '
-        'training batch reached (count 0 in every row: mean 0, variance 1); train or '
-        'estimate them first, or call inside batch_stats.allow_untrained_statistics().')
+  training batch reached: checked now when their counts are concrete, else when the
+  computation runs (`sequence.check_when_run`)."""
+  if _UNTRAINED_ALLOWED.get():
+    return
+  where = _where(module, site)
+
+  def check(count):
+    if _no_row_reached(count):
+      raise ValueError(
+          f'{where}: use_running_average=True with population statistics no training '
+          'batch reached (count 0 in every row: mean 0, variance 1); train or estimate '
+          'them first, or call inside batch_stats.allow_untrained_statistics().')
+  sequence.check_when_run(check, site_stats['count'])
 
 
 def site_variable(module: nn.Module, site: str, rows: int, features: int, *,

@@ -7,9 +7,10 @@ Misuse of the statistics is an error, as in `flax.linen.BatchNorm`:
    mutable would update nothing: raised, eagerly and under `jax.jit` (the check reads
    the apply's arguments, not values).
 2. `use_running_average=True` on statistics no training batch reached (count 0) would
-   normalise with mean 0 / variance 1: raised when the statistics are concrete values;
-   under `jax.jit` with the statistics as arguments they are tracers, and
-   `untrained_sites` names the sites before jitting.
+   normalise with mean 0 / variance 1: raised at once when the statistics are concrete
+   values, and when the computation runs under `jax.jit` with the statistics as
+   arguments (tracers); `untrained_sites` names the sites beforehand, and
+   `allow_untrained_statistics` opts out.
 Both for `RecurrentLayer` and `MaskedBatchNorm` (the one statistics-site implementation).
 """
 
@@ -103,6 +104,15 @@ def test_eval_of_untrained_statistics_raises(case):
     # Variables closed over by a jitted function are concrete when it is traced.
     jax.jit(lambda x, m: module.apply(variables, x, m, use_running_average=True,
                                       deterministic=True))(*args)
+  with pytest.raises(jax.errors.JaxRuntimeError, match="site '.*no training batch reached"):
+    # Variables passed to it are traced: checked when it runs.
+    jax.block_until_ready(_evaluate(module)(variables, *args))
+
+
+def _evaluate(module):
+  """A jitted evaluation taking the variables as an argument."""
+  return jax.jit(lambda v, x, m: module.apply(v, x, m, use_running_average=True,
+                                              deterministic=True, **_outputs(module)))
 
 
 def test_untrained_sites_names_them_before_a_jitted_evaluation(case):
@@ -119,7 +129,8 @@ def test_opting_out_evaluates_with_mean_0_variance_1(case):
   with batch_stats.allow_untrained_statistics():
     out = module.apply(variables, *args, use_running_average=True, deterministic=True,
                        **_outputs(module))
-  assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(out))
+    jitted = jax.block_until_ready(_evaluate(module)(variables, *args))
+  assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves((out, jitted)))
   with pytest.raises(ValueError, match='no training batch reached'):  # scoped to the block
     module.apply(variables, *args, use_running_average=True, deterministic=True)
 
@@ -138,7 +149,8 @@ def test_trained_statistics_evaluate_without_error(case):
                             mutable=['batch_stats'], **_outputs(module))
   out = module.apply({**variables, **updated}, *args, use_running_average=True,
                      deterministic=True, **_outputs(module))
-  assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(out))
+  jitted = jax.block_until_ready(_evaluate(module)({**variables, **updated}, *args))
+  assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves((out, jitted)))
 
 
 def test_layers_without_batch_statistics_need_neither():
