@@ -19,7 +19,8 @@ are the same cells and statistics. What it adds to the bridge:
                                  `StackedRNN.step`, `LanguageModel.step`).
 
 Misuse is caught as in Linen (`batch_stats.py`): evaluating statistics that no training
-batch reached raises when their values are concrete (an eager call).
+batch reached raises, at once in an eager call and when the computation runs under
+`nnx.jit` (`batch_stats.allow_untrained_statistics()` opts out).
 
 Recipe: the sequential-MNIST BN-LSTM classifier (Linen:
 `models.SequenceClassifier(num_classes=10, variant='bn_lstm', hidden_size=100)`; the
@@ -62,6 +63,7 @@ initial values and finds the same parameters, statistics and evaluation outputs.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterable, Mapping
 
 import jax
@@ -181,12 +183,6 @@ def _wrapped(model: nnx.Module) -> dict[str, FromLinen]:
           if isinstance(node, FromLinen)}
 
 
-def _cells(model: nnx.Module) -> dict[str, nnx_cells.NormalizedLSTMCell]:
-  """`{path: cell}` of every cell with batch statistics in `model` (itself included)."""
-  return {'/'.join(map(str, path)): node for path, node in nnx.iter_graph(model)
-          if isinstance(node, nnx_cells.NormalizedLSTMCell) and node.batch_stats}
-
-
 @nnx.jit
 def _minibatch_moments(model: nnx.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
   """`{path: MOMENTS collection}` of one training-mode pass of `model(*args, **kwargs)`."""
@@ -215,12 +211,29 @@ def estimate_population_stats(model: nnx.Module, batches: Iterable[Any]) -> None
   `batch_stats` to the average of its moments per row
   (`population.average_minibatch_moments`, as the Linen
   `population.estimate_population_stats`). Compiled once per model and batch shape.
+
+  Give the batches the lengths or mask the model trains with: a batch whose inputs look
+  zero-padded and that passes neither warns (`population.padding_without_lengths`). A
+  site no batch reached (a module the call does not run) is set to count 0, with a
+  warning naming it, and evaluation refuses it.
   """
-  records = [_minibatch_moments(model, *((), dict(batch)) if isinstance(batch, Mapping)
-                                else (tuple(batch), {})) for batch in batches]
+  records, padded = [], None
+  for batch in batches:
+    args, kwargs = population.call_arguments(batch)
+    padded = padded or population.padding_warning('estimate_population_stats', batch)
+    records.append(_minibatch_moments(model, args, kwargs))
   if not records:
     raise ValueError('estimate_population_stats needs at least one batch.')
+  if padded:
+    warnings.warn(padded, stacklevel=2)
   estimate = population.average_minibatch_moments(records)
+  unreached = []
   for path, module in _wrapped(model).items():
-    if estimate.get(path):
-      module.load_linen_variables({'batch_stats': estimate[path]})
+    stats, missing = population.with_every_site(
+        estimate.get(path), module.linen_variables()['batch_stats'])
+    unreached += [f'{path}/{site}' if path else site for site in missing]
+    if stats:
+      module.load_linen_variables({'batch_stats': stats})
+  if unreached:
+    warnings.warn(population.unreached_warning('estimate_population_stats', unreached),
+                  stacklevel=2)

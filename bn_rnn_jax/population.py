@@ -5,9 +5,22 @@ average, per time step, of the minibatch means and variances over N training bat
 computed with the final parameters. This module is that estimate, in two pieces and one
 entry point:
 
-  minibatch_moments(model, variables, args, rngs)   one batch's moments, per site and step
+  minibatch_moments(model, variables, batch, rngs, **apply_kwargs)
+                                                    one batch's moments, per site and step
   average_minibatch_moments(records)                their average over N batches
-  estimate_population_stats(model, variables, batches)   both, on one device
+  estimate_population_stats(model, variables, batches, **apply_kwargs)
+                                                    both, on one device
+
+A batch is the arguments of one call of the model: a tuple of positional arguments
+(`(x, mask)`) or a mapping of keyword arguments (`{'inputs': x, 'seq_lengths':
+lengths}`, for a call whose lengths are keyword-only such as `RNN`'s). `apply_kwargs`
+are the keywords that ask the model for batch statistics without dropout or noise:
+Flax's two flags `use_running_average=False, deterministic=True`
+(`modes.BATCH_STATISTICS`) unless given; a module of your own with a flag of its own
+passes that instead (`train=True`). The estimate warns where its result would otherwise
+be wrong without a word: a batch that looks zero-padded and passes no lengths or mask
+(`padding_without_lengths`), a site no batch reached (returned with count 0, which
+evaluation refuses).
 
 The trainer maps the two pieces over devices (`train.minibatch_moments_step`); notebooks,
 your own loops and the figure scripts call `estimate_population_stats`. Either way the
@@ -17,9 +30,8 @@ result is a `batch_stats` tree to evaluate with (`use_running_average=True`).
 from __future__ import annotations
 
 import functools
-import inspect
 import warnings
-from typing import Any, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -32,36 +44,63 @@ from bn_rnn_jax import modes
 MOMENTS = batch_stats.MOMENTS
 
 
-def minibatch_moments(model: nn.Module, variables, args: tuple, rngs=None) -> Any:
+def call_arguments(batch) -> tuple[tuple, dict]:
+  """`(args, kwargs)` of one batch: a tuple (or list) of positional arguments, or a
+  mapping of keyword arguments; anything else is a one-line TypeError."""
+  if isinstance(batch, Mapping):
+    return (), dict(batch)
+  if isinstance(batch, (tuple, list)):
+    return tuple(batch), {}
+  raise TypeError('A batch is a tuple of positional arguments or a mapping of keyword '
+                  f'arguments of the model\'s call, e.g. (x, mask); got {type(batch).__name__}'
+                  f'{f" of shape {batch.shape}" if hasattr(batch, "shape") else ""}.')
+
+
+def _mode_kwargs(apply_kwargs: Mapping[str, Any], batch_kwargs: Mapping[str, Any]
+                 ) -> dict[str, Any]:
+  """The keywords that ask for batch statistics (`apply_kwargs`, default Flax's two
+  flags), which a batch's keywords must not repeat."""
+  mode = dict(apply_kwargs) or modes.BATCH_STATISTICS.kwargs()
+  both = sorted(set(mode) & set(batch_kwargs))
+  if both:
+    raise ValueError(f'The batch passes {", ".join(map(repr, both))}, which the estimate '
+                     f'sets itself ({mode}); leave it out of the batch.')
+  return mode
+
+
+def minibatch_moments(model: nn.Module, variables, batch, rngs=None, **apply_kwargs) -> Any:
   """The per-step moments one training batch gives every batch-normalised site.
 
   Runs the network as inference runs it but with batch statistics
-  (`model.apply(variables, *args, use_running_average=False, deterministic=True)`: no
-  dropout, h0 zeros), with the `MOMENTS` collection mutable (the running averages are
-  left alone), and returns that collection: per site `{'mean': [R, F], 'var': [R, F],
-  'count': [R]}`, count the valid sequences behind each row this batch reached. A module
-  of your own whose call takes `train` but not Flax's two flags runs with `train=True`.
-  `rngs`: for a model that draws randomness even so; the library's models draw none.
+  (`model.apply(variables, *args, **kwargs, use_running_average=False,
+  deterministic=True)`: no dropout, h0 zeros), with the `MOMENTS` collection mutable
+  (the running averages are left alone), and returns that collection: per site
+  `{'mean': [R, F], 'var': [R, F], 'count': [R]}`, count the valid sequences behind
+  each row this batch reached.
+
+  Args:
+    model: the module.
+    variables: its `{'params', 'batch_stats'}`.
+    batch: the call's arguments, a tuple of positional arguments or a mapping of
+      keyword arguments (`call_arguments`).
+    rngs: for a model that draws randomness even so; the library's models draw none.
+    **apply_kwargs: keywords that ask `model` for batch statistics, in place of Flax's
+      two flags (`modes.BATCH_STATISTICS`), e.g. `train=True` for a module of your own
+      whose `train` sets its cells' `use_running_average` (what else that flag turns
+      on, such as dropout, runs too).
   """
-  _, mutated = model.apply(variables, *args, **_batch_statistics_kwargs(model),
+  return _moments(model, variables, *call_arguments(batch), apply_kwargs, rngs)
+
+
+def _moments(model, variables, args: tuple, kwargs: dict, apply_kwargs, rngs=None):
+  """`minibatch_moments` of the call `(*args, **kwargs)`."""
+  _, mutated = model.apply(variables, *args, **kwargs, **_mode_kwargs(apply_kwargs, kwargs),
                            mutable=[MOMENTS], rngs=rngs)
   return mutated.get(MOMENTS, {})
 
 
-def _batch_statistics_kwargs(model: nn.Module) -> dict[str, bool]:
-  """How to ask `model` for batch statistics without noise: Flax's two flags where its
-  call takes them (every module of this library), else `train=True` (a module of your
-  own that takes only `train`: its dropout and noise then run as in training)."""
-  parameters = inspect.signature(type(model).__call__).parameters
-  takes_flags = all(name in parameters for name in ('use_running_average', 'deterministic'))
-  takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-  if takes_flags or (takes_any and 'train' not in parameters):
-    return modes.BATCH_STATISTICS.kwargs()
-  return {'train': True}
-
-
 def _is_site(node) -> bool:
-  return isinstance(node, dict) and set(node) == {'mean', 'var', 'count'}
+  return isinstance(node, Mapping) and set(node) == {'mean', 'var', 'count'}
 
 
 def _average_site(site):
@@ -143,35 +182,116 @@ def _ranges(rows) -> str:
   return ', '.join(parts)
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
-def _minibatch_moments_jit(model, variables, args):
-  return minibatch_moments(model, variables, args)
+def padding_without_lengths(batch) -> Optional[str]:
+  """What looks like padding in a batch that passes no lengths or mask, or None.
+
+  A float input `x [batch, time, features]` beside no array of shape `[batch]` (lengths)
+  or `[batch, time]` (a mask) looks padded when its rows end in runs of all-zero frames
+  of different lengths and no all-zero frame occurs before a row's run (zero frames only
+  at the ends, as padding puts them; zeros that are data, such as a background pixel,
+  occur elsewhere too). Checked on the host, on concrete arrays only; padding that is
+  not zeros cannot be told from data.
+  """
+  leaves = [leaf for leaf in jax.tree.leaves(call_arguments(batch))
+            if hasattr(leaf, 'shape') and not isinstance(leaf, jax.core.Tracer)]
+  for x in leaves:
+    if np.ndim(x) != 3 or not jnp.issubdtype(x.dtype, jnp.floating):
+      continue
+    rows, length = x.shape[:2]
+    if any(np.shape(leaf) in ((rows,), (rows, length)) for leaf in leaves):
+      continue
+    zero = ~np.asarray(x).any(axis=-1)                                    # [B, T]
+    run = np.cumprod(zero[:, ::-1], axis=1).sum(axis=1)                   # trailing zeros
+    inside = zero & (np.arange(length)[None, :] < (length - run)[:, None])
+    if np.unique(run).size > 1 and not inside.any():
+      short, full = int(np.argmax(run)), int(np.argmin(run))
+      return (f'inputs {tuple(x.shape)} with no lengths or mask, whose rows end in '
+              f'different numbers of all-zero frames (row {short} in {run[short]}, row '
+              f'{full} in {run[full]}), as padding does')
+  return None
+
+
+def padding_warning(function: str, batch) -> Optional[str]:
+  """The one-line warning `function` gives for a batch that looks padded and passes no
+  lengths (`padding_without_lengths`), or None."""
+  found = padding_without_lengths(batch)
+  if found is None:
+    return None
+  return (f'{function}: a batch passes {found}; the padding would count in the '
+          'statistics as data. Pass the lengths or mask the model trains with, e.g. '
+          "(x, mask) or {'inputs': x, 'seq_lengths': lengths}.")
+
+
+def _fresh_site(site):
+  """Statistics no batch reached, shaped as `site`: mean 0, var 1, count 0."""
+  return {'mean': jnp.zeros_like(site['mean']), 'var': jnp.ones_like(site['var']),
+          'count': jnp.zeros_like(site['count'])}
+
+
+def with_every_site(estimate, stats_tree) -> tuple[Any, list[str]]:
+  """`estimate` with every site of `stats_tree` (the model's `batch_stats`) that it
+  lacks, as statistics no batch reached (`_fresh_site`), so that evaluation refuses
+  them (`batch_stats._check_trained`) rather than find them missing; and those sites'
+  paths."""
+  missing = []
+  def visit(estimate, node, path):
+    if _is_site(node):
+      if estimate is None:
+        missing.append('/'.join(path))
+        return _fresh_site(node)
+      return estimate
+    estimate = {} if estimate is None else dict(estimate)
+    for key, value in node.items():
+      estimate[key] = visit(estimate.get(key), value, path + (str(key),))
+    return estimate
+  return visit(estimate, stats_tree, ()), missing
+
+
+def unreached_warning(function: str, missing: Sequence[str]) -> str:
+  """The one-line warning `function` gives for the sites (paths) no batch reached."""
+  sites = ', '.join(repr(path) for path in missing)
+  return (f'{function}: no batch reached site(s) {sites} (count 0 in every row); '
+          'evaluation with the estimate refuses them until a batch that runs them is '
+          'estimated.')
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _minibatch_moments_jit(model, variables, args, kwargs, apply_kwargs):
+  return _moments(model, variables, args, kwargs, dict(apply_kwargs))
 
 
 _average_jit = jax.jit(average_minibatch_moments)
 
 
-def estimate_population_stats(model: nn.Module, variables, batches):
+def estimate_population_stats(model: nn.Module, variables, batches, **apply_kwargs):
   """The papers' population statistics of `model` on one device.
 
   Runs `model` on each batch with batch statistics and the current parameters, but
   otherwise as inference runs it (no dropout, h0 zeros: `minibatch_moments`), and
-  averages the moments each step's row received. Compiled once per model and batch
-  shape.
+  averages the moments each step's row received. Compiled once per model, keywords and
+  batch shape.
 
   The batches need not be of the training size: larger ones estimate the statistics of
   sites downstream of other normalised terms (the cell, upper layers) for the
-  population-mode network better (on 784-step MNIST early in training, 2 batches of
-  1,000 gave a better validation accuracy than 10 batches of 100;
-  `experiments/analysis/estimate_batch_size.py`).
+  population-mode network better (`experiments/analysis/estimate_batch_size.py`).
 
   Args:
-    model: a module built from `RecurrentLayer` layers (a layer, a stack or a model).
+    model: a module built from `RecurrentLayer` layers (a layer, a stack, a model, or a
+      module of your own with the library's cells or layers).
     variables: its `{'params', 'batch_stats'}`.
-    batches: iterable of argument tuples, e.g. `[(x, mask), ...]` of training data.
+    batches: iterable of batches of training data, each the arguments of one call: a
+      tuple of positional arguments (`(x, mask)`) or a mapping of keyword arguments
+      (`{'inputs': x, 'seq_lengths': lengths}`). Give them the lengths or mask the model
+      trains with: a batch whose inputs look zero-padded and that passes neither warns
+      (`padding_without_lengths`).
+    **apply_kwargs: keywords that ask `model` for batch statistics without dropout or
+      noise; default Flax's two flags, `use_running_average=False, deterministic=True`.
+      A module of your own with a flag of its own passes it here, e.g. `train=True`.
 
   Returns:
-    A `batch_stats` tree to evaluate with: `{**variables, 'batch_stats': result}`.
+    A `batch_stats` tree to evaluate with: `{**variables, 'batch_stats': result}`. It
+    holds every site of `variables['batch_stats']`; a site no batch reached has count 0
+    (a warning names it) and evaluation refuses it.
 
   Example:
     >>> import bn_rnn_jax as br
@@ -185,15 +305,28 @@ def estimate_population_stats(model: nn.Module, variables, batches):
     >>> stats['cell']['mean'].shape, outputs.shape
     ((5, 4), (3, 5, 4))
   """
-  try:
-    hash(model)
-  except TypeError as e:
-    raise ValueError(f'estimate_population_stats compiles once per model, so the model '
-                     f'must be hashable; {type(model).__name__} is not ({e}): give its '
-                     'fields as tuples or frozen dataclasses, not lists or dicts.') from None
-  records = [_minibatch_moments_jit(model, variables, tuple(args)) for args in batches]
+  mode = tuple(sorted(apply_kwargs.items()))
+  for what, value, name in (('model', model, type(model).__name__),
+                            ('keywords', mode, f'{dict(mode)}')):
+    try:
+      hash(value)
+    except TypeError as e:
+      raise ValueError(f'estimate_population_stats compiles once per model and keywords, '
+                       f'so the {what} must be hashable; {name} is not ({e}): give them as '
+                       'tuples or frozen dataclasses, not lists or dicts.') from None
+  records, padded = [], None
+  for batch in batches:
+    args, kwargs = call_arguments(batch)
+    padded = padded or padding_warning('estimate_population_stats', batch)
+    records.append(_minibatch_moments_jit(model, variables, args, kwargs, mode))
   if not records:
     raise ValueError('estimate_population_stats needs at least one batch.')
+  if padded:
+    warnings.warn(padded, stacklevel=2)
   for line in thin_rows(records):
     warnings.warn(f'estimate_population_stats: {line}.', stacklevel=2)
-  return _average_jit(tuple(records))
+  estimate, missing = with_every_site(_average_jit(tuple(records)),
+                                      variables.get('batch_stats', {}))
+  if missing:
+    warnings.warn(unreached_warning('estimate_population_stats', missing), stacklevel=2)
+  return estimate

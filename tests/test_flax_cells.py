@@ -207,7 +207,7 @@ def test_population_inference_past_max_length(variant):
 
   estimate = population.estimate_population_stats(
       model, variables, [(jnp.asarray(x, jnp.float32), jnp.asarray(m.sum(1), jnp.int32))
-                         for x, m in batches])
+                         for x, m in batches], train=True)
   records = [ref.minibatch_record(ref.run_layer(params, x, m, variant)[2][site], False,
                                   MAX_LEN) for x, m in batches for site in ['input']]
   assert_close(estimate['cell']['input']['mean'], ref.average_records(records)['mean'])

@@ -192,13 +192,49 @@ def test_step_through_the_wrapped_stack(trained):
 
 
 def test_an_untrained_nnx_model_refuses_to_evaluate():
+  """Eagerly at once, under `nnx.jit` (statistics traced) when it runs."""
   model = Classifier(nnx.Rngs(1))
   model.eval()
   x, mask, _ = VALID
   with pytest.raises(ValueError, match='no training batch reached'):
     model(x, mask)
+  with pytest.raises(jax.errors.JaxRuntimeError, match='no training batch reached'):
+    jax.block_until_ready(nnx.jit(lambda model, x, mask: model(x, mask))(model, x, mask))
   with batch_stats.allow_untrained_statistics():
     assert model(x, mask).shape == (B, C)
+
+
+class TwoCells(nnx.Module):
+  """Two native cells under `nnx_cells.RNN`; the call runs the first only."""
+
+  def __init__(self, rngs: nnx.Rngs):
+    cell = lambda: nnx_cells.BNLSTMCell(I, H, max_length=T, rngs=rngs)
+    self.used, self.unused = nnx_cells.RNN(cell()), nnx_cells.RNN(cell())
+
+  def __call__(self, inputs, seq_lengths=None):
+    return self.used(inputs, seq_lengths=seq_lengths)
+
+
+def test_the_nnx_estimate_warns_of_padding_and_unreached_sites():
+  """As the Linen estimate: a zero-padded batch without lengths warns; a wrapped module
+  no batch ran is set to statistics no batch reached (count 0, which evaluation
+  refuses), with a warning naming its sites."""
+  model = TwoCells(nnx.Rngs(0))
+  trained = jax.tree.map(jnp.ones_like, model.unused.cell.linen_variables()['batch_stats'])
+  model.unused.cell.load_linen_variables({'batch_stats': trained})
+  x, mask, _ = VALID
+  padded = np.where(mask[..., None] > 0, x, 0.0).astype(np.float32)
+  with pytest.warns(UserWarning) as record:
+    br_nnx.estimate_population_stats(model, [{'inputs': padded}])
+  messages = [str(w.message) for w in record]
+  assert any('Pass the lengths or mask the model trains with' in m for m in messages)
+  unreached = [m for m in messages if 'no batch reached site(s)' in m]
+  assert len(unreached) == 1 and all(f"'unused/cell/{site}'" in unreached[0]
+                                     for site in ('recurrent', 'input', 'cell')), messages
+  assert "'used/" not in unreached[0]
+  assert sorted(batch_stats.untrained_sites(
+      model.unused.cell.linen_variables()['batch_stats'])) == ['cell', 'input', 'recurrent']
+  assert not batch_stats.untrained_sites(model.used.cell.linen_variables()['batch_stats'])
 
 
 # ----------------------------------------------------------------------------- native cells

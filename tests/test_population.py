@@ -1,13 +1,21 @@
 """`population.py`: the papers' population estimate (the average over training batches of
 each step's minibatch moments) against float64 moments of the parameters' projections and
-the reference's average of records; its compiled pass is reused across calls."""
+the reference's average of records; its compiled pass is reused across calls. A batch is
+positional or keyword arguments, the keywords asking for batch statistics are arguments
+too, and the estimate warns where its result would be wrong without a word: batches that
+look zero-padded but pass no lengths, sites no batch reached."""
+
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from flax import linen as nn
+
 import bn_rnn_jax as br
+from bn_rnn_jax import batch_stats
 from bn_rnn_jax import population
 import helpers
 import reference as ref
@@ -185,3 +193,95 @@ def test_rows_of_one_sequence_are_named_and_fall_back_with_a_threshold():
   _, want, _ = ref.run_layer(params, x, np.ones((3, 9)), 'bn_lstm', train=False,
                              population=population)
   helpers.assert_close(np.asarray(got), want, rtol=1e-4, what='outputs')
+
+
+def _padded_like(x, mask):
+  """x with zeros where `mask` is 0: zero padding."""
+  return np.where(np.asarray(mask)[..., None] > 0, x, 0.0).astype(np.float32)
+
+
+def test_a_batch_of_keyword_arguments_passes_the_lengths(data):
+  """A bare `RNN`, whose lengths are keyword-only, takes a batch of keyword arguments and
+  its one flag (`use_running_average=False`, not Flax's two): each row counts the
+  sequences the lengths give it, over both batches; the zero padding does not warn."""
+  x, mask = data
+  lengths = np.asarray(mask).sum(1).astype(np.int32)
+  rnn = br.RNN(br.BNLSTMCell(H, max_length=T))
+  variables = rnn.init(jax.random.key(0), x, seq_lengths=lengths, use_running_average=True)
+  batch = {'inputs': _padded_like(x, mask), 'seq_lengths': lengths}
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter('always')
+    stats = br.estimate_population_stats(rnn, variables, [batch] * 2,
+                                         use_running_average=False)
+  assert not [w for w in record if 'Pass the lengths' in str(w.message)]
+  np.testing.assert_array_equal(np.asarray(stats['cell']['cell']['count']),
+                                2 * np.asarray(mask).sum(0))
+
+
+def test_batches_and_keywords_that_cannot_be_a_call_are_errors(data):
+  x, mask = data
+  layer = br.make_layer('bn_lstm', H, max_length=T)
+  with pytest.raises(TypeError, match=r'A batch is a tuple .*; got ndarray of shape '
+                     r'\(4, 6, 3\)') as error:
+    br.estimate_population_stats(layer, {}, [x])
+  helpers.one_line(error)
+  with pytest.raises(ValueError, match="The batch passes 'deterministic', which the "
+                     'estimate sets itself') as error:
+    population.minibatch_moments(layer, {}, {'inputs': x, 'deterministic': False})
+  helpers.one_line(error)
+
+
+def test_zero_padding_without_lengths_is_detected(data):
+  """Rows ending in different numbers of all-zero frames, with none elsewhere, and no
+  `[batch]` or `[batch, time]` array beside them, are padding; lengths or a mask, inputs
+  without such ends, or zero frames inside rows (zeros as data) are not."""
+  x, mask = data
+  padded = _padded_like(x, mask)
+  lengths = np.asarray(mask).sum(1).astype(np.int32)
+  found = population.padding_without_lengths((padded,))
+  assert found.startswith('inputs (4, 6, 3) with no lengths or mask') and '\n' not in found
+  assert population.padding_without_lengths({'inputs': padded, 'seq_lengths': None})
+  assert population.padding_without_lengths((padded, mask)) is None
+  assert population.padding_without_lengths({'inputs': padded, 'seq_lengths': lengths}) is None
+  assert population.padding_without_lengths((x,)) is None
+  data_zeros = padded.copy()
+  data_zeros[1, 0] = 0.0                                   # a zero frame inside a row
+  assert population.padding_without_lengths((data_zeros,)) is None
+  # The estimate warns once, with the remedy, on a padded batch without lengths.
+  layer = br.make_layer('bn_lstm', H, max_length=T)
+  variables = layer.init(jax.random.key(0), padded, use_running_average=True,
+                         deterministic=True)
+  with pytest.warns(UserWarning, match=r'estimate_population_stats: a batch passes inputs '
+                    r".*Pass the lengths or mask the model trains with") as record:
+    br.estimate_population_stats(layer, variables, [(padded,)] * 2)
+  assert sum('Pass the lengths' in str(w.message) for w in record) == 1
+
+
+class _Branches(nn.Module):
+  """Two MaskedBatchNorms, the second run only when `second` is True."""
+
+  @nn.compact
+  def __call__(self, x, second=False, *, use_running_average, deterministic):
+    y = batch_stats.MaskedBatchNorm(name='first')(x, use_running_average=use_running_average)
+    if second:
+      y = batch_stats.MaskedBatchNorm(name='second')(y,
+                                                     use_running_average=use_running_average)
+    return y
+
+
+def test_a_site_no_batch_reached_is_named_and_refused(data):
+  """The estimate holds every site of the model: one no batch ran comes back with count 0,
+  a warning names it, and a jitted evaluation that runs it refuses it."""
+  x, _ = data
+  model = _Branches()
+  variables = model.init(jax.random.key(0), x, True, use_running_average=True,
+                         deterministic=True)
+  with pytest.warns(UserWarning, match=r"no batch reached site\(s\) 'second/stats'"):
+    stats = br.estimate_population_stats(model, variables, [(x,)])
+  assert set(stats) == {'first', 'second'}
+  assert batch_stats.untrained_sites(stats) == ['second/stats']
+  evaluate = jax.jit(lambda v, x: model.apply(v, x, True, use_running_average=True,
+                                              deterministic=True))
+  with pytest.raises(jax.errors.JaxRuntimeError,
+                     match="MaskedBatchNorm 'second' site 'stats'.*no training batch reached"):
+    jax.block_until_ready(evaluate({**variables, 'batch_stats': stats}, x))
