@@ -271,9 +271,9 @@ class RNN(nn.Module):
 
   Call: `(inputs [*batch, time, features], *, initial_carry=None, init_key=None,
   seq_lengths=None [*batch] int, return_carry=None, time_major=None, reverse=None,
-  keep_order=None, use_running_average=None)` -> outputs `[*batch, time, H]` (0 on
-  padding), or `(carry, outputs)`; the carry is each row's state after its last valid
-  step.
+  keep_order=None, use_running_average=None, deterministic=None)` -> outputs
+  `[*batch, time, H]` (0 on padding), or `(carry, outputs)`; the carry is each row's
+  state after its last valid step. The two flags, where given, override the cell's.
   """
   cell: NormalizedLSTMCell
   return_carry: bool = False
@@ -285,10 +285,11 @@ class RNN(nn.Module):
                seq_lengths: Optional[Array] = None, return_carry: Optional[bool] = None,
                time_major: Optional[bool] = None, reverse: Optional[bool] = None,
                keep_order: Optional[bool] = None,
-               use_running_average: Optional[bool] = None):
+               use_running_average: Optional[bool] = None,
+               deterministic: Optional[bool] = None):
     del init_key  # the cells start from zeros
-    kwargs = {} if use_running_average is None else {
-        'use_running_average': use_running_average}
+    flags = {'use_running_average': use_running_average, 'deterministic': deterministic}
+    kwargs = {name: value for name, value in flags.items() if value is not None}
     pick = lambda value, default: default if value is None else value
     return run_sequence(
         lambda carry, xs, mask: self.cell(carry, xs, mask, sequence=True, **kwargs),

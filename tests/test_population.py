@@ -202,8 +202,8 @@ def _padded_like(x, mask):
 
 def test_a_batch_of_keyword_arguments_passes_the_lengths(data):
   """A bare `RNN`, whose lengths are keyword-only, takes a batch of keyword arguments and
-  its one flag (`use_running_average=False`, not Flax's two): each row counts the
-  sequences the lengths give it, over both batches; the zero padding does not warn."""
+  the estimate's own flags: each row counts the sequences the lengths give it, over both
+  batches; the zero padding does not warn."""
   x, mask = data
   lengths = np.asarray(mask).sum(1).astype(np.int32)
   rnn = br.RNN(br.BNLSTMCell(H, max_length=T))
@@ -211,8 +211,7 @@ def test_a_batch_of_keyword_arguments_passes_the_lengths(data):
   batch = {'inputs': _padded_like(x, mask), 'seq_lengths': lengths}
   with warnings.catch_warnings(record=True) as record:
     warnings.simplefilter('always')
-    stats = br.estimate_population_stats(rnn, variables, [batch] * 2,
-                                         use_running_average=False)
+    stats = br.estimate_population_stats(rnn, variables, [batch] * 2)
   assert not [w for w in record if 'Pass the lengths' in str(w.message)]
   np.testing.assert_array_equal(np.asarray(stats['cell']['cell']['count']),
                                 2 * np.asarray(mask).sum(0))
