@@ -30,6 +30,7 @@ from experiments.analysis import gamma_sensitivity
 from experiments.analysis import gradient_flow
 from experiments.analysis import laurent_appendix
 from experiments.analysis import population_stats
+from experiments.analysis import running_average_gap
 from experiments.analysis import tanh_derivative
 import helpers
 
@@ -326,6 +327,33 @@ def test_estimate_noise_digits(tmp_path):
       'rnn/layer_0/recurrent', 'rnn/layer_0/input', 'rnn/layer_0/cell'}
   # The noise reaches the recurrent term's statistics.
   assert saved['largest_relative_variance_change']['rnn/layer_0/recurrent'] > 0.0
+
+
+@pytest.mark.exhaustive
+def test_running_average_gap_scores_and_locates_the_running_average(tmp_path):
+  """The running average scores as the run's own evaluation with it did; a hybrid whose
+  rows all come from the running average scores as the running average, one with none as
+  the estimate; per site and row, the running average's distance from the estimate."""
+  config = common.mnist_config(None, hidden_size=4, batch_size=8, eval_examples=16,
+                               population_batches=3, variant='bn_lstm')
+  config.eval.max_batches = None
+  config.eval.population_stats = 'running'
+  config.train.num_steps = 4
+  config.eval.every = config.checkpoint.every = 4
+  config.eval.test_at_end = False
+  run_dir = tmp_path / 'campaign' / 'bn_lstm_s0'
+  loop.train_and_evaluate(config, str(run_dir))
+  logged = [r for r in metric_writer.read_metrics(str(run_dir)) if r['split'] == 'valid'][-1]
+  running_average_gap.run(str(run_dir), str(tmp_path / 'out'), num_batches=2, size=8)
+  saved = _read_json(tmp_path / 'out', 'running_average_gap_bn_lstm_s0')
+  assert saved['run'] == 'campaign/bn_lstm_s0' and saved['step'] == 4
+  assert saved['running'] == pytest.approx(logged['accuracy'], abs=1e-4)
+  rows = len(next(iter(saved['per_row'].values()))['mean_shift'])
+  assert saved['hybrids'][f'rows < {rows}'] == pytest.approx(saved['running'], abs=1e-4)
+  assert set(saved['per_row']) == {'rnn/layer_0/recurrent', 'rnn/layer_0/input',
+                                   'rnn/layer_0/cell'}
+  assert all(_finite(row['mean_shift']) and _finite(row['log_var_ratio'])
+             for row in saved['per_row'].values())
 
 
 @pytest.mark.exhaustive

@@ -85,8 +85,11 @@ def old_estimate(model, variables, batches):
 
 
 def train_arm(variant: str, fields: dict, seed: int, steps: int, hidden: int,
-              batch_size: int):
-  """A trained `(model, variables)`."""
+              batch_size: int, optimizer=None, track=None):
+  """A trained `(model, variables, rng)`; `optimizer` an optax transformation (default
+  Adam 3e-3), clipped at global norm 1. `track`: `(init(batch_stats) -> tracked,
+  update(tracked, minibatch moments) -> tracked)`, statistics of one's own kept from
+  every training step's minibatch moments, returned as `variables['tracked']`."""
   width = TRAIN_LENGTHS[1]
   model = br.SequenceClassifier(num_classes=2, variant=variant, hidden_size=hidden,
                                 layer_options={'max_length': width, **fields})
@@ -94,26 +97,32 @@ def train_arm(variant: str, fields: dict, seed: int, steps: int, hidden: int,
   x, mask, _ = batch(rng, batch_size, TRAIN_LENGTHS, width)
   variables = model.init(jax.random.key(seed), x, mask, use_running_average=True,
                          deterministic=True)
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(3e-3))
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optimizer or optax.adam(3e-3))
   params, stats = variables['params'], variables.get('batch_stats', {})
   opt_state = tx.init(params)
+  init, update = track or (lambda stats: {}, lambda tracked, moments: tracked)
+  tracked = init(stats)
 
   @jax.jit
-  def step(params, stats, opt_state, x, mask, labels):
+  def step(params, stats, tracked, opt_state, x, mask, labels):
     def loss_fn(p):
-      logits, updates = model.apply({'params': p, 'batch_stats': stats}, x, mask,
+      logits, mutated = model.apply({'params': p, 'batch_stats': stats}, x, mask,
                                     use_running_average=False, deterministic=False,
-                                    mutable=['batch_stats'])
+                                    mutable=['batch_stats', population.MOMENTS])
       loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-      return loss, updates.get('batch_stats', stats)
-    (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+      return loss, mutated
+    (_, mutated), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    tracked = update(tracked, mutated.get(population.MOMENTS, {}))
     updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), stats, opt_state
+    return (optax.apply_updates(params, updates), mutated.get('batch_stats', stats),
+            tracked, opt_state)
 
   for _ in range(steps):
     x, mask, labels = batch(rng, batch_size, TRAIN_LENGTHS, width)
-    params, stats, opt_state = step(params, stats, opt_state, x, mask, labels)
-  return model, {'params': params, 'batch_stats': stats}, rng
+    params, stats, tracked, opt_state = step(params, stats, tracked, opt_state, x, mask,
+                                             labels)
+  variables = {'params': params, 'batch_stats': stats}
+  return model, {**variables, 'tracked': tracked} if track else variables, rng
 
 
 def accuracy(model, variables, rng, lengths) -> float:

@@ -1,0 +1,191 @@
+r"""Where a trained run's running average loses accuracy against the papers' estimate:
+site by site and step by step.
+
+It restores one checkpoint of a finished run (read only, as `estimate_trained.py`) and
+scores its whole validation split with population statistics made in several ways from
+the same parameters:
+
+  batch         each evaluation batch's own statistics (the reference);
+  running       the running average the run kept in training;
+  estimate      the papers' estimate: `--rg_batches` training batches of `--rg_size`,
+                deterministic (h0 zeros, no dropout), as inference runs;
+  noisy         the same batches in training mode (h0 noise, dropout): what the running
+                average records;
+  pooled        the estimate's batches pooled by the law of total variance (the variance
+                of every example behind a row, not the average of minibatch variances);
+
+and hybrids that locate the gap: the estimate with one site's statistics taken from the
+running average (`site <name>`), and with the rows of steps below a bound from the
+running average (`rows < k`). Per site and row it also records how far the running
+average sits from the estimate: |mean difference| in the estimate's standard deviations
+and the log ratio of the variances, each averaged over features.
+
+  python -m experiments.analysis.running_average_gap --rg_workdir=RUNS/pmnist_fig2/pmnist_bn_lstm_s0
+
+It writes `running_average_gap_<run folder>.{png,json}` in `--output_dir`; the JSON names
+the run by its campaign and run folder, never by its path.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Mapping, Optional
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bn_rnn_jax import population
+from experiments.analysis import common
+from experiments.analysis import estimate_trained
+from experiments.campaign import collect
+
+_WORKDIR = flags.DEFINE_string('rg_workdir', None, 'Workdir of a finished run.')
+_STEP = flags.DEFINE_integer('rg_step', None, 'Checkpoint step (default: the latest).')
+_BATCHES = flags.DEFINE_integer('rg_batches', 2, 'Training batches of the estimates.')
+_SIZE = flags.DEFINE_integer('rg_size', 1000, 'Examples per estimate batch.')
+
+EPSILON = 1e-5
+
+
+def _is_site(node) -> bool:
+  return isinstance(node, Mapping) and set(node) == {'mean', 'var', 'count'}
+
+
+def sites(stats) -> dict[str, dict]:
+  """`{'rnn/layer_0/recurrent': site}` of a `batch_stats` tree."""
+  found = {}
+  def visit(path, node):
+    found['/'.join(str(getattr(k, 'key', k)) for k in path)] = node
+    return node
+  jax.tree_util.tree_map_with_path(visit, stats, is_leaf=_is_site)
+  return found
+
+
+def replace_sites(stats, choose) -> Any:
+  """`stats` with each site replaced by `choose(name, site)`."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, site: choose('/'.join(str(getattr(k, 'key', k)) for k in path), site),
+      stats, is_leaf=_is_site)
+
+
+def pooled_site(site: Mapping[str, Any]) -> dict:
+  """Records stacked over minibatches -> the law of total variance per row."""
+  n = np.maximum(np.asarray(site['count'], np.float64), 0.0)[..., None]
+  mean_i, var_i = (np.asarray(site[k], np.float64) for k in ('mean', 'var'))
+  total = n.sum(axis=0)
+  safe = np.where(total > 0, total, 1.0)
+  mean = (n * mean_i).sum(axis=0) / safe
+  var = (n * (var_i + (mean_i - mean) ** 2)).sum(axis=0) / safe
+  return {'mean': np.where(total > 0, mean, 0.0).astype(np.float32),
+          'var': np.where(total > 0, var, 1.0).astype(np.float32),
+          'count': total[:, 0].astype(np.float32)}
+
+
+def discrepancy(running: Mapping[str, Any], estimate: Mapping[str, Any]) -> dict:
+  """Per row: mean |mean_r - mean_e| / sqrt(var_e + eps), mean log(var_r / var_e)."""
+  m_r, v_r, m_e, v_e = (np.asarray(a, np.float64) for a in (
+      running['mean'], running['var'], estimate['mean'], estimate['var']))
+  return {'mean_shift': np.mean(np.abs(m_r - m_e) / np.sqrt(v_e + EPSILON), axis=-1),
+          'log_var_ratio': np.mean(np.log((v_r + EPSILON) / (v_e + EPSILON)), axis=-1)}
+
+
+def _records(trainer, variables, inputs, index, **apply_kwargs):
+  model = common.unmapped_model(trainer)
+  return [population.minibatch_moments(model, variables, (inputs[i],), **apply_kwargs)
+          for i in index]
+
+
+def run(run_dir: str, output_dir: str, step: Optional[int] = None, num_batches: int = 2,
+        size: int = 1000, seed: int = 0) -> dict:
+  start = time.time()
+  trainer, state, done = estimate_trained.restore(run_dir, step)
+  logging.info('Restored step %d of %s', done, run_dir)
+  variables = common.host_variables(trainer, state)
+  inputs = trainer.dataset.splits['train']['inputs']
+  index = np.random.RandomState(seed).randint(0, inputs.shape[0], (num_batches, size))
+  clean = _records(trainer, variables, inputs, index)
+  noisy = _records(trainer, variables, inputs, index, use_running_average=False,
+                   deterministic=False,
+                   rngs={'noise': jax.random.key(seed), 'dropout': jax.random.key(seed)})
+  stacked = jax.tree.map(lambda *leaves: np.stack([np.asarray(x) for x in leaves]), *clean)
+  made = {
+      'running': variables['batch_stats'],
+      'estimate': population.average_minibatch_moments(clean),
+      'noisy': population.average_minibatch_moments(noisy),
+      'pooled': jax.tree.map(pooled_site, stacked, is_leaf=_is_site),
+  }
+  accuracy = lambda stats: common.evaluate_with(trainer, state, stats)['accuracy']
+  result: dict[str, Any] = {
+      'batch': trainer.evaluate(state, 'valid', 'batch')['accuracy'],
+      **{kind: accuracy(stats) for kind, stats in made.items()}}
+  running, estimate = sites(made['running']), sites(made['estimate'])
+  hybrids = {}
+  for name in running:
+    hybrids[f'site {name}'] = accuracy(replace_sites(
+        made['estimate'], lambda n, s, name=name: running[n] if n == name else s))
+  rows = next(iter(running.values()))['count'].shape[0]
+  bounds = [k for k in (1, 4, 16, 64, 256) if k < rows] + [rows]
+  for k in bounds:
+    def rows_below(name, site, k=k):
+      r = running[name]
+      if r['count'].shape[0] == 1:
+        return site
+      return {key: jnp.concatenate([jnp.asarray(r[key])[:k], jnp.asarray(site[key])[k:]])
+              for key in ('mean', 'var', 'count')}
+    hybrids[f'rows < {k}'] = accuracy(replace_sites(made['estimate'], rows_below))
+  result['hybrids'] = hybrids
+  result['per_row'] = {name: discrepancy(running[name], estimate[name]) for name in running}
+  result['per_row_noisy'] = {name: discrepancy(sites(made['noisy'])[name], estimate[name])
+                             for name in running}
+  parent, run_name = os.path.split(os.path.normpath(os.path.abspath(run_dir)))
+  result.update({'run': f'{os.path.basename(parent)}/{run_name}', 'step': done,
+                 'valid_examples': trainer.evaluated_count,
+                 'estimate_batches': f'{num_batches} x {size}',
+                 'data': common.data_description(trainer.config, trainer.dataset),
+                 'seconds': time.time() - start, 'machine': collect.machine()})
+  common.save_outputs(output_dir, f'running_average_gap_{run_name}', _figure(result),
+                      result, dpi=70)
+  return result
+
+
+def _figure(result: dict):
+  """Per site: the running average's distance from the estimate by row."""
+  plt = common.matplotlib_pyplot()
+  fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+  for name, row in result['per_row'].items():
+    label = name.split('/')[-1]
+    axes[0].plot(row['mean_shift'], label=label)
+    axes[1].plot(row['log_var_ratio'], label=label)
+  axes[0].set_ylabel('|mean difference| / estimate sd')
+  axes[1].set_ylabel('log(running var / estimate var)')
+  for ax in axes:
+    ax.set_xlabel('row (time step)')
+    ax.legend(fontsize=8)
+  fig.suptitle(f"{result['run']}, step {result['step']:,}: running average vs estimate",
+               fontsize=10)
+  fig.tight_layout()
+  return fig
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if not _WORKDIR.value:
+    raise app.UsageError('--rg_workdir (the workdir of a finished run) is required.')
+  try:
+    result = run(_WORKDIR.value, common.OUTPUT_DIR.value, step=_STEP.value,
+                 num_batches=_BATCHES.value, size=_SIZE.value, seed=common.SEED.value)
+  except (ValueError, FileNotFoundError) as error:
+    sys.exit(f'error: {error}')
+  print({k: v for k, v in result.items() if k in ('batch', 'running', 'estimate', 'noisy',
+                                                   'pooled', 'hybrids')})
+
+
+if __name__ == '__main__':
+  app.run(main)
