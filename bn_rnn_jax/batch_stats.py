@@ -239,12 +239,14 @@ def record(module: nn.Module, variable, site: str, mean: Array, var: Array, coun
     module.put_variable(MOMENTS, site, minibatch)
 
 
-def population_rows(site_stats, length: int, first_step=0) -> tuple[Array, Array]:
+def population_rows(site_stats, length: int, first_step=0,
+                    min_support: float = 0.0) -> tuple[Array, Array]:
   """`(mean, var)`, each `[length, F]`: the population rows of steps `first_step ..
   first_step + length - 1` (row `min(t, last seen)`; a single row serves every step).
   `first_step`: an int or int scalar array (e.g. a sampling loop's counter), or a
-  `[batch]` vector of each row's step (then `[length, batch, F]`)."""
-  return normalization.population_rows(site_stats, length, first_step)
+  `[batch]` vector of each row's step (then `[length, batch, F]`). `min_support`: rows
+  less supported are the steady state (`normalization.steady_tail`)."""
+  return normalization.population_rows(site_stats, length, first_step, min_support)
 
 
 class MaskedBatchNorm(nn.Module):

@@ -116,8 +116,8 @@ class NormalizedLSTMCell(nn.RNNCellBase):
     use_running_average: population statistics (True) or batch statistics, folded into
       the running average (False), as in `nn.BatchNorm`; a field, or a call argument.
     momentum, epsilon, scale_init, forget_bias, recurrent_kernel_init, kernel_init,
-      dtype, axis_name, min_statistics_count, execution: as `RecurrentLayer` (which
-      checks them).
+      dtype, axis_name, min_statistics_count, min_row_support, execution: as
+      `RecurrentLayer` (which checks them).
   """
   features: int
   recurrent_norm: Optional[str] = None
@@ -134,6 +134,7 @@ class NormalizedLSTMCell(nn.RNNCellBase):
   dtype: Optional[Any] = None
   axis_name: Optional[str] = None
   min_statistics_count: int = batch_stats.DEFAULT_MIN_STATISTICS_COUNT
+  min_row_support: float = normalization.DEFAULT_MIN_ROW_SUPPORT
   execution: policy.Execution = policy.Execution()
 
   @property
@@ -151,7 +152,8 @@ class NormalizedLSTMCell(nn.RNNCellBase):
                 forget_bias=self.forget_bias,
                 recurrent_kernel_init=self.recurrent_kernel_init,
                 kernel_init=self.kernel_init, execution=self.execution, dtype=self.dtype,
-                axis_name=self.axis_name, min_statistics_count=self.min_statistics_count)
+                axis_name=self.axis_name, min_statistics_count=self.min_statistics_count,
+                min_row_support=self.min_row_support)
 
   @nn.nowrap
   def _batch_norm(self) -> bool:

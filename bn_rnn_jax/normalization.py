@@ -407,16 +407,59 @@ def update_running_stats(stats: dict[str, Array], record: dict[str, Array],
   }
 
 
-def population_rows(stats: dict[str, Array], length: int,
-                    first_step=0) -> tuple[Array, Array]:
+#: The layers' `min_row_support`: rows of per-step population statistics that fewer than
+#: this fraction of the best-supported row's sequences reached are the steady state at
+#: inference (`steady_tail`); `docs/guide/layers.md` quotes the measurement behind it.
+DEFAULT_MIN_ROW_SUPPORT = 0.05
+
+
+def steady_tail(stats: dict[str, Array], min_support: float) -> dict[str, Array]:
+  """Per-step population statistics whose thinly supported rows are the steady state.
+
+  With variable lengths, the last rows rest on the few sequences that reached them. Let
+  L be the last row whose count is at least `min_support` times the largest count; every
+  row after L takes the moments of the rows from L // 2 to L pooled by the law of total
+  variance, each row weighted by its count n_r:
+
+    mean = sum_r n_r mean_r / sum_r n_r,
+    var = sum_r n_r (var_r + (mean_r - mean)^2) / sum_r n_r,
+
+  and that count sum (so the steps past them read it too). The steady state the
+  activations settle into (Cooijmans et al. Fig. 5) stands in for rows one or two
+  sequences shaped. Rows with equal counts (fixed lengths) and a single row (shared
+  statistics) are returned as they are. `stats`: `{'mean': [R, F], 'var': [R, F],
+  'count': [R]}`.
+  """
+  count = stats['count']
+  num_rows = count.shape[0]
+  if num_rows == 1:
+    return stats
+  rows = jnp.arange(num_rows)
+  last = jnp.max(jnp.where(count >= min_support * jnp.max(count), rows, 0))
+  weights = jnp.where((rows >= last // 2) & (rows <= last), count, 0.0)
+  total = jnp.sum(weights)
+  share = (weights / jnp.maximum(total, jnp.finfo(count.dtype).tiny))[:, None]
+  mean = jnp.sum(share * stats['mean'], axis=0)
+  var = jnp.sum(share * (stats['var'] + (stats['mean'] - mean) ** 2), axis=0)
+  tail = rows > last
+  return {'mean': jnp.where(tail[:, None], mean, stats['mean']),
+          'var': jnp.where(tail[:, None], var, stats['var']),
+          'count': jnp.where(tail, total, count)}
+
+
+def population_rows(stats: dict[str, Array], length: int, first_step=0,
+                    min_support: float = 0.0) -> tuple[Array, Array]:
   """Population mean and var for steps `first_step .. first_step + length - 1`:
   `[length, F]` each, or `[length, batch, F]` when `first_step` is a `[batch]` vector
   (the rows of a batch at different steps).
 
   Step t reads row `min(t, last_seen)`, `last_seen` being the last row that any training
   batch reached, so inference runs on sequences of any length (Cooijmans et al. sec. 3).
+  With `min_support` > 0, the rows are first `steady_tail(stats, min_support)`.
   `first_step` may be traced (a loop that runs one step at a time).
   """
+  if min_support > 0:
+    stats = steady_tail(stats, min_support)
   num_rows = stats['count'].shape[0]
   seen_rows = jnp.sum((stats['count'] > 0).astype(jnp.int32))
   last_seen = jnp.maximum(seen_rows - 1, 0)

@@ -151,9 +151,9 @@ def thin_rows(records: Sequence[Any]) -> list[str]:
       single = np.nonzero(supported & (counts <= 1).all(axis=0))[0]
       if single.size:
         lines.append(f"site '{'/'.join(path)}': rows {_ranges(single)} rest on one "
-                     'sequence in every batch: their variance is 0 (inference divides by '
-                     'sqrt(epsilon) there); min_statistics_count=2 uses the last row two '
-                     'sequences supported instead')
+                     'sequence in every batch: their variance is 0; inference reads the '
+                     "steady state there where they fall below the layer's min_row_support "
+                     '(the default), and divides by sqrt(epsilon) with min_row_support=0')
       thin = np.nonzero((counts < 0).any(axis=0) & ~supported)[0]
       if thin.size:
         examples = -counts[:, thin][counts[:, thin] < 0]

@@ -106,6 +106,13 @@ class RecurrentLayer(nn.Module):
       sequence reached has variance 0 by construction. Training itself is unchanged
       (that is `min_step_count`). Sequence-wise and shared statistics are not affected;
       with `padded_statistics=True` every step counts the whole batch.
+    min_row_support: at inference, the rows of per-step population statistics after the
+      last one that at least this fraction of the best-supported row's sequences reached
+      are replaced by the steady state: the moments of the rows from half that row's
+      step to it, pooled (`normalization.steady_tail`). With variable lengths those
+      rows rest on a few sequences, and every longer step reuses the last of them. 0
+      keeps every row (the papers' rule: the last row reached serves every later step);
+      fixed lengths are not affected.
   """
   hidden_size: int
   cell: str = 'lstm'
@@ -128,6 +135,7 @@ class RecurrentLayer(nn.Module):
   padded_statistics: bool = False
   min_step_count: int = 1
   min_statistics_count: int = batch_stats.DEFAULT_MIN_STATISTICS_COUNT
+  min_row_support: float = normalization.DEFAULT_MIN_ROW_SUPPORT
 
   # ------------------------------------------------------------------ configuration
   def _validate(self, inputs: Array, mask: Optional[Array]) -> None:
@@ -157,6 +165,8 @@ class RecurrentLayer(nn.Module):
     for name in ('min_step_count', 'min_statistics_count'):
       if getattr(self, name) < 1:
         raise ValueError(f'{name} must be at least 1; got {getattr(self, name)}.')
+    if not 0.0 <= self.min_row_support <= 1.0:
+      raise ValueError(f'min_row_support must be in [0, 1]; got {self.min_row_support}.')
     if self.min_step_count > 1 and self.padded_statistics:
       raise ValueError('min_step_count guards masked per-step statistics; with '
                        'padded_statistics=True every step averages the whole batch.')
@@ -436,7 +446,8 @@ class RecurrentLayer(nn.Module):
     too few valid sequences."""
     if batch_statistics and self.min_step_count <= 1:
       return {}
-    return {site: batch_stats.population_rows(stats[site].value, length, first_step)
+    return {site: batch_stats.population_rows(stats[site].value, length, first_step,
+                                              self.min_row_support)
             for site in stats
             if not batch_statistics or self._per_step_training_statistics(site)}
 

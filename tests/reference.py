@@ -323,8 +323,31 @@ def average_records(records):
   return out
 
 
-def population_lookup(stats, length):
-  """`(mean [length, F], var [length, F])`: step t reads row min(t, last row seen)."""
+def steady_tail(stats, min_support):
+  """Rows after the last one whose count reaches `min_support` times the largest take
+  the moments of all the sequences of rows last // 2 .. last together: the count-weighted
+  mean, and the count-weighted mean of var_r + (mean_r - mean)^2 (law of total
+  variance); their count is the window's."""
+  count = np.asarray(stats['count'], np.float64)
+  mean_r, var_r = (np.asarray(stats[k], np.float64) for k in ('mean', 'var'))
+  if count.shape[0] == 1:
+    return {'mean': mean_r, 'var': var_r, 'count': count}
+  last = max(r for r in range(count.shape[0]) if count[r] >= min_support * count.max())
+  window = range(last // 2, last + 1)
+  total = sum(count[r] for r in window)
+  mean = sum(count[r] * mean_r[r] for r in window) / total
+  var = sum(count[r] * (var_r[r] + (mean_r[r] - mean) ** 2) for r in window) / total
+  out = {'mean': mean_r.copy(), 'var': var_r.copy(), 'count': count.copy()}
+  for r in range(last + 1, count.shape[0]):
+    out['mean'][r], out['var'][r], out['count'][r] = mean, var, total
+  return out
+
+
+def population_lookup(stats, length, min_support=0.0):
+  """`(mean [length, F], var [length, F])`: step t reads row min(t, last row seen), of
+  `steady_tail(stats, min_support)` with `min_support`."""
+  if min_support > 0:
+    stats = steady_tail(stats, min_support)
   seen = np.nonzero(np.asarray(stats['count']) > 0)[0]
   last = int(seen[-1]) if seen.size else 0
   rows = np.minimum(np.arange(length), last)

@@ -19,6 +19,7 @@ from flax import nnx
 
 from bn_rnn_jax import flax_cells
 from bn_rnn_jax import nnx_cells
+from bn_rnn_jax import normalization
 from bn_rnn_jax import population
 from bn_rnn_jax import variants
 import helpers
@@ -218,7 +219,8 @@ def test_population_inference_past_max_length(variant):
     _, out = model.apply({**variables, 'batch_stats': population_stats},
                          jnp.asarray(x, jnp.float32), jnp.asarray(lengths), train=False)
     lookup = {site: ref.population_lookup(helpers.float64(population_stats['cell'][site]),
-                                          10) for site in fresh}
+                                          10, normalization.DEFAULT_MIN_ROW_SUPPORT)
+              for site in fresh}
     _, want_out, _ = ref.run_layer(params, x, mask, variant, train=False, population=lookup)
     assert_close(out, want_out)
 

@@ -20,6 +20,7 @@ from bn_rnn_jax import batch_stats
 from bn_rnn_jax import models
 from bn_rnn_jax import nnx_bridge as br_nnx
 from bn_rnn_jax import nnx_cells
+from bn_rnn_jax import normalization
 from bn_rnn_jax import population
 from bn_rnn_jax import stack
 from bn_rnn_jax import variants
@@ -359,7 +360,9 @@ def test_nnx_cells_train_eval_and_estimate_in_bidirectional():
   long_x = np.random.default_rng(35).normal(size=(4, 9, I)) * long_mask[..., None]
   before = model.rnn.forward_rnn.cell.linen_variables()['batch_stats']
   out = hidden(model, jnp.asarray(long_x, jnp.float32), jnp.asarray(long_lengths))
-  lookup = {site: ref.population_lookup(helpers.float64(before[site]), 9) for site in before}
+  lookup = {site: ref.population_lookup(helpers.float64(before[site]), 9,
+                                        normalization.DEFAULT_MIN_ROW_SUPPORT)
+            for site in before}
   _, want, _ = ref.run_layer(params, long_x, long_mask, 'bn_lstm', train=False,
                              population=lookup)
   helpers.assert_close(out[..., :CELL_H], want, rtol=CELL_RTOL, what='evaluation')

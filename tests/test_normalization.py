@@ -235,6 +235,27 @@ def test_population_rows(seen_rows, length):
   assert_close(var, want_var)
 
 
+@pytest.mark.parametrize('counts,min_support', [
+    ([64, 60, 40, 20, 6, 2, 1, 0], 0.5),    # thin tail, an unreached row
+    ([64, 60, 40, 20, 6, 2, 1, 0], 0.05),
+    ([8, 8, 8, 8, 8, 8, 8, 8], 0.5),        # fixed lengths: every row kept
+    ([0, 0, 0, 0, 0, 0, 0, 0], 0.5),        # untrained: nothing to pool
+])
+def test_population_rows_with_a_steady_tail(counts, min_support):
+  """Rows after the last well-supported one take the pooled moments of its window (law
+  of total variance), and steps past them read them too."""
+  rng = np.random.default_rng(12)
+  stats = {'mean': rng.normal(size=(8, F)), 'var': rng.uniform(0.1, 2.0, (8, F)),
+           'count': np.array(counts, np.float64)}
+  mean, var = normalization.population_rows(jax.tree.map(jnp.float32, stats), 11,
+                                            min_support=min_support)
+  want_mean, want_var = ref.population_lookup(stats, 11, min_support=min_support)
+  assert_close(mean, want_mean)
+  assert_close(var, want_var)
+  if len(set(counts)) > 1:    # the tail differs from the rows it replaced
+    assert not np.allclose(np.asarray(var)[7], stats['var'][6])
+
+
 def test_check_length():
   normalization.check_length(5, 5)
   with pytest.raises(ValueError, match='6 time steps.*max_length=5'):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import models
+from bn_rnn_jax import normalization
 from bn_rnn_jax import stack
 from bn_rnn_jax import variants
 import helpers
@@ -77,7 +78,8 @@ def test_layer_step_equals_the_whole_sequence(variant, masked):
 
   # And both are the float64 reference with rows min(t, 3).
   stats = jax.tree.map(np.asarray, variables.get('batch_stats', {}))
-  population = {site: ref.population_lookup(stats[site], T_EVAL)
+  population = {site: ref.population_lookup(stats[site], T_EVAL,
+                                        normalization.DEFAULT_MIN_ROW_SUPPORT)
                 for site in ref.batch_sites(variant)}
   params = jax.tree.map(np.asarray, variables['params'])
   want_carry, want_out, _ = ref.run_layer(params, x, mask, variant, train=False,

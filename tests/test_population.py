@@ -167,7 +167,9 @@ def test_rows_of_one_sequence_are_named_and_fall_back_with_a_threshold():
                     r'every batch: their variance is 0'):
     single = br.estimate_population_stats(default, variables, batches)
   assert not np.asarray(single['cell']['var'])[2:].any()
-  layer = br.make_layer('bn_lstm', H, max_length=T_MAX, min_statistics_count=2)
+  # The threshold's rule alone (no steady tail: `min_row_support=0`).
+  layer = br.make_layer('bn_lstm', H, max_length=T_MAX, min_statistics_count=2,
+                        min_row_support=0.0)
   with pytest.warns(UserWarning, match=r"site 'recurrent': rows 2-5 rest on 1 sequence"):
     stats = br.estimate_population_stats(layer, variables, batches)
   params = helpers.float64(variables['params'])

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import batch_stats
+from bn_rnn_jax import normalization
 from bn_rnn_jax import population
 from bn_rnn_jax import variants
 import helpers
@@ -306,13 +307,15 @@ X_A, MASK_A = _inputs(2, LENGTHS_A, T)
 X_B, MASK_B = _inputs(3, LENGTHS, T)
 # Inference on T_EVAL > MAX_LEN steps: past the last trained row (4), and past T_max.
 T_EVAL = 9
+#: The layers' inference rule for thinly supported rows (`RecurrentLayer.min_row_support`).
+SUPPORT = normalization.DEFAULT_MIN_ROW_SUPPORT
 LENGTHS_EVAL = (9, 3, 7, 6)
 X_EVAL, MASK_EVAL = _inputs(4, LENGTHS_EVAL, T_EVAL)
 
 
 def _population_inputs(variant, stats):
   """`{site: (mean [T_EVAL, F], var [T_EVAL, F])}` for the reference, rows looked up."""
-  return {site: ref.population_lookup(stats[site], T_EVAL)
+  return {site: ref.population_lookup(stats[site], T_EVAL, SUPPORT)
           for site in ref.batch_sites(variant)}
 
 
@@ -446,7 +449,7 @@ def test_steps_with_too_few_valid_rows_use_the_population_rows(variant, hoist, b
   stats = earlier_population(variant)
   got = run_train(variant, hoist, stats=stats, overrides=(
       ('min_step_count', MIN_STEP_COUNT), ('backward', backward)))
-  fallback = {site: ref.population_lookup(stats[site], T) for site in stats
+  fallback = {site: ref.population_lookup(stats[site], T, SUPPORT) for site in stats
               if _per_step_training(variant, site)}
   guard = dict(min_step_count=MIN_STEP_COUNT, fallback=fallback)
   carry, out, moments = ref.run_layer(params, X, MASK, variant, **guard)

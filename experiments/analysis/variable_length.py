@@ -66,12 +66,13 @@ def arms(min_counts, guards) -> dict[str, tuple[str, dict]]:
   """`{arm: (variant, layer fields)}`."""
   out = {'lstm': ('lstm', {}), 'ln_lstm': ('ln_lstm', {}),
          'bn_input_only_seq': ('bn_input_only_seq', {})}
+  # Each rule on its own: no steady tail (`longer_sequences.py` measures that).
   for k in min_counts:
     out[f'bn_lstm, min_statistics_count {k}'] = (
-        'bn_lstm', {'min_statistics_count': k, 'min_step_count': 1})
+        'bn_lstm', {'min_statistics_count': k, 'min_step_count': 1, 'min_row_support': 0.0})
   for k in guards:
     out[f'bn_lstm, min_step_count {k}'] = (
-        'bn_lstm', {'min_statistics_count': k, 'min_step_count': k})
+        'bn_lstm', {'min_statistics_count': k, 'min_step_count': k, 'min_row_support': 0.0})
   return out
 
 

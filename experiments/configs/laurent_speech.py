@@ -76,6 +76,7 @@ def get_config(arg: str = ''):
   m.recurrent_init = 'glorot_uniform'
   m.input_init = 'glorot_uniform'
   m.forget_bias = 0.0            # "all the biases were set to zero"
+  m.min_row_support = 0.0        # the papers' rule: each step its own population row
 
   o = config.optimizer
   o.name = 'sgd'
