@@ -41,6 +41,12 @@ PAPER = {'milestones': {
     'pmnist_bn_lstm': {'0.9': 11_000, '0.95': None},
     'pmnist_lstm': {'0.9': 35_500, '0.95': None},
 }}
+#: Cooijmans et al. Table 1: test accuracy of the early-stopped models with population
+#: statistics, after their full training (the curves of Fig. 2 run to 100k iterations).
+TABLE1 = {'seq_lstm': 0.989, 'seq_bn_lstm': 0.990, 'pmnist_lstm': 0.902,
+          'pmnist_bn_lstm': 0.954}
+#: Test images, for the standard error.
+TEST_IMAGES = 10_000
 #: The metrics of a validation record: batch statistics, and the papers' estimate.
 STATISTICS = {'batch': 'accuracy_batch', 'estimate': 'accuracy'}
 
@@ -61,7 +67,7 @@ def campaign(task: str, expected: str) -> spec.Campaign:
       arms=arms, seeds=(0,), parallel=2,
       overrides={'eval.every': 500, 'eval.compare': ('batch',), 'checkpoint.every': 500,
                  'checkpoint.keep': 1},
-      tables={'milestones': milestones}, figure=figure, setup=setup, paper=paper,
+      tables={'milestones': milestones, 'table1': table1}, figure=figure, setup=setup, paper=paper,
       expected=expected,
       tiny={'data.resolution': 14, 'data.num_valid': 200, 'train.num_steps': 2,
             'train.batch_size': 16, 'model.hidden_size': 8, 'eval.every': 2,
@@ -146,6 +152,26 @@ def _paper_step(theirs: dict, key: str) -> str:
   if key not in theirs:
     return '?'
   return 'not in 100k' if theirs[key] is None else f'~{theirs[key]:,}'
+
+
+def table1(result: dict) -> str:
+  """Per run: the test accuracy with population statistics (the papers' estimate) of the
+  checkpoint the estimate's validation picked, its binomial standard error and step,
+  beside Cooijmans et al. Table 1."""
+  rows = []
+  for arm, runs in tables.runs_by_arm(result).items():
+    for run in runs:
+      tests = tables.split(run['records'], 'test')
+      test = tests[-1] if tests else None
+      accuracy = test['accuracy'] if test else None
+      error = standard_error(accuracy, TEST_IMAGES)
+      rows.append([tables.label(result, arm), tables.fmt(accuracy),
+                   tables.DASH if error is None else f'±{error:.4f}',
+                   _step(test.get('checkpoint_step')) if test else tables.DASH,
+                   _step(tables.last(run['records'], 'valid')['step']),
+                   tables.fmt(TABLE1.get(arm))])
+  return tables.markdown(['run', 'test accuracy (estimate)', 'standard error',
+                          'checkpoint step', 'steps trained', 'paper, Table 1'], rows)
 
 
 def figure(result: dict, output: str) -> None:
