@@ -95,11 +95,15 @@ def _fig2(panel: str) -> tuple[str, str]:
   last = {arm: (steps[-1], values[-1]) for arm, (steps, values) in batch.items()}
   ninety = tables.first_past(*batch[bn], 0.9, above=True)
   paper = result['spec']['paper']['milestones']
+  test = {arm: [r for r in _records(result, arm) if r['split'] == 'test'][-1]['accuracy']
+          for arm in (lstm, bn)}
   return (f"valid accuracy at step {last[bn][0]:,} (batch statistics): LSTM "
           f"{last[lstm][1]:.3f}, BN-LSTM {last[bn][1]:.3f}; BN-LSTM past 90 % at step "
-          f"{ninety:,}",
+          f"{ninety:,}; test accuracy of the early-stopped checkpoint with population "
+          f"statistics: LSTM {test[lstm]:.3f}, BN-LSTM {test[bn]:.3f}",
           f"Fig. 2: BN-LSTM past 90 % at ~{paper[bn]['0.9']:,} steps, LSTM at "
-          f"~{paper[lstm]['0.9']:,}")
+          f"~{paper[lstm]['0.9']:,}; Table 1 (full training): LSTM "
+          f"{fig2.TABLE1[lstm]:.3f}, BN-LSTM {fig2.TABLE1[bn]:.3f}")
 
 
 def _ptb_char() -> tuple[str, str]:
@@ -426,11 +430,19 @@ def variable_length(path: str = 'experiments/results/variable_length.json') -> s
   return machine(path) + '\n\n' + analysis.table(_load(path))
 
 
+def longer_sequences(path: str = 'experiments/results/longer_sequences.json') -> str:
+  """`python -m experiments.analysis.longer_sequences`: accuracy per arm and test length
+  range, with the machine it ran on."""
+  from experiments.analysis import longer_sequences as analysis  # pylint: disable=g-import-not-at-top
+  return machine(path) + '\n\n' + analysis.table(_load(path))
+
+
 RENDERERS: dict[str, Callable[..., str]] = {
     'experiments': experiments, 'rnn_speed': rnn_speed, 'batch_sums': batch_sums,
     'speed_targets': speed_targets, 'trainer_overhead': trainer_overhead,
     'donation_memory': donation_memory,
-    'machine': machine, 'run_time': run_time, 'figures': figures, 'variable_length': variable_length,
+    'machine': machine, 'run_time': run_time, 'figures': figures,
+    'variable_length': variable_length, 'longer_sequences': longer_sequences,
     'launch_profile': launch_profile, 'suite_time': suite_time, 'cell_speed': cell_speed,
 }
 
