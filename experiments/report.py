@@ -14,12 +14,15 @@ The names:
                     `.json` and a trailing `_cpu` (rnn_speed, rnn_speed_cells,
                     rnn_speed_gpu_a, trainer_overhead, launch_profile_gpu_a, ...),
                     printed by its script's --report
-  variable_length   batch statistics on variable-length data
-                    (experiments/analysis/variable_length.py; its JSON in results/)
+  variable_length, longer_sequences
+                    batch statistics on variable-length data, and population statistics
+                    past the training length (experiments/analysis/<name>.py; their
+                    JSONs in results/)
 An unknown name is a one-line error listing the known ones.
 """
 
 import glob
+import importlib
 import json
 import os
 import subprocess
@@ -144,12 +147,16 @@ def _speed_campaigns() -> dict:
   return out
 
 
+#: The analyses whose JSON is in experiments/results/ (each module has `table(result)`).
+ANALYSES = ('variable_length', 'longer_sequences')
+
+
 def names() -> list[str]:
   """Every result set this script prints, in the order it prints them (a campaign still
   training has none yet)."""
   from experiments import campaign_specs  # pylint: disable=g-import-not-at-top
   done = [n for n in spec.names() if n not in campaign_specs.IN_PROGRESS]
-  return done + ['figures', 'variable_length'] + list(benchmarks()) + sorted(
+  return done + ['figures', *ANALYSES] + list(benchmarks()) + sorted(
       _speed_campaigns())
 
 
@@ -161,10 +168,10 @@ def render(name: str) -> str:
                      for table in show.available(campaign))
   if name == 'figures':
     return f'## figures\n\n{figures()}\n'
-  if name == 'variable_length':
-    from experiments.analysis import variable_length  # pylint: disable=g-import-not-at-top
-    with open(os.path.join(ROOT, 'experiments', 'results', 'variable_length.json')) as f:
-      return f'## variable_length\n\n{variable_length.table(json.load(f))}\n'
+  if name in ANALYSES:
+    analysis = importlib.import_module(f'experiments.analysis.{name}')
+    with open(os.path.join(ROOT, 'experiments', 'results', f'{name}.json')) as f:
+      return f'## {name}\n\n{analysis.table(json.load(f))}\n'
   commands = benchmarks()
   if name in commands:
     done = subprocess.run([sys.executable, *commands[name]], cwd=ROOT, capture_output=True,
