@@ -99,7 +99,9 @@ def _moments(model, variables, args: tuple, kwargs: dict, apply_kwargs, rngs=Non
   return mutated.get(MOMENTS, {})
 
 
-def _is_site(node) -> bool:
+def is_site(node) -> bool:
+  """Whether `node` of a `batch_stats` (or `MOMENTS`) tree is one site's statistics,
+  `{'mean', 'var', 'count'}`: the `is_leaf` of a `jax.tree.map` over sites."""
   return isinstance(node, Mapping) and set(node) == {'mean', 'var', 'count'}
 
 
@@ -134,7 +136,7 @@ def average_minibatch_moments(records: Sequence[Any]) -> Any:
   if not records:
     raise ValueError('The population estimate needs at least one minibatch record.')
   stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *records)
-  return jax.tree.map(_average_site, stacked, is_leaf=_is_site)
+  return jax.tree.map(_average_site, stacked, is_leaf=is_site)
 
 
 def thin_rows(records: Sequence[Any]) -> list[str]:
@@ -145,7 +147,7 @@ def thin_rows(records: Sequence[Any]) -> list[str]:
   nearest supported row."""
   lines = []
   def visit(nodes, path):
-    if _is_site(nodes[0]):
+    if is_site(nodes[0]):
       counts = np.stack([np.asarray(n['count']) for n in nodes])          # [N, R]
       supported = (counts > 0).any(axis=0)
       single = np.nonzero(supported & (counts <= 1).all(axis=0))[0]
@@ -235,7 +237,7 @@ def with_every_site(estimate, stats_tree) -> tuple[Any, list[str]]:
   paths."""
   missing = []
   def visit(estimate, node, path):
-    if _is_site(node):
+    if is_site(node):
       if estimate is None:
         missing.append('/'.join(path))
         return _fresh_site(node)

@@ -329,21 +329,30 @@ def test_estimate_noise_digits(tmp_path):
   assert saved['largest_relative_variance_change']['rnn/layer_0/recurrent'] > 0.0
 
 
+def _tiny_bn_lstm_run(tmp_path):
+  """`(workdir, last validation record)` of a 4-step BN-LSTM run on the 8x8 digits,
+  evaluated with its running average and batch statistics and saved at steps 2 and 4, in
+  `<tmp_path>/campaign/bn_lstm_s0`."""
+  config = common.mnist_config(None, hidden_size=4, batch_size=8, eval_examples=16,
+                               population_batches=3, variant='bn_lstm')
+  config.eval.max_batches = None
+  config.eval.population_stats = 'running'
+  config.eval.compare = ('batch',)
+  config.train.num_steps = 4
+  config.eval.every = config.checkpoint.every = 2
+  config.eval.test_at_end = False
+  run_dir = tmp_path / 'campaign' / 'bn_lstm_s0'
+  loop.train_and_evaluate(config, str(run_dir))
+  logged = [r for r in metric_writer.read_metrics(str(run_dir)) if r['split'] == 'valid'][-1]
+  return run_dir, logged
+
+
 @pytest.mark.exhaustive
 def test_running_average_gap_scores_and_locates_the_running_average(tmp_path):
   """The running average scores as the run's own evaluation with it did; a hybrid whose
   rows all come from the running average scores as the running average, one with none as
   the estimate; per site and row, the running average's distance from the estimate."""
-  config = common.mnist_config(None, hidden_size=4, batch_size=8, eval_examples=16,
-                               population_batches=3, variant='bn_lstm')
-  config.eval.max_batches = None
-  config.eval.population_stats = 'running'
-  config.train.num_steps = 4
-  config.eval.every = config.checkpoint.every = 4
-  config.eval.test_at_end = False
-  run_dir = tmp_path / 'campaign' / 'bn_lstm_s0'
-  loop.train_and_evaluate(config, str(run_dir))
-  logged = [r for r in metric_writer.read_metrics(str(run_dir)) if r['split'] == 'valid'][-1]
+  run_dir, logged = _tiny_bn_lstm_run(tmp_path)
   running_average_gap.run(str(run_dir), str(tmp_path / 'out'), num_batches=2, size=8)
   saved = _read_json(tmp_path / 'out', 'running_average_gap_bn_lstm_s0')
   assert saved['run'] == 'campaign/bn_lstm_s0' and saved['step'] == 4
@@ -361,17 +370,7 @@ def test_estimate_trained_scores_a_runs_checkpoint_as_the_run_did(tmp_path):
   """Restored from the run's workdir, batch statistics and the running average score the
   whole validation split as the run's own last evaluation did; each estimate is drawn
   and scored; the JSON names the run, not its path."""
-  config = common.mnist_config(None, hidden_size=4, batch_size=8, eval_examples=16,
-                               population_batches=3, variant='bn_lstm')
-  config.eval.max_batches = None
-  config.eval.population_stats = 'running'
-  config.eval.compare = ('batch',)
-  config.train.num_steps = 4
-  config.eval.every = config.checkpoint.every = 2
-  config.eval.test_at_end = False
-  run_dir = tmp_path / 'campaign' / 'bn_lstm_s0'
-  loop.train_and_evaluate(config, str(run_dir))
-  logged = [r for r in metric_writer.read_metrics(str(run_dir)) if r['split'] == 'valid'][-1]
+  run_dir, logged = _tiny_bn_lstm_run(tmp_path)
   assert logged['step'] == 4
   estimate_trained.run(str(run_dir), str(tmp_path / 'out'), draws=2,
                        settings=((2, 8), (1, 16)))

@@ -79,10 +79,6 @@ OPTIMIZERS = {
 }
 
 
-def _is_site(node) -> bool:
-  return isinstance(node, Mapping) and set(node) == {'mean', 'var', 'count'}
-
-
 def pooled_site(site: Mapping[str, Any]) -> dict:
   """One site's records stacked over N minibatches (`mean`/`var` `[N, R, F]`, `count`
   `[N, R]`) -> per row the moments of every sequence behind it (law of total variance)."""
@@ -118,11 +114,11 @@ def pooled_running(momenta: Sequence[float]):
   """`train_arm`'s `track`: `{momentum: the running, pooled statistics of every site}`."""
   def init(stats):
     zeros = jax.tree.map(lambda site: jax.tree.map(jnp.zeros_like, dict(site)), stats,
-                         is_leaf=_is_site)
+                         is_leaf=population.is_site)
     return {str(m): zeros for m in momenta}
   def update(tracked, moments):
     return {str(m): jax.tree.map(lambda t, r, m=m: pooled_running_update(t, r, m),
-                                 tracked[str(m)], moments, is_leaf=_is_site)
+                                 tracked[str(m)], moments, is_leaf=population.is_site)
             for m in momenta}
   return init, update
 
@@ -132,7 +128,8 @@ def _finished(site: Mapping[str, Any]) -> dict:
   return {**site, 'var': jnp.where((site['count'] > 0)[:, None], site['var'], 1.0)}
 
 
-def _stacked(records: Sequence[Any]) -> Any:
+def stacked(records: Sequence[Any]) -> Any:
+  """Minibatch records stacked on a leading axis, as host arrays."""
   return jax.tree.map(lambda *leaves: np.stack([np.asarray(x) for x in leaves]), *records)
 
 
@@ -140,18 +137,17 @@ def statistics(model, variables, tracked, batches, supports) -> dict[str, Any]:
   """`{kind: batch_stats}`: the estimate, pooled and running statistics, and the
   estimate and the pooled running averages with a steady tail at each of `supports`."""
   records = [population.minibatch_moments(model, variables, args) for args in batches]
-  stacked = _stacked(records)
   to_jax = lambda tree: jax.tree.map(jnp.asarray, tree)
   made = {
       'estimate': br.estimate_population_stats(model, variables, batches),
-      'pooled': jax.tree.map(pooled_site, stacked, is_leaf=_is_site),
+      'pooled': jax.tree.map(pooled_site, stacked(records), is_leaf=population.is_site),
       'running': variables['batch_stats'],
-      **{f'running, pooled, momentum {m}': jax.tree.map(_finished, t, is_leaf=_is_site)
+      **{f'running, pooled, momentum {m}': jax.tree.map(_finished, t, is_leaf=population.is_site)
          for m, t in tracked.items()},
   }
   tails = {f'{kind}, steady tail {support}': jax.tree.map(
       lambda site, support=support: normalization.steady_tail(
-          jax.tree.map(jnp.asarray, dict(site)), support), stats, is_leaf=_is_site)
+          jax.tree.map(jnp.asarray, dict(site)), support), stats, is_leaf=population.is_site)
            for kind, stats in made.items() if kind == 'estimate' or 'pooled,' in kind
            for support in supports}
   return {kind: to_jax(stats) for kind, stats in {**made, **tails}.items()}
@@ -194,12 +190,6 @@ def run(steps: int, seeds: int, estimate_batches: int, optimizers: Sequence[str]
         lo, hi = vl.TEST_LENGTHS[0]
         results.setdefault(f'bn_lstm, {optimizer}, batch', {})[str(seed)] = {
             f'{lo}-{hi}': batch_statistics_accuracy(model, variables, test_rng, (lo, hi))}
-  summary = {arm: {r: {'mean': float(np.mean([s[r] for s in by_seed.values()])),
-                       'min': float(np.min([s[r] for s in by_seed.values()])),
-                       'max': float(np.max([s[r] for s in by_seed.values()])),
-                       'sd': float(np.std([s[r] for s in by_seed.values()], ddof=1))}
-                   for r in next(iter(by_seed.values()))}
-             for arm, by_seed in results.items()}
   return {
       'what': 'accuracy on 1,000 sequences per length range, trained on lengths 5-50, '
               'with population statistics made in different ways',
@@ -212,7 +202,7 @@ def run(steps: int, seeds: int, estimate_batches: int, optimizers: Sequence[str]
                 'test_examples': vl.TEST_EXAMPLES},
       'command': 'python -m experiments.analysis.longer_sequences',
       'machine': machine_facts.machine(), 'seconds': round(time.time() - start, 1),
-      'accuracy': results, 'summary': summary,
+      'accuracy': results, 'summary': vl.summary(results),
   }
 
 

@@ -43,6 +43,7 @@ import numpy as np
 from bn_rnn_jax import population
 from experiments.analysis import common
 from experiments.analysis import estimate_trained
+from experiments.analysis import longer_sequences
 from experiments.campaign import collect
 
 _WORKDIR = flags.DEFINE_string('rg_workdir', None, 'Workdir of a finished run.')
@@ -53,38 +54,25 @@ _SIZE = flags.DEFINE_integer('rg_size', 1000, 'Examples per estimate batch.')
 EPSILON = 1e-5
 
 
-def _is_site(node) -> bool:
-  return isinstance(node, Mapping) and set(node) == {'mean', 'var', 'count'}
+def _name(path) -> str:
+  """A site's path in its tree as `'rnn/layer_0/recurrent'`."""
+  return '/'.join(str(getattr(k, 'key', k)) for k in path)
 
 
 def sites(stats) -> dict[str, dict]:
   """`{'rnn/layer_0/recurrent': site}` of a `batch_stats` tree."""
   found = {}
   def visit(path, node):
-    found['/'.join(str(getattr(k, 'key', k)) for k in path)] = node
+    found[_name(path)] = node
     return node
-  jax.tree_util.tree_map_with_path(visit, stats, is_leaf=_is_site)
+  jax.tree_util.tree_map_with_path(visit, stats, is_leaf=population.is_site)
   return found
 
 
 def replace_sites(stats, choose) -> Any:
   """`stats` with each site replaced by `choose(name, site)`."""
-  return jax.tree_util.tree_map_with_path(
-      lambda path, site: choose('/'.join(str(getattr(k, 'key', k)) for k in path), site),
-      stats, is_leaf=_is_site)
-
-
-def pooled_site(site: Mapping[str, Any]) -> dict:
-  """Records stacked over minibatches -> the law of total variance per row."""
-  n = np.maximum(np.asarray(site['count'], np.float64), 0.0)[..., None]
-  mean_i, var_i = (np.asarray(site[k], np.float64) for k in ('mean', 'var'))
-  total = n.sum(axis=0)
-  safe = np.where(total > 0, total, 1.0)
-  mean = (n * mean_i).sum(axis=0) / safe
-  var = (n * (var_i + (mean_i - mean) ** 2)).sum(axis=0) / safe
-  return {'mean': np.where(total > 0, mean, 0.0).astype(np.float32),
-          'var': np.where(total > 0, var, 1.0).astype(np.float32),
-          'count': total[:, 0].astype(np.float32)}
+  return jax.tree_util.tree_map_with_path(lambda path, site: choose(_name(path), site),
+                                          stats, is_leaf=population.is_site)
 
 
 def discrepancy(running: Mapping[str, Any], estimate: Mapping[str, Any]) -> dict:
@@ -113,12 +101,13 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, num_batches: 
   noisy = _records(trainer, variables, inputs, index, use_running_average=False,
                    deterministic=False,
                    rngs={'noise': jax.random.key(seed), 'dropout': jax.random.key(seed)})
-  stacked = jax.tree.map(lambda *leaves: np.stack([np.asarray(x) for x in leaves]), *clean)
   made = {
       'running': variables['batch_stats'],
       'estimate': population.average_minibatch_moments(clean),
       'noisy': population.average_minibatch_moments(noisy),
-      'pooled': jax.tree.map(pooled_site, stacked, is_leaf=_is_site),
+      'pooled': jax.tree.map(jnp.asarray, jax.tree.map(
+          longer_sequences.pooled_site, longer_sequences.stacked(clean),
+          is_leaf=population.is_site)),
   }
   accuracy = lambda stats: common.evaluate_with(trainer, state, stats)['accuracy']
   result: dict[str, Any] = {
@@ -141,7 +130,8 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, num_batches: 
     hybrids[f'rows < {k}'] = accuracy(replace_sites(made['estimate'], rows_below))
   result['hybrids'] = hybrids
   result['per_row'] = {name: discrepancy(running[name], estimate[name]) for name in running}
-  result['per_row_noisy'] = {name: discrepancy(sites(made['noisy'])[name], estimate[name])
+  noisy_sites = sites(made['noisy'])
+  result['per_row_noisy'] = {name: discrepancy(noisy_sites[name], estimate[name])
                              for name in running}
   parent, run_name = os.path.split(os.path.normpath(os.path.abspath(run_dir)))
   result.update({'run': f'{os.path.basename(parent)}/{run_name}', 'step': done,

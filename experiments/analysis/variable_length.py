@@ -153,11 +153,6 @@ def run(steps: int, seeds: int, hidden: int, batch_size: int, estimate_batches: 
         scores = {f'{lo}-{hi}': accuracy(model, arm_variables, test_rng, (lo, hi))
                   for lo, hi in TEST_LENGTHS}
         results.setdefault(arm_name, {})[str(seed)] = scores
-  summary = {arm: {r: {'mean': float(np.mean([s[r] for s in by_seed.values()])),
-                       'min': float(np.min([s[r] for s in by_seed.values()])),
-                       'max': float(np.max([s[r] for s in by_seed.values()]))}
-                   for r in next(iter(by_seed.values()))}
-             for arm, by_seed in results.items()}
   return {
       'what': 'accuracy on 1,000 sequences per length range, trained on lengths 5-50',
       'setup': {'steps': steps, 'seeds': seeds, 'hidden': hidden, 'batch': batch_size,
@@ -167,8 +162,22 @@ def run(steps: int, seeds: int, hidden: int, batch_size: int, estimate_batches: 
                 'test_examples': TEST_EXAMPLES},
       'command': 'python -m experiments.analysis.variable_length',
       'machine': machine_facts.machine(), 'seconds': round(time.time() - start, 1),
-      'accuracy': results, 'summary': summary,
+      'accuracy': results, 'summary': summary(results),
   }
+
+
+def summary(results: dict) -> dict:
+  """`{arm: {length range: {mean, min, max, sd}}}` over the seeds of `results`
+  (`{arm: {seed: {length range: accuracy}}}`); sd with ddof 1."""
+  out = {}
+  for arm, by_seed in results.items():
+    out[arm] = {}
+    for length_range in next(iter(by_seed.values())):
+      values = [scores[length_range] for scores in by_seed.values()]
+      out[arm][length_range] = {
+          'mean': float(np.mean(values)), 'min': float(np.min(values)),
+          'max': float(np.max(values)), 'sd': float(np.std(values, ddof=1))}
+  return out
 
 
 def table(result: dict) -> str:
