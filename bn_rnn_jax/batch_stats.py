@@ -64,12 +64,6 @@ Array = jax.Array
 STATISTICS = ('per_step', 'sequence', 'shared')
 #: The collection a training pass writes its minibatch moments to, when mutable.
 MOMENTS = 'minibatch_moments'
-#: The fewest valid sequences behind a recorded row of per-step statistics (the layers'
-#: and cells' `min_statistics_count`). 1 records every row: in the variable-length
-#: measurement of the layer guide (`experiments/analysis/variable_length.py`) no
-#: threshold scored better on longer sequences, and thresholds made the scores depend
-#: more on the seed.
-DEFAULT_MIN_STATISTICS_COUNT = 1
 
 
 def check_statistics(statistics: str) -> None:
@@ -258,8 +252,8 @@ class MaskedBatchNorm(nn.Module):
     statistics: for x `[batch, time, F]` with a mask `[batch, time]`: 'per_step' (one
       row per step, `max_length` rows; inference past the last trained row reuses it) or
       'sequence' (one row over batch and valid steps). x `[batch, F]` has one row.
-    max_length, momentum, epsilon, scale_init, axis_name: as `RecurrentLayer` (None:
-      T_max is the time length of `init`'s x).
+    max_length, momentum, epsilon, scale_init, axis_name, min_row_support: as
+      `RecurrentLayer` (None: T_max is the time length of `init`'s x).
     batch_sums: how the batch sums run (`policy.batch_sums_for`).
 
   Call: `(x, mask | None, use_running_average=...)` -> x normalised (float32);
@@ -271,6 +265,7 @@ class MaskedBatchNorm(nn.Module):
   epsilon: float = normalization.DEFAULT_EPSILON
   scale_init: initializers.Initializer = initializers.Constant(0.1)
   axis_name: Optional[str] = None
+  min_row_support: float = normalization.DEFAULT_MIN_ROW_SUPPORT
   batch_sums: str = 'auto'
 
   @nn.compact
@@ -281,6 +276,9 @@ class MaskedBatchNorm(nn.Module):
     if self.statistics not in ('per_step', 'sequence'):
       raise ValueError("MaskedBatchNorm.statistics must be 'per_step' or 'sequence'; got "
                        f'{self.statistics!r}.')
+    if not 0.0 <= self.min_row_support <= 1.0:
+      raise ValueError('MaskedBatchNorm.min_row_support must be in [0, 1]; got '
+                       f'{self.min_row_support}.')
     if x.ndim not in (2, 3):
       raise ValueError(f'MaskedBatchNorm expects x [batch, F] or [batch, time, F]; got '
                        f'{x.shape}.')
@@ -294,7 +292,8 @@ class MaskedBatchNorm(nn.Module):
     bias = self.param('bias', nn.initializers.zeros, (features,))
     if not batch:
       if x.ndim == 3:
-        mean, var = population_rows(stats.value, x.shape[1])             # [T, F]
+        mean, var = population_rows(stats.value, x.shape[1], 0,
+                                    self.min_row_support)               # [T, F]
       else:
         mean, var = stats.value['mean'][0], stats.value['var'][0]       # [F]
       return normalization.normalize(x, mean, var, scale, bias, self.epsilon)

@@ -116,7 +116,7 @@ class NormalizedLSTMCell(nn.RNNCellBase):
     use_running_average: population statistics (True) or batch statistics, folded into
       the running average (False), as in `nn.BatchNorm`; a field, or a call argument.
     momentum, epsilon, scale_init, forget_bias, recurrent_kernel_init, kernel_init,
-      dtype, axis_name, min_statistics_count, min_row_support, execution: as
+      dtype, axis_name, min_row_support, execution: as
       `RecurrentLayer` (which checks them).
   """
   features: int
@@ -133,7 +133,6 @@ class NormalizedLSTMCell(nn.RNNCellBase):
   kernel_init: initializers.Initializer = initializers.ORTHOGONAL
   dtype: Optional[Any] = None
   axis_name: Optional[str] = None
-  min_statistics_count: int = batch_stats.DEFAULT_MIN_STATISTICS_COUNT
   min_row_support: float = normalization.DEFAULT_MIN_ROW_SUPPORT
   execution: policy.Execution = policy.Execution()
 
@@ -152,8 +151,7 @@ class NormalizedLSTMCell(nn.RNNCellBase):
                 forget_bias=self.forget_bias,
                 recurrent_kernel_init=self.recurrent_kernel_init,
                 kernel_init=self.kernel_init, execution=self.execution, dtype=self.dtype,
-                axis_name=self.axis_name, min_statistics_count=self.min_statistics_count,
-                min_row_support=self.min_row_support)
+                axis_name=self.axis_name, min_row_support=self.min_row_support)
 
   @nn.nowrap
   def _batch_norm(self) -> bool:

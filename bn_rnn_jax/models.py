@@ -298,7 +298,7 @@ class AttentiveReader(nn.Module):
       return lambda x, mask, **mode: x
     o = self.layer_options
     keep = {k: o[k] for k in ('max_length', 'momentum', 'epsilon', 'axis_name',
-                              'scale_init') if o.get(k) is not None}
+                              'scale_init', 'min_row_support') if o.get(k) is not None}
     if 'execution' in o:
       keep['batch_sums'] = o['execution'].batch_sums
     return batch_stats.MaskedBatchNorm(statistics=statistics, name=name, **keep)

@@ -142,7 +142,7 @@ def average_minibatch_moments(records: Sequence[Any]) -> Any:
 def thin_rows(records: Sequence[Any]) -> list[str]:
   """One line per site whose rows rest on one sequence in every minibatch (a variance of
   0), and one per site whose rows some minibatch reached with too few sequences (the
-  layer's `min_statistics_count` or `min_step_count`) and none supported: which rows,
+  layer's `min_step_count`) and none supported: which rows,
   and how many sequences they rested on. Inference normalises those steps with the
   nearest supported row."""
   lines = []
@@ -164,7 +164,7 @@ def thin_rows(records: Sequence[Any]) -> list[str]:
         low, high = examples.min(), examples.max()
         number = f'{low:g}' if low == high else f'{low:g}-{high:g}'
         lines.append(f"site '{'/'.join(path)}': rows {_ranges(thin)} rest on {number} "
-                     'sequence(s) per batch, fewer than the layer\'s min_statistics_count; '
+                     'sequence(s) per batch, fewer than the layer\'s min_step_count; '
                      f'inference uses {uses} there')
       return
     for key in nodes[0]:

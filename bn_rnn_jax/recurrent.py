@@ -98,14 +98,6 @@ class RecurrentLayer(nn.Module):
       that coincide there (a repeated question) have zero variance, and the batch-norm
       backward multiplies the gradient by gamma / sqrt(epsilon) (about 32) at each such
       step. Sequence-wise statistics are not affected. Needs `padded_statistics=False`.
-    min_statistics_count: the fewest valid sequences (in the global batch) behind a row
-      of per-step population statistics: a minibatch's moments at a step with fewer are
-      not recorded (neither in the running average nor in the papers' estimate), so
-      inference at that step, as past the training length, uses the nearest row that
-      enough sequences supported (`population.thin_rows` says which). A row one
-      sequence reached has variance 0 by construction. Training itself is unchanged
-      (that is `min_step_count`). Sequence-wise and shared statistics are not affected;
-      with `padded_statistics=True` every step counts the whole batch.
     min_row_support: at inference, the rows of per-step population statistics after the
       last one that at least this fraction of the best-supported row's sequences reached
       are replaced by the steady state: the moments of the rows from half that row's
@@ -134,7 +126,6 @@ class RecurrentLayer(nn.Module):
   axis_name: Optional[str] = None
   padded_statistics: bool = False
   min_step_count: int = 1
-  min_statistics_count: int = batch_stats.DEFAULT_MIN_STATISTICS_COUNT
   min_row_support: float = normalization.DEFAULT_MIN_ROW_SUPPORT
 
   # ------------------------------------------------------------------ configuration
@@ -162,9 +153,8 @@ class RecurrentLayer(nn.Module):
     if mask is not None and mask.shape != inputs.shape[:2]:
       raise ValueError(f'mask must be [batch, time] = {inputs.shape[:2]}; got {mask.shape}.')
     sequence.check_mask_prefix(mask)
-    for name in ('min_step_count', 'min_statistics_count'):
-      if getattr(self, name) < 1:
-        raise ValueError(f'{name} must be at least 1; got {getattr(self, name)}.')
+    if self.min_step_count < 1:
+      raise ValueError(f'min_step_count must be at least 1; got {self.min_step_count}.')
     if not 0.0 <= self.min_row_support <= 1.0:
       raise ValueError(f'min_row_support must be in [0, 1]; got {self.min_row_support}.')
     if self.min_step_count > 1 and self.padded_statistics:
@@ -483,9 +473,8 @@ class RecurrentLayer(nn.Module):
       elif mean.ndim == 2:
         count = jnp.broadcast_to(count, mean.shape[:1])
         # Rows too few sequences supported are recorded thin
-        # (`normalization.minibatch_moments_record`); padded statistics count the batch.
-        min_count = guard if self.padded_statistics else max(guard,
-                                                            self.min_statistics_count)
+        # (`normalization.minibatch_moments_record`).
+        min_count = guard
         first_row = first_step
       batch_stats.record(self, stats[site], site, mean, var, count, self.momentum, min_count,
                          first_row, full_count)

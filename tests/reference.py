@@ -240,18 +240,11 @@ def batch_sites(variant):
 # ----------------------------------------------------------------------------- population
 
 
-#: The fewest valid sequences behind a per-step row of population statistics (the
-#: layer's `min_statistics_count` default).
-MIN_STATISTICS_COUNT = 1
-
-
-def minibatch_record(site_moments, shared, num_rows, min_count=1,
-                     min_statistics=MIN_STATISTICS_COUNT):
+def minibatch_record(site_moments, shared, num_rows, min_count=1):
   """One minibatch's moments as `{'mean', 'var': [R, F], 'count': [R]}`: count n (the
   valid entries behind the row) on the rows the minibatch reached with at least
-  max(`min_count`, `min_statistics`) of them (per-step statistics; `min_count` alone
-  decides which steps enter a shared row), -n on rows it reached with fewer (thin: fresh
-  values, no weight), 0 elsewhere.
+  `min_count` of them (per-step statistics; for a shared row, the steps that enter it),
+  -n on rows it reached with fewer (thin: fresh values, no weight), 0 elsewhere.
 
   `site_moments` is a list over steps of `(mean, var, count)` (per-step statistics) or a
   single tuple (sequence-wise). A site whose population statistics are shared over time
@@ -264,7 +257,7 @@ def minibatch_record(site_moments, shared, num_rows, min_count=1,
   elif shared:  # steps that fell back on the population rows do not count
     site_moments = [(m, v, n if n >= min_count else 0.0) for m, v, n in site_moments]
   else:
-    thin_from = max(min_count, min_statistics)
+    thin_from = min_count
   if shared and len(site_moments) > 1:
     counts = np.array([m[2] for m in site_moments], np.float64)
     total = counts.sum()

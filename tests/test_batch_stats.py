@@ -182,7 +182,8 @@ def _trained_norm(statistics, x, mask):
 
 def test_masked_batch_norm_per_step_matches_the_reference():
   """Per-step moments of the valid rows; the running average's first update takes them;
-  inference past the last trained row reuses it."""
+  inference past the last trained row reuses it, and rows below `min_row_support` read
+  the steady state."""
   x = np.where(MASK[..., None] > 0, X, 1e3)                          # junk in the padding
   norm, params, y, variables = _trained_norm('per_step', x, MASK)
   moments = [ref.masked_moments(x[:, t], MASK[:, t] > 0) for t in range(T)]
@@ -190,13 +191,20 @@ def test_masked_batch_norm_per_step_matches_the_reference():
     helpers.assert_close(np.asarray(y)[MASK[:, t] > 0, t],
                          ref.normalize(x[MASK[:, t] > 0, t], mean, var, params['scale'],
                                        params['bias']), rtol=1e-4, what=f'step {t}')
-  record = ref.minibatch_record(moments, False, T, min_statistics=1)  # no threshold here
+  record = ref.minibatch_record(moments, False, T)
   stats = helpers.float64(variables['batch_stats']['stats'])
   for key in ('mean', 'var', 'count'):
     helpers.assert_close(stats[key], record[key], rtol=1e-5, what=key)
   longer = np.concatenate([x, x[:, :3]], axis=1)                      # 8 steps, T_max 5
   out = norm.apply(variables, longer, None, use_running_average=True, deterministic=True)
   mean, var = ref.population_lookup(stats, 8)
+  helpers.assert_close(out, ref.normalize(longer, mean, var, params['scale'], params['bias']),
+                       rtol=1e-4)
+  # Row 4 rests on one sequence of four: below half the support, the steady state.
+  out = norm.clone(min_row_support=0.5).apply(variables, longer, None,
+                                              use_running_average=True, deterministic=True)
+  mean, var = ref.population_lookup(stats, 8, 0.5)
+  assert not np.allclose(mean[4:], stats['mean'][4])
   helpers.assert_close(out, ref.normalize(longer, mean, var, params['scale'], params['bias']),
                        rtol=1e-4)
 

@@ -211,7 +211,7 @@ def test_minibatch_moments_record():
     got = jax.tree.map(np.asarray, normalization.minibatch_moments_record(
         jnp.float32(mean), jnp.float32(var), jnp.float32(count), 6, min_count))
     want = ref.minibatch_record([(mean[t], var[t], count[t]) for t in range(4)], False, 6,
-                                min_count, min_statistics=1)
+                                min_count)
     for key in ('mean', 'var', 'count'):
       assert_close(got[key], want[key], what=key)
   np.testing.assert_array_equal(got['count'], [4, 3, -1, 0, 0, 0])

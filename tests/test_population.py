@@ -63,7 +63,7 @@ def test_estimate_population_stats_averages_minibatch_moments(data):
   """Input-term rows = the mean over batches of the float64 per-step moments of W_x x."""
   x, mask = data
   x2 = np.asarray(x)[::-1] * 1.5 + 0.3
-  layer = br.make_layer('bn_lstm', H, max_length=T + 2, min_statistics_count=1)
+  layer = br.make_layer('bn_lstm', H, max_length=T + 2)
   variables = layer.init(jax.random.key(0), x, mask, use_running_average=False,
                          deterministic=False)
   stats = br.estimate_population_stats(layer, variables, [(x, mask), (x2, mask)])
@@ -153,9 +153,9 @@ def test_unhashable_model_is_a_clear_error(data):
 def test_rows_of_one_sequence_are_named_and_fall_back_with_a_threshold():
   """Uneven lengths [6, 2, 2, 2] (a single long sequence): by default the rows only it
   reached are estimated with variance 0, and the estimate says so; with
-  `min_statistics_count=2` they are not estimated, the estimate names them, and
-  inference there (and past the training length) uses the last row two sequences
-  supported, as the float64 reference of the weighted estimate says."""
+  `min_step_count=2` they are not estimated, the estimate names them, and inference
+  there (and past the training length) uses the last row two sequences supported, as
+  the float64 reference of the weighted estimate says."""
   rng = np.random.default_rng(3)
   lengths, T_MAX = [6, 2, 2, 2], 6
   mask = helpers.prefix_mask(lengths, T_MAX)
@@ -168,7 +168,7 @@ def test_rows_of_one_sequence_are_named_and_fall_back_with_a_threshold():
     single = br.estimate_population_stats(default, variables, batches)
   assert not np.asarray(single['cell']['var'])[2:].any()
   # The threshold's rule alone (no steady tail: `min_row_support=0`).
-  layer = br.make_layer('bn_lstm', H, max_length=T_MAX, min_statistics_count=2,
+  layer = br.make_layer('bn_lstm', H, max_length=T_MAX, min_step_count=2,
                         min_row_support=0.0)
   with pytest.warns(UserWarning, match=r"site 'recurrent': rows 2-5 rest on 1 sequence"):
     stats = br.estimate_population_stats(layer, variables, batches)
@@ -177,8 +177,7 @@ def test_rows_of_one_sequence_are_named_and_fall_back_with_a_threshold():
   for x, m in batches:
     _, _, moments = ref.run_layer(params, np.float64(x), m, 'bn_lstm')
     for site in records:
-      records[site].append(ref.minibatch_record(moments[site], False, T_MAX,
-                                                min_statistics=2))
+      records[site].append(ref.minibatch_record(moments[site], False, T_MAX, min_count=2))
   for site, site_records in records.items():
     want = ref.average_records(site_records)
     np.testing.assert_array_equal(want['count'], [8, 8, 0, 0, 0, 0])

@@ -206,16 +206,16 @@ def test_a_field_the_saved_config_lacks_is_recorded_as_absent(tmp_path):
   recorded as '<absent>' (not as None) with it."""
   config = _config()
   saved = json.loads(config.to_json_best_effort())
-  del saved['model']['min_statistics_count']
+  del saved['model']['min_row_support']
   run = tmp_path / 'run'
   run.mkdir()
   (run / workdir_lib.CONFIG).write_text(json.dumps(saved))
-  with pytest.raises(ValueError, match=r'model.min_statistics_count \(<absent> -> '):
+  with pytest.raises(ValueError, match=r'model.min_row_support \(<absent> -> '):
     workdir_lib.check(config, str(run))
   config.train.allow_config_change = True
   launch = workdir_lib.check(config, str(run))
-  want = ['<absent>', config.model.min_statistics_count]
-  assert launch.changed == {'model.min_statistics_count': want}
+  want = ['<absent>', config.model.min_row_support]
+  assert launch.changed == {'model.min_row_support': want}
   workdir_lib.record_changes(str(run), launch)
   with open(run / workdir_lib.CHANGES) as f:
-    assert json.loads(f.readline())['changed'] == {'model.min_statistics_count': want}
+    assert json.loads(f.readline())['changed'] == {'model.min_row_support': want}

@@ -30,7 +30,7 @@ EVAL_STATISTICS = ('estimate', 'running', 'batch')
 #: `max_length` is resolved against the training length by the trainer.
 LAYER_FIELDS = ('statistics', 'recurrent_init', 'input_init', 'initial_state',
                 'initial_state_noise', 'gamma_init', 'momentum', 'epsilon', 'forget_bias',
-                'min_step_count', 'min_statistics_count', 'min_row_support',
+                'min_step_count', 'min_row_support',
                 'padded_statistics', 'unroll', 'remat', 'backward',
                 'hoist_input', 'batch_sums', 'fused_step')
 
@@ -72,8 +72,6 @@ def default_config() -> ml_collections.ConfigDict:
   m.momentum = 0.99              # running-average momentum of the population statistics
   m.epsilon = 1e-5               # variance epsilon of every normalisation
   m.forget_bias = 0.0            # initial bias of the forget-gate block
-  m.min_statistics_count = _placeholder(int)  # population rows need this many valid
-                                 # sequences; None = the layer's default
   m.min_row_support = _placeholder(float)  # inference: rows less supported are the
                                  # steady state; 0 = every row; None = the layer's default
   m.min_step_count = 1           # per-step moments need this many valid sequences; fewer:

@@ -6,12 +6,12 @@ whether the valid inputs sum to more than 0. Each arm is a `SequenceClassifier` 
 `--vl_steps` steps with Adam on batches of lengths 5-50 (the last training steps hold one
 or two sequences per batch), then scored on 1,000 fresh sequences per length range with
 the papers' population estimate (`--vl_estimate_batches` training batches). The BN-LSTM
-arms differ in `min_statistics_count` (the fewest sequences a row of population
-statistics may rest on: fewer, and inference at that step, as at every longer step,
-uses the nearest supported row) and `min_step_count` (the same in training: a step with
-fewer sequences is normalised with the population rows); one arm computes the estimate
-as earlier releases did, every minibatch row that some sequence reached counted once
-whatever its number of sequences (both counts 1, unweighted).
+arms keep the papers' rule (every row recorded and read; `min_row_support=0`) or add
+`min_step_count` (a training step with fewer sequences is normalised with the
+population rows, and its row is not recorded: inference there, as at every longer step,
+uses the nearest supported row); one arm computes the estimate as earlier releases did,
+every minibatch row that some sequence reached counted once whatever its number of
+sequences (both counts 1, unweighted).
 
   python -m experiments.analysis.variable_length [--output_dir=experiments/results]
 
@@ -43,14 +43,13 @@ _SEEDS = flags.DEFINE_integer('vl_seeds', 3, 'Seeds per arm.')
 _HIDDEN = flags.DEFINE_integer('vl_hidden', 32, 'Units.')
 _BATCH = flags.DEFINE_integer('vl_batch', 64, 'Training batch.')
 _ESTIMATE = flags.DEFINE_integer('vl_estimate_batches', 10, 'Estimate batches.')
-_MIN_COUNTS = flags.DEFINE_list('vl_min_counts', ['1', '2', '4', '8', '16'],
-                                'min_statistics_count values of the BN-LSTM arms.')
 _GUARDS = flags.DEFINE_list('vl_guards', ['4', '8'],
                             'min_step_count values of the guarded BN-LSTM arms.')
 
 TRAIN_LENGTHS = (5, 50)
 TEST_LENGTHS = ((5, 50), (51, 100), (101, 200))
 TEST_EXAMPLES = 1000
+PAPERS = 'bn_lstm'
 OLD = 'bn_lstm, old estimate'
 
 
@@ -62,17 +61,15 @@ def batch(rng: np.random.Generator, size: int, lengths: tuple[int, int], width: 
   return x, mask, (x.sum(axis=(1, 2)) > 0).astype(np.int32)
 
 
-def arms(min_counts, guards) -> dict[str, tuple[str, dict]]:
+def arms(guards) -> dict[str, tuple[str, dict]]:
   """`{arm: (variant, layer fields)}`."""
   out = {'lstm': ('lstm', {}), 'ln_lstm': ('ln_lstm', {}),
          'bn_input_only_seq': ('bn_input_only_seq', {})}
   # Each rule on its own: no steady tail (`longer_sequences.py` measures that).
-  for k in min_counts:
-    out[f'bn_lstm, min_statistics_count {k}'] = (
-        'bn_lstm', {'min_statistics_count': k, 'min_step_count': 1, 'min_row_support': 0.0})
+  out[PAPERS] = ('bn_lstm', {'min_row_support': 0.0})
   for k in guards:
-    out[f'bn_lstm, min_step_count {k}'] = (
-        'bn_lstm', {'min_statistics_count': k, 'min_step_count': k, 'min_row_support': 0.0})
+    out[f'bn_lstm, min_step_count {k}'] = ('bn_lstm', {'min_step_count': int(k),
+                                                       'min_row_support': 0.0})
   return out
 
 
@@ -133,10 +130,10 @@ def accuracy(model, variables, rng, lengths) -> float:
 
 
 def run(steps: int, seeds: int, hidden: int, batch_size: int, estimate_batches: int,
-        min_counts, guards) -> dict:
+        guards) -> dict:
   results = {}
   start = time.time()
-  for name, (variant, fields) in arms(min_counts, guards).items():
+  for name, (variant, fields) in arms(guards).items():
     for seed in range(seeds):
       model, variables, rng = train_arm(variant, fields, seed, steps, hidden, batch_size)
       estimate_data = [batch(rng, batch_size, TRAIN_LENGTHS, TRAIN_LENGTHS[1])[:2]
@@ -145,7 +142,7 @@ def run(steps: int, seeds: int, hidden: int, batch_size: int, estimate_batches: 
       if variant != 'lstm':
         scored[name] = {**variables, 'batch_stats': br.estimate_population_stats(
             model, variables, estimate_data)}
-      if fields.get('min_statistics_count') == 1 and variant == 'bn_lstm':
+      if name == PAPERS:
         scored[OLD] = {**variables, 'batch_stats': old_estimate(model, variables,
                                                                 estimate_data)}
       for arm_name, arm_variables in scored.items():
@@ -200,7 +197,7 @@ def table(result: dict) -> str:
 def main(argv) -> None:
   del argv
   result = run(_STEPS.value, _SEEDS.value, _HIDDEN.value, _BATCH.value, _ESTIMATE.value,
-               [int(k) for k in _MIN_COUNTS.value], [int(k) for k in _GUARDS.value])
+               [int(k) for k in _GUARDS.value])
   os.makedirs(_OUTPUT.value, exist_ok=True)
   path = os.path.join(_OUTPUT.value, 'variable_length.json')
   with open(path, 'w') as f:
