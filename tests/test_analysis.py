@@ -25,6 +25,7 @@ from bn_rnn_jax.training import metric_writer
 from experiments.analysis import common
 from experiments.analysis import estimate_batch_size
 from experiments.analysis import estimate_noise
+from experiments.analysis import estimate_spread
 from experiments.analysis import estimate_trained
 from experiments.analysis import gamma_sensitivity
 from experiments.analysis import gradient_flow
@@ -363,6 +364,31 @@ def test_running_average_gap_scores_and_locates_the_running_average(tmp_path):
                                    'rnn/layer_0/cell'}
   assert all(_finite(row['mean_shift']) and _finite(row['log_var_ratio'])
              for row in saved['per_row'].values())
+
+
+@pytest.mark.exhaustive
+def test_estimate_spread_draws_and_locates_the_spread(tmp_path):
+  """A hybrid with every row from a draw scores as that draw; one draw alone is "all
+  draws", with no spread in any row; the nonzero fraction is that of the drawn inputs."""
+  run_dir, _ = _tiny_bn_lstm_run(tmp_path)
+  estimate_spread.run(str(run_dir), str(tmp_path / 'out'), draws=2, num_batches=2, size=8)
+  saved = _read_json(tmp_path / 'out', 'estimate_spread_bn_lstm_s0')
+  rows = len(saved['nonzero_inputs'])
+  for draw, hybrid in zip(saved['draws'], saved['hybrids']):
+    assert hybrid[f'rows < {rows}'] == pytest.approx(draw, abs=1e-4)
+  assert set(saved['per_row']) == {'rnn/layer_0/recurrent', 'rnn/layer_0/input',
+                                   'rnn/layer_0/cell'}
+  assert any(max(row['var_spread']) > 0 for row in saved['per_row'].values())
+  one = estimate_spread.run(str(run_dir), str(tmp_path / 'one'), draws=1, num_batches=2,
+                            size=8)
+  assert one['draws'] == [pytest.approx(one['all draws'], abs=1e-6)]
+  assert all(not np.any(row['var_spread']) for row in one['per_row'].values())
+  trainer, _, _ = estimate_trained.restore(str(run_dir))
+  inputs = np.asarray(trainer.dataset.splits['train']['inputs'])
+  index = np.random.RandomState(0).randint(0, inputs.shape[0], (1, 2, 8))
+  chosen = inputs[np.unique(index)]
+  np.testing.assert_allclose(one['nonzero_inputs'],
+                             (chosen != 0).any(axis=-1).mean(axis=0))
 
 
 @pytest.mark.exhaustive

@@ -7,6 +7,9 @@
   python -m experiments.analysis.laurent_appendix   # Laurent et al. appendix A
   python -m experiments.analysis.estimate_batch_size  # population estimate, 784-step MNIST
   python -m experiments.analysis.estimate_trained --et_workdir=RUN  # a trained run's estimate
+  python -m experiments.analysis.estimate_spread --es_workdir=RUN   # where its draws differ
+  python -m experiments.analysis.running_average_gap --rg_workdir=RUN  # where its running
+                                                    # average loses
 
 Shared flags (`common.py`): --output_dir (default experiments/results/figures),
 --mnist_dir, --ptb_dir (default mnist/ and ptb/ under $BN_RNN_JAX_DATA), --gammas, --seed,

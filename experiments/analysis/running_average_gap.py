@@ -83,10 +83,40 @@ def discrepancy(running: Mapping[str, Any], estimate: Mapping[str, Any]) -> dict
           'log_var_ratio': np.mean(np.log((v_r + EPSILON) / (v_e + EPSILON)), axis=-1)}
 
 
-def _records(trainer, variables, inputs, index, **apply_kwargs):
+def records(trainer, variables, inputs, index, **apply_kwargs) -> list:
+  """The minibatch moments of `inputs[i]` for each row `i` of `index` `[batches, size]`."""
   model = common.unmapped_model(trainer)
   return [population.minibatch_moments(model, variables, (inputs[i],), **apply_kwargs)
           for i in index]
+
+
+def pooled(minibatch_records) -> Any:
+  """The moments of every example behind each row of the records, pooled by the law of
+  total variance (`longer_sequences.pooled_site`)."""
+  return jax.tree.map(jnp.asarray, jax.tree.map(
+      longer_sequences.pooled_site, longer_sequences.stacked(minibatch_records),
+      is_leaf=population.is_site))
+
+
+def hybrids(accuracy, base, other, bounds=(1, 4, 16, 64, 256)) -> dict[str, float]:
+  """`accuracy` of the `base` statistics with one site taken from `other` (`'site
+  <name>'`), and with every per-step site's rows below k taken from `other` (`'rows <
+  k'`, for the `bounds` below the number of rows, and for all rows)."""
+  other_sites = sites(other)
+  out = {}
+  for name in other_sites:
+    out[f'site {name}'] = accuracy(replace_sites(
+        base, lambda n, s, name=name: other_sites[n] if n == name else s))
+  rows = next(iter(other_sites.values()))['count'].shape[0]
+  for k in [k for k in bounds if k < rows] + [rows]:
+    def rows_below(name, site, k=k):
+      r = other_sites[name]
+      if r['count'].shape[0] == 1:
+        return site
+      return {key: jnp.concatenate([jnp.asarray(r[key])[:k], jnp.asarray(site[key])[k:]])
+              for key in ('mean', 'var', 'count')}
+    out[f'rows < {k}'] = accuracy(replace_sites(base, rows_below))
+  return out
 
 
 def run(run_dir: str, output_dir: str, step: Optional[int] = None, num_batches: int = 2,
@@ -97,38 +127,22 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, num_batches: 
   variables = common.host_variables(trainer, state)
   inputs = trainer.dataset.splits['train']['inputs']
   index = np.random.RandomState(seed).randint(0, inputs.shape[0], (num_batches, size))
-  clean = _records(trainer, variables, inputs, index)
-  noisy = _records(trainer, variables, inputs, index, use_running_average=False,
-                   deterministic=False,
-                   rngs={'noise': jax.random.key(seed), 'dropout': jax.random.key(seed)})
+  clean = records(trainer, variables, inputs, index)
+  noisy = records(trainer, variables, inputs, index, use_running_average=False,
+                  deterministic=False,
+                  rngs={'noise': jax.random.key(seed), 'dropout': jax.random.key(seed)})
   made = {
       'running': variables['batch_stats'],
       'estimate': population.average_minibatch_moments(clean),
       'noisy': population.average_minibatch_moments(noisy),
-      'pooled': jax.tree.map(jnp.asarray, jax.tree.map(
-          longer_sequences.pooled_site, longer_sequences.stacked(clean),
-          is_leaf=population.is_site)),
+      'pooled': pooled(clean),
   }
   accuracy = lambda stats: common.evaluate_with(trainer, state, stats)['accuracy']
   result: dict[str, Any] = {
       'batch': trainer.evaluate(state, 'valid', 'batch')['accuracy'],
       **{kind: accuracy(stats) for kind, stats in made.items()}}
   running, estimate = sites(made['running']), sites(made['estimate'])
-  hybrids = {}
-  for name in running:
-    hybrids[f'site {name}'] = accuracy(replace_sites(
-        made['estimate'], lambda n, s, name=name: running[n] if n == name else s))
-  rows = next(iter(running.values()))['count'].shape[0]
-  bounds = [k for k in (1, 4, 16, 64, 256) if k < rows] + [rows]
-  for k in bounds:
-    def rows_below(name, site, k=k):
-      r = running[name]
-      if r['count'].shape[0] == 1:
-        return site
-      return {key: jnp.concatenate([jnp.asarray(r[key])[:k], jnp.asarray(site[key])[k:]])
-              for key in ('mean', 'var', 'count')}
-    hybrids[f'rows < {k}'] = accuracy(replace_sites(made['estimate'], rows_below))
-  result['hybrids'] = hybrids
+  result['hybrids'] = hybrids(accuracy, made['estimate'], made['running'])
   result['per_row'] = {name: discrepancy(running[name], estimate[name]) for name in running}
   noisy_sites = sites(made['noisy'])
   result['per_row_noisy'] = {name: discrepancy(noisy_sites[name], estimate[name])
