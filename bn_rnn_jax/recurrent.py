@@ -48,6 +48,12 @@ _INITIAL_STATES = ('zeros', 'learned', 'noise')
 class RecurrentLayer(nn.Module):
   """One recurrent layer over `[batch, time, features]`, scanned with `lax.scan`.
 
+  Its fields are the model (`hidden_size` to `initial_state_noise`: the cell, its
+  normalised sites, how statistics are kept over time, and the initialisers), how the
+  statistics are kept and read as `nn.BatchNorm`'s are (`momentum`, `epsilon` and the
+  rules for padding and thin rows: `padded_statistics`, `min_step_count`,
+  `min_row_support`), and where it runs (`dtype`, `axis_name`, `execution`).
+
   Attributes:
     hidden_size: H.
     cell: 'lstm' (gates f, i, o, g) or 'rnn' (tanh).
@@ -65,8 +71,6 @@ class RecurrentLayer(nn.Module):
       18M floats, against 4.2M parameters. Training on a longer sequence is an error
       (`normalization.check_length`); inference past the longest trained length reuses
       its last row.
-    momentum: running-average momentum of the population statistics.
-    epsilon: variance epsilon.
     scale_init: initialiser of every normalisation's gamma (`initializers.Constant(0.1)`,
       Cooijmans sec. 4).
     forget_bias: initial bias of the forget gate.
@@ -77,13 +81,8 @@ class RecurrentLayer(nn.Module):
       on h_0 in training, from the 'noise' rng stream: it keeps the recurrent term's batch
       variance off zero while the inputs are constant, e.g. black rows of MNIST).
     initial_state_noise: standard deviation of that noise.
-    execution: how the layer runs, never what it computes (`policy.Execution`: hoisted
-      input term, remat, backward pass, batch sums, unroll; 'auto' = the backend's
-      choice, `policy.resolve`).
-    dtype: the dtype of the matmuls and of the outputs, as Flax's `dtype` (e.g.
-      jnp.bfloat16); None: float32, or float64 with float64 inputs or weights under x64.
-      The state and the statistics stay float32 (or float64).
-    axis_name: device axis name (pmap / shard_map) for cross-device batch moments.
+    momentum: running-average momentum of the population statistics.
+    epsilon: variance epsilon.
     padded_statistics: count padded entries in the batch moments, as the implementation
       of Cooijmans et al. sec. 5.4 did (zero-padded batches; their BN-LSTM and
       BN-everywhere readers), which biases mean and variance toward the padding. Off by
@@ -105,6 +104,13 @@ class RecurrentLayer(nn.Module):
       rows rest on a few sequences, and every longer step reuses the last of them. 0
       keeps every row (the papers' rule: the last row reached serves every later step);
       fixed lengths are not affected.
+    dtype: the dtype of the matmuls and of the outputs, as Flax's `dtype` (e.g.
+      jnp.bfloat16); None: float32, or float64 with float64 inputs or weights under x64.
+      The state and the statistics stay float32 (or float64).
+    axis_name: device axis name (pmap / shard_map) for cross-device batch moments.
+    execution: how the layer runs, never what it computes (`policy.Execution`: hoisted
+      input term, remat, backward pass, batch sums, unroll; 'auto' = the backend's
+      choice, `policy.resolve`).
   """
   hidden_size: int
   cell: str = 'lstm'
@@ -113,20 +119,20 @@ class RecurrentLayer(nn.Module):
   cell_norm: Optional[str] = None
   statistics: str = 'per_step'
   max_length: Optional[int] = None
-  momentum: float = 0.99
-  epsilon: float = normalization.DEFAULT_EPSILON
   scale_init: initializers.Initializer = initializers.Constant(0.1)
   forget_bias: float = 0.0
   recurrent_kernel_init: initializers.Initializer = initializers.ORTHOGONAL_BLOCKS
   kernel_init: initializers.Initializer = initializers.ORTHOGONAL
   initial_state: str = 'zeros'
   initial_state_noise: float = 0.1
-  execution: policy_lib.Execution = policy_lib.Execution()
-  dtype: Optional[Any] = None
-  axis_name: Optional[str] = None
+  momentum: float = 0.99
+  epsilon: float = normalization.DEFAULT_EPSILON
   padded_statistics: bool = False
   min_step_count: int = 1
   min_row_support: float = normalization.DEFAULT_MIN_ROW_SUPPORT
+  dtype: Optional[Any] = None
+  axis_name: Optional[str] = None
+  execution: policy_lib.Execution = policy_lib.Execution()
 
   # ------------------------------------------------------------------ configuration
   def _validate(self, inputs: Array, mask: Optional[Array]) -> None:
