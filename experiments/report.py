@@ -72,6 +72,12 @@ def _figure(name: str) -> dict:
     return json.load(f)
 
 
+def _of_runs(script: str) -> list[str]:
+  """The figure JSONs a script made of trained runs (`<script>_<run folder>`)."""
+  return sorted(os.path.basename(p)[:-len('.json')]
+                for p in glob.glob(os.path.join(FIGURES, f'{script}_*.json')))
+
+
 def figures() -> str:
   """The numbers the README's Figures section quotes, per figure JSON."""
   out = []
@@ -120,8 +126,7 @@ def figures() -> str:
              'largest relative variance change ' + ', '.join(
                  f'{site.split("/")[-1]} {v:.3g}'
                  for site, v in n['largest_relative_variance_change'].items()))
-  trained = sorted(os.path.basename(p)[:-len('.json')]
-                   for p in glob.glob(os.path.join(FIGURES, 'estimate_trained_*.json')))
+  trained = _of_runs('estimate_trained')
   for name in trained:
     e = _figure(name)
     out.append(f"{name} ({e['run']}, step {e['step']:,}, {e['valid_examples']} images): "
@@ -129,11 +134,31 @@ def figures() -> str:
                f"{e['running_average']:.4f}; estimates " + '; '.join(
                    f"{k}: {', '.join(f'{v:.4f}' for v in vs)}"
                    for k, vs in e['estimates'].items()))
+  gaps = _of_runs('running_average_gap')
+  for name in gaps:
+    g = _figure(name)
+    out.append(f"{name} ({g['run']}, step {g['step']:,}, {g['valid_examples']} images, "
+               f"estimate {g['estimate_batches']}): " + ', '.join(
+                   f'{k} {g[k]:.4f}' for k in ('batch', 'running', 'estimate', 'noisy',
+                                               'pooled')) +
+               '; the estimate with the running average\'s ' + ', '.join(
+                   f"{k.replace('site ', '').split('/')[-1]} {v:.4f}"
+                   for k, v in g['hybrids'].items()))
+  spreads = _of_runs('estimate_spread')
+  for name in spreads:
+    e = _figure(name)
+    draws = lambda values: ', '.join(f'{v:.4f}' for v in values)
+    out.append(f"{name} ({e['run']}, step {e['step']:,}, {e['valid_examples']} images, "
+               f"{e['estimate_batches']}): batch {e['batch']:.4f}; draws "
+               f"{draws(e['draws'])}; all draws {e['all draws']:.4f}; pooled "
+               f"{draws(e['pooled'])}; all draws with each draw's " + ', '.join(
+                   f"{k.replace('site ', '').split('/')[-1]} "
+                   f"{draws(h[k] for h in e['hybrids'])}" for k in e['hybrids'][0]))
   out.append('seconds: ' + ', '.join(
       f"{n} {_figure(n)['seconds']:.0f}" for n in (
           'gradient_flow', 'population_stats', 'gamma_sensitivity', 'laurent_appendix',
           'estimate_batch_size', 'estimate_batch_size_pmnist', 'estimate_noise',
-          *trained)))
+          *trained, *gaps, *spreads)))
   return '\n'.join('* ' + line for line in out)
 
 
