@@ -154,11 +154,20 @@ def figures() -> str:
                f"{draws(e['pooled'])}; all draws with each draw's " + ', '.join(
                    f"{k.replace('site ', '').split('/')[-1]} "
                    f"{draws(h[k] for h in e['hybrids'])}" for k in e['hybrids'][0]))
+  lags = _of_runs('running_average_lag')
+  for name in lags:
+    g = _figure(name)
+    scores = lambda r: '/'.join(f'{r[k]:.4f}' for k in ('batch', 'running', 'estimate'))
+    out.append(f"{name} ({g['run']}, training on from step {g['step']:,}, "
+               f"{g['valid_examples']} images; batch/running/estimate): restored "
+               f"{scores(g['restored'])}; " + '; '.join(
+                   f"{arm}: " + ', '.join(f"step {r['step']:,} {scores(r)}" for r in records)
+                   for arm, records in g['arms'].items()))
   out.append('seconds: ' + ', '.join(
       f"{n} {_figure(n)['seconds']:.0f}" for n in (
           'gradient_flow', 'population_stats', 'gamma_sensitivity', 'laurent_appendix',
           'estimate_batch_size', 'estimate_batch_size_pmnist', 'estimate_noise',
-          *trained, *gaps, *spreads)))
+          *trained, *gaps, *spreads, *lags)))
   return '\n'.join('* ' + line for line in out)
 
 

@@ -32,6 +32,7 @@ from experiments.analysis import gradient_flow
 from experiments.analysis import laurent_appendix
 from experiments.analysis import population_stats
 from experiments.analysis import running_average_gap
+from experiments.analysis import running_average_lag
 from experiments.analysis import tanh_derivative
 import helpers
 
@@ -364,6 +365,24 @@ def test_running_average_gap_scores_and_locates_the_running_average(tmp_path):
                                    'rnn/layer_0/cell'}
   assert all(_finite(row['mean_shift']) and _finite(row['log_var_ratio'])
              for row in saved['per_row'].values())
+
+
+@pytest.mark.exhaustive
+def test_running_average_lag_holds_or_trains_the_parameters(tmp_path):
+  """Frozen, the parameters stay those restored (batch statistics score as at the
+  restored step); every momentum arm trains the same parameters (batch statistics score
+  alike at each step), whatever its running average."""
+  run_dir, _ = _tiny_bn_lstm_run(tmp_path)
+  running_average_lag.run(str(run_dir), str(tmp_path / 'out'), num_steps=4, every=2,
+                          momenta=(0.99, 0.5))
+  saved = _read_json(tmp_path / 'out', 'running_average_lag_bn_lstm_s0')
+  assert saved['step'] == 4 and set(saved['arms']) == {'frozen', 'momentum 0.99',
+                                                       'momentum 0.5'}
+  assert [r['step'] for r in saved['arms']['frozen']] == [6, 8]
+  assert all(r['batch'] == saved['restored']['batch'] for r in saved['arms']['frozen'])
+  slow, fast = saved['arms']['momentum 0.99'], saved['arms']['momentum 0.5']
+  assert [r['batch'] for r in slow] == [r['batch'] for r in fast]
+  assert [r['running'] for r in slow] != [r['running'] for r in fast]
 
 
 @pytest.mark.exhaustive

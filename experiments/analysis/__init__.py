@@ -10,6 +10,7 @@
   python -m experiments.analysis.estimate_spread --es_workdir=RUN   # where its draws differ
   python -m experiments.analysis.running_average_gap --rg_workdir=RUN  # where its running
                                                     # average loses
+  python -m experiments.analysis.running_average_lag --lag_workdir=RUN  # whether it lags
 
 Shared flags (`common.py`): --output_dir (default experiments/results/figures),
 --mnist_dir, --ptb_dir (default mnist/ and ptb/ under $BN_RNN_JAX_DATA), --gammas, --seed,

@@ -101,7 +101,10 @@ def pooled(minibatch_records) -> Any:
 def hybrids(accuracy, base, other, bounds=(1, 4, 16, 64, 256)) -> dict[str, float]:
   """`accuracy` of the `base` statistics with one site taken from `other` (`'site
   <name>'`), and with every per-step site's rows below k taken from `other` (`'rows <
-  k'`, for the `bounds` below the number of rows, and for all rows)."""
+  k'`, for the `bounds` below the number of rows, and for all rows). A row's mean and
+  variance are taken, not its count: the counts of two kinds of statistics differ in
+  scale (a running average sums every training batch's), and mixed they would set the
+  rows' support (`min_row_support`) by where they came from."""
   other_sites = sites(other)
   out = {}
   for name in other_sites:
@@ -113,8 +116,9 @@ def hybrids(accuracy, base, other, bounds=(1, 4, 16, 64, 256)) -> dict[str, floa
       r = other_sites[name]
       if r['count'].shape[0] == 1:
         return site
-      return {key: jnp.concatenate([jnp.asarray(r[key])[:k], jnp.asarray(site[key])[k:]])
-              for key in ('mean', 'var', 'count')}
+      return {**site, **{key: jnp.concatenate([jnp.asarray(r[key])[:k],
+                                                jnp.asarray(site[key])[k:]])
+                         for key in ('mean', 'var')}}
     out[f'rows < {k}'] = accuracy(replace_sites(base, rows_below))
   return out
 
