@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any, Optional, Sequence
 
+from absl import app
 from absl import flags
 import jax
 import numpy as np
@@ -202,6 +204,21 @@ def fit(trainer: loop.Trainer, state: train.TrainState, num_steps: int,
     history['train_accuracy'].append(float(m['accuracy'][0]))
   history['seconds'] = time.time() - start
   return state, history
+
+
+def run_on_a_run(argv, workdir: flags.FlagHolder, call):
+  """The `main` of a script that reads one finished run: stray arguments and a missing
+  `--<workdir flag>` are usage errors; `call()` runs, and a `ValueError` or
+  `FileNotFoundError` from it (no run, no such checkpoint) ends the script with one line
+  `error: ...`. Returns what `call()` returns."""
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if not workdir.value:
+    raise app.UsageError(f'--{workdir.name} (the workdir of a finished run) is required.')
+  try:
+    return call()
+  except (ValueError, FileNotFoundError) as error:
+    sys.exit(f'error: {error}')
 
 
 def evaluate_with(trainer: loop.Trainer, state: train.TrainState, batch_stats,

@@ -23,7 +23,6 @@ the JSON names the run by its campaign and run folder, never by its path.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Optional, Sequence
 
@@ -153,15 +152,9 @@ def _figure(result: dict):
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if not _WORKDIR.value:
-    raise app.UsageError('--et_workdir (the workdir of a finished run) is required.')
-  try:
-    run(_WORKDIR.value, common.OUTPUT_DIR.value, step=_STEP.value, draws=_DRAWS.value,
-        seed=common.SEED.value, name=_NAME.value)
-  except (ValueError, FileNotFoundError) as error:   # no run, no such checkpoint
-    sys.exit(f'error: {error}')
+  common.run_on_a_run(argv, _WORKDIR, lambda: run(
+      _WORKDIR.value, common.OUTPUT_DIR.value, step=_STEP.value, draws=_DRAWS.value,
+      seed=common.SEED.value, name=_NAME.value))
 
 
 if __name__ == '__main__':

@@ -29,7 +29,6 @@ the run by its campaign and run folder, never by its path.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any, Mapping, Optional
 
@@ -182,15 +181,9 @@ def _figure(result: dict):
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if not _WORKDIR.value:
-    raise app.UsageError('--rg_workdir (the workdir of a finished run) is required.')
-  try:
-    result = run(_WORKDIR.value, common.OUTPUT_DIR.value, step=_STEP.value,
-                 num_batches=_BATCHES.value, size=_SIZE.value, seed=common.SEED.value)
-  except (ValueError, FileNotFoundError) as error:
-    sys.exit(f'error: {error}')
+  result = common.run_on_a_run(argv, _WORKDIR, lambda: run(
+      _WORKDIR.value, common.OUTPUT_DIR.value, step=_STEP.value,
+      num_batches=_BATCHES.value, size=_SIZE.value, seed=common.SEED.value))
   print({k: v for k, v in result.items() if k in ('batch', 'running', 'estimate', 'noisy',
                                                    'pooled', 'hybrids')})
 

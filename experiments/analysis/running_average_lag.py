@@ -27,7 +27,6 @@ names the run by its campaign and run folder, never by its path.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any, Optional, Sequence
 
@@ -132,16 +131,9 @@ def _figure(result: dict):
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if not _WORKDIR.value:
-    raise app.UsageError('--lag_workdir (the workdir of a finished run) is required.')
-  try:
-    result = run(_WORKDIR.value, common.OUTPUT_DIR.value, step=_STEP.value,
-                 num_steps=_STEPS.value, every=_EVERY.value,
-                 momenta=[float(m) for m in _MOMENTA.value])
-  except (ValueError, FileNotFoundError) as error:
-    sys.exit(f'error: {error}')
+  result = common.run_on_a_run(argv, _WORKDIR, lambda: run(
+      _WORKDIR.value, common.OUTPUT_DIR.value, step=_STEP.value, num_steps=_STEPS.value,
+      every=_EVERY.value, momenta=[float(m) for m in _MOMENTA.value]))
   print({'restored': result['restored'], 'arms': result['arms']})
 
 
