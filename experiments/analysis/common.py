@@ -41,6 +41,7 @@ from bn_rnn_jax.training import loop
 from bn_rnn_jax.training import parallel
 from bn_rnn_jax.training import train
 # The one trailing moving average of the project's figures (the campaigns' tables use it).
+from experiments.campaign import collect
 from experiments.campaign.tables import smooth  # pylint: disable=unused-import
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -277,6 +278,22 @@ def save_outputs(output_dir: str, name: str, figure, data: dict[str, Any],
     json.dump(_to_json(data), f, indent=1)
     f.write('\n')
   return {'png': png, 'json': path_json}
+
+
+def save_run_outputs(output_dir: str, script: str, run_dir: str, trainer: loop.Trainer,
+                     step: int, start: float, result: dict[str, Any], figure,
+                     name: Optional[str] = None) -> dict[str, Any]:
+  """`result` of a script that read one finished run, with the run's facts added (the
+  run as its campaign and run folder, never its path; the step read; the validation
+  examples; the data; the seconds since `start`; the machine), written with
+  `figure(result)` as `<name>.{png,json}` (default name `<script>_<run folder>`)."""
+  parent, run_name = os.path.split(os.path.normpath(os.path.abspath(run_dir)))
+  result.update({'run': f'{os.path.basename(parent)}/{run_name}', 'step': step,
+                 'valid_examples': trainer.evaluated_count,
+                 'data': data_description(trainer.config, trainer.dataset),
+                 'seconds': time.time() - start, 'machine': collect.machine()})
+  save_outputs(output_dir, name or f'{script}_{run_name}', figure(result), result, dpi=70)
+  return result
 
 
 def parse_gammas(values: Sequence[str]) -> list[float]:

@@ -29,7 +29,6 @@ the run by its campaign and run folder, never by its path.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Optional
 
@@ -42,7 +41,6 @@ from bn_rnn_jax import population
 from experiments.analysis import common
 from experiments.analysis import estimate_trained
 from experiments.analysis import running_average_gap as gap
-from experiments.campaign import collect
 
 _WORKDIR = flags.DEFINE_string('es_workdir', None, 'Workdir of a finished run.')
 _STEP = flags.DEFINE_integer('es_step', None, 'Checkpoint step (default: the latest).')
@@ -100,15 +98,9 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, draws: int = 
       'per_row': variance_spread(estimates, together),
       'nonzero_inputs': nonzero_fraction(inputs, index),
   }
-  parent, run_name = os.path.split(os.path.normpath(os.path.abspath(run_dir)))
-  result.update({'run': f'{os.path.basename(parent)}/{run_name}', 'step': done,
-                 'valid_examples': trainer.evaluated_count,
-                 'estimate_batches': f'{draws} draws of {num_batches} x {size}',
-                 'data': common.data_description(trainer.config, trainer.dataset),
-                 'seconds': time.time() - start, 'machine': collect.machine()})
-  common.save_outputs(output_dir, f'estimate_spread_{run_name}', _figure(result), result,
-                      dpi=70)
-  return result
+  result['estimate_batches'] = f'{draws} draws of {num_batches} x {size}'
+  return common.save_run_outputs(output_dir, 'estimate_spread', run_dir, trainer, done, start,
+                                 result, _figure)
 
 
 def _figure(result: dict):

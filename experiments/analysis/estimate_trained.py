@@ -36,7 +36,6 @@ from bn_rnn_jax.training import loop
 from bn_rnn_jax.training import workdir as workdir_lib
 from experiments.analysis import common
 from experiments.analysis import estimate_batch_size
-from experiments.campaign import collect
 
 _WORKDIR = flags.DEFINE_string('et_workdir', None, 'Workdir of a finished run.')
 _STEP = flags.DEFINE_integer('et_step', None, 'Checkpoint step, in checkpoints/ or best/ '
@@ -110,7 +109,6 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, draws: int = 
   result = {'batch_statistics': trainer.evaluate(state, 'valid', 'batch')['accuracy'],
             'running_average': trainer.evaluate(state, 'valid', 'running')['accuracy'],
             'estimates': {}}
-  valid_examples = trainer.evaluated_count
   variables = common.host_variables(trainer, state)
   rng = np.random.RandomState(seed)
   for num_batches, size in settings:
@@ -120,14 +118,8 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, draws: int = 
             trainer, variables, num_batches, size, rng))['accuracy']
         for _ in range(draws)]
     logging.info('%s: %s', label, result['estimates'][label])
-  parent, run_name = os.path.split(os.path.normpath(os.path.abspath(run_dir)))
-  result.update({'run': f'{os.path.basename(parent)}/{run_name}', 'step': done,
-                 'valid_examples': valid_examples,
-                 'data': common.data_description(trainer.config, trainer.dataset),
-                 'seconds': time.time() - start, 'machine': collect.machine()})
-  common.save_outputs(output_dir, name or f'estimate_trained_{run_name}', _figure(result),
-                      result, dpi=70)
-  return result
+  return common.save_run_outputs(output_dir, 'estimate_trained', run_dir, trainer, done,
+                                 start, result, _figure, name)
 
 
 def _figure(result: dict):

@@ -28,7 +28,6 @@ the run by its campaign and run folder, never by its path.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Mapping, Optional
 
@@ -43,7 +42,6 @@ from bn_rnn_jax import population
 from experiments.analysis import common
 from experiments.analysis import estimate_trained
 from experiments.analysis import longer_sequences
-from experiments.campaign import collect
 
 _WORKDIR = flags.DEFINE_string('rg_workdir', None, 'Workdir of a finished run.')
 _STEP = flags.DEFINE_integer('rg_step', None, 'Checkpoint step (default: the latest).')
@@ -150,15 +148,9 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, num_batches: 
   noisy_sites = sites(made['noisy'])
   result['per_row_noisy'] = {name: discrepancy(noisy_sites[name], estimate[name])
                              for name in running}
-  parent, run_name = os.path.split(os.path.normpath(os.path.abspath(run_dir)))
-  result.update({'run': f'{os.path.basename(parent)}/{run_name}', 'step': done,
-                 'valid_examples': trainer.evaluated_count,
-                 'estimate_batches': f'{num_batches} x {size}',
-                 'data': common.data_description(trainer.config, trainer.dataset),
-                 'seconds': time.time() - start, 'machine': collect.machine()})
-  common.save_outputs(output_dir, f'running_average_gap_{run_name}', _figure(result),
-                      result, dpi=70)
-  return result
+  result['estimate_batches'] = f'{num_batches} x {size}'
+  return common.save_run_outputs(output_dir, 'running_average_gap', run_dir, trainer, done,
+                                 start, result, _figure)
 
 
 def _figure(result: dict):

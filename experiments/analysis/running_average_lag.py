@@ -26,7 +26,6 @@ names the run by its campaign and run folder, never by its path.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Optional, Sequence
 
@@ -39,7 +38,6 @@ import jax.numpy as jnp
 from bn_rnn_jax.training import loop
 from experiments.analysis import common
 from experiments.analysis import estimate_trained
-from experiments.campaign import collect
 
 _WORKDIR = flags.DEFINE_string('lag_workdir', None, 'Workdir of a finished run.')
 _STEP = flags.DEFINE_integer('lag_step', None, 'Checkpoint step (default: the latest).')
@@ -99,14 +97,8 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, num_steps: in
     config = trainer.config.copy_and_resolve_references()
     config.model.momentum = momentum
     result['arms'][name] = continue_arm(config, host_state, num_steps, every, frozen)
-  parent, run_name = os.path.split(os.path.normpath(os.path.abspath(run_dir)))
-  result.update({'run': f'{os.path.basename(parent)}/{run_name}', 'step': done,
-                 'valid_examples': trainer.evaluated_count,
-                 'data': common.data_description(trainer.config, trainer.dataset),
-                 'seconds': time.time() - start, 'machine': collect.machine()})
-  common.save_outputs(output_dir, f'running_average_lag_{run_name}', _figure(result),
-                      result, dpi=70)
-  return result
+  return common.save_run_outputs(output_dir, 'running_average_lag', run_dir, trainer, done,
+                                 start, result, _figure)
 
 
 def _figure(result: dict):
