@@ -219,3 +219,24 @@ def test_a_field_the_saved_config_lacks_is_recorded_as_absent(tmp_path):
   workdir_lib.record_changes(str(run), launch)
   with open(run / workdir_lib.CHANGES) as f:
     assert json.loads(f.readline())['changed'] == {'model.min_row_support': want}
+
+
+def test_a_field_removed_from_the_config_is_recorded_and_leaves_the_runs_config(tmp_path):
+  """A field the config no longer has: allowed with the override, recorded as
+  [value, '<absent>'], and from then on the run's config lacks it, so the next launch
+  (and a campaign's check of the run) sees no difference."""
+  config = _config()
+  saved = json.loads(config.to_json_best_effort())
+  saved['model']['retired_field'] = 3
+  run = tmp_path / 'run'
+  run.mkdir()
+  (run / workdir_lib.CONFIG).write_text(json.dumps(saved))
+  with pytest.raises(ValueError, match=r'model.retired_field \(3 -> <absent>\)'):
+    workdir_lib.check(config, str(run))
+  config.train.allow_config_change = True
+  launch = workdir_lib.check(config, str(run))
+  assert launch.changed == {'model.retired_field': [3, '<absent>']}
+  workdir_lib.record_changes(str(run), launch)
+  assert 'model.retired_field' not in workdir_lib.run_config(str(run))
+  config.train.allow_config_change = False
+  assert workdir_lib.check(config, str(run)).changed == {}

@@ -29,6 +29,8 @@ from bn_rnn_jax import extras
 
 CONFIG = 'config.json'
 CHANGES = 'config_changes.jsonl'
+#: How config_changes.jsonl records the side of a change that lacks the field.
+ABSENT_RECORD = '<absent>'
 
 #: Fields (or sections, ending in '.') that do not change what a run computes: logging,
 #: evaluation, checkpoint and time cadence, devices and processes, where the data lives,
@@ -129,7 +131,10 @@ def run_config(workdir: str) -> Optional[dict]:
   config = flat_config(_read_json(path))
   for record in read_changes(workdir):
     for field, (_, after) in record['changed'].items():
-      config[field] = after
+      if after == ABSENT_RECORD:   # the field was removed from the config
+        config.pop(field, None)
+      else:
+        config[field] = after
   return config
 
 
@@ -171,12 +176,12 @@ class Launch:
 
 
 def _shown(value) -> str:
-  return '<absent>' if value is _ABSENT else repr(value)
+  return ABSENT_RECORD if value is _ABSENT else repr(value)
 
 
 def _recorded(value):
   """A value as config_changes.jsonl records it: a field one side lacks is '<absent>'."""
-  return '<absent>' if value is _ABSENT else value
+  return ABSENT_RECORD if value is _ABSENT else value
 
 
 _ABSENT = object()
