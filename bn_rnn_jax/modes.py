@@ -9,9 +9,11 @@ module of this library takes both:
   use_running_average=True, deterministic=True
                                      evaluation: population statistics, deterministic
   use_running_average=False, deterministic=True
-                                     batch statistics, no dropout or noise: how the
-                                     papers' population estimate and a batch-statistics
-                                     evaluation run the network
+                                     batch statistics, no dropout or noise: how a
+                                     batch-statistics evaluation runs the network, and
+                                     the papers' population estimate (whose pass draws
+                                     the layers' h0 noise even so:
+                                     `RecurrentLayer.initial_state`)
 
 A flag not given follows the other one (the usual pairs above); a call must give one.
 """
@@ -41,7 +43,7 @@ class Mode:
 
 TRAIN = Mode(use_running_average=False, deterministic=False)
 EVAL = Mode(use_running_average=True, deterministic=True)
-#: Batch statistics without dropout or noise (the estimate, batch-statistics evaluation).
+#: Batch statistics without dropout (the estimate, batch-statistics evaluation).
 BATCH_STATISTICS = Mode(use_running_average=False, deterministic=True)
 
 

@@ -158,8 +158,9 @@ class FromLinen(bridge.ToNNX):
     variables = self.linen_variables()
     if self.use_running_average and not self._estimating:
       return self.to_nnx__module.apply(variables, *args, **modes.EVAL.kwargs(), **kwargs)
-    if self._estimating:  # the papers' estimate: batch statistics, no dropout or noise
-      collection, mode, rngs = batch_stats.MOMENTS, modes.BATCH_STATISTICS, None
+    if self._estimating:  # the papers' estimate: batch statistics and h0 noise, no dropout
+      collection, mode = batch_stats.MOMENTS, modes.BATCH_STATISTICS
+      rngs = {'noise': self.to_nnx__rngs['noise']()}
     else:
       collection, mode = 'batch_stats', modes.TRAIN
       rngs = {name: self.to_nnx__rngs[name]() for name in RNG_STREAMS}

@@ -8,16 +8,21 @@ entry point:
   minibatch_moments(model, variables, batch, rngs, **apply_kwargs)
                                                     one batch's moments, per site and step
   average_minibatch_moments(records)                their average over N batches
-  estimate_population_stats(model, variables, batches, **apply_kwargs)
+  estimate_population_stats(model, variables, batches, rng=, **apply_kwargs)
                                                     both, on one device
 
 A batch is the arguments of one call of the model: a tuple of positional arguments
 (`(x, mask)`) or a mapping of keyword arguments (`{'inputs': x, 'seq_lengths':
 lengths}`, for a call whose lengths are keyword-only such as `RNN`'s). `apply_kwargs`
-are the keywords that ask the model for batch statistics without dropout or noise:
+are the keywords that ask the model for batch statistics without dropout:
 Flax's two flags `use_running_average=False, deterministic=True`
 (`modes.BATCH_STATISTICS`) unless given; a module of your own with a flag of its own
-passes that instead (`train=True`). The estimate warns where its result would otherwise
+passes that instead (`train=True`). Layers with `initial_state='noise'` draw their h0
+noise in the estimate's pass as in training (from the 'noise' stream of `rngs`, by
+default keys of `jax.random.key(0)`): population statistics are the moments training
+normalised with, and on inputs that are constant across examples for many steps (the
+black rows of in-order MNIST) the noise-free moments are round-off, which inference
+would divide by sqrt(epsilon) (`docs/experiments/figures.md`). The estimate warns where its result would otherwise
 be wrong without a word: a batch that looks zero-padded and passes no lengths or mask
 (`padding_without_lengths`), a site no batch reached (returned with count 0, which
 evaluation refuses).
@@ -71,10 +76,11 @@ def _mode_kwargs(apply_kwargs: Mapping[str, Any], batch_kwargs: Mapping[str, Any
 def minibatch_moments(model: nn.Module, variables, batch, rngs=None, **apply_kwargs) -> Any:
   """The per-step moments one training batch gives every batch-normalised site.
 
-  Runs the network as inference runs it but with batch statistics
+  Runs the network with batch statistics as training runs it but without dropout
   (`model.apply(variables, *args, **kwargs, use_running_average=False,
-  deterministic=True)`: no dropout, h0 zeros), with the `MOMENTS` collection mutable
-  (the running averages are left alone), and returns that collection: per site
+  deterministic=True)`; h0 noise where a layer has it, as in training), with the
+  `MOMENTS` collection mutable (the running averages are left alone), and returns that
+  collection: per site
   `{'mean': [R, F], 'var': [R, F], 'count': [R]}`, count the valid sequences behind
   each row this batch reached.
 
@@ -83,7 +89,8 @@ def minibatch_moments(model: nn.Module, variables, batch, rngs=None, **apply_kwa
     variables: its `{'params', 'batch_stats'}`.
     batch: the call's arguments, a tuple of positional arguments or a mapping of
       keyword arguments (`call_arguments`).
-    rngs: for a model that draws randomness even so; the library's models draw none.
+    rngs: the model's random streams; its 'noise' stream (h0 noise) defaults to
+      `jax.random.key(0)`.
     **apply_kwargs: keywords that ask `model` for batch statistics, in place of Flax's
       two flags (`modes.BATCH_STATISTICS`), e.g. `train=True` for a module of your own
       whose `train` sets its cells' `use_running_average` (what else that flag turns
@@ -94,6 +101,7 @@ def minibatch_moments(model: nn.Module, variables, batch, rngs=None, **apply_kwa
 
 def _moments(model, variables, args: tuple, kwargs: dict, apply_kwargs, rngs=None):
   """`minibatch_moments` of the call `(*args, **kwargs)`."""
+  rngs = {'noise': jax.random.key(0), **(rngs or {})}
   _, mutated = model.apply(variables, *args, **kwargs, **_mode_kwargs(apply_kwargs, kwargs),
                            mutable=[MOMENTS], rngs=rngs)
   return mutated.get(MOMENTS, {})
@@ -258,19 +266,20 @@ def unreached_warning(function: str, missing: Sequence[str]) -> str:
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
-def _minibatch_moments_jit(model, variables, args, kwargs, apply_kwargs):
-  return _moments(model, variables, args, kwargs, dict(apply_kwargs))
+def _minibatch_moments_jit(model, variables, args, kwargs, apply_kwargs, noise_key):
+  return _moments(model, variables, args, kwargs, dict(apply_kwargs), {'noise': noise_key})
 
 
 _average_jit = jax.jit(average_minibatch_moments)
 
 
-def estimate_population_stats(model: nn.Module, variables, batches, **apply_kwargs):
+def estimate_population_stats(model: nn.Module, variables, batches, *, rng=None,
+                              **apply_kwargs):
   """The papers' population statistics of `model` on one device.
 
-  Runs `model` on each batch with batch statistics and the current parameters, but
-  otherwise as inference runs it (no dropout, h0 zeros: `minibatch_moments`), and
-  averages the moments each step's row received. Compiled once per model, keywords and
+  Runs `model` on each batch with batch statistics and the current parameters, as
+  training runs it but without dropout (h0 noise where a layer has it:
+  `minibatch_moments`), and averages the moments each step's row received. Compiled once per model, keywords and
   batch shape.
 
   The batches need not be of the training size: larger ones estimate the statistics of
@@ -286,8 +295,10 @@ def estimate_population_stats(model: nn.Module, variables, batches, **apply_kwar
       (`{'inputs': x, 'seq_lengths': lengths}`). Give them the lengths or mask the model
       trains with: a batch whose inputs look zero-padded and that passes neither warns
       (`padding_without_lengths`).
-    **apply_kwargs: keywords that ask `model` for batch statistics without dropout or
-      noise; default Flax's two flags, `use_running_average=False, deterministic=True`.
+    rng: the key of the h0 noise (default `jax.random.key(0)`); batch i draws from
+      `jax.random.fold_in(rng, i)`.
+    **apply_kwargs: keywords that ask `model` for batch statistics without dropout;
+      default Flax's two flags, `use_running_average=False, deterministic=True`.
       A module of your own with a flag of its own passes it here, e.g. `train=True`.
 
   Returns:
@@ -316,11 +327,13 @@ def estimate_population_stats(model: nn.Module, variables, batches, **apply_kwar
       raise ValueError(f'estimate_population_stats compiles once per model and keywords, '
                        f'so the {what} must be hashable; {name} is not ({e}): give them as '
                        'tuples or frozen dataclasses, not lists or dicts.') from None
+  rng = jax.random.key(0) if rng is None else rng
   records, padded = [], None
-  for batch in batches:
+  for i, batch in enumerate(batches):
     args, kwargs = call_arguments(batch)
     padded = padded or padding_warning('estimate_population_stats', batch)
-    records.append(_minibatch_moments_jit(model, variables, args, kwargs, mode))
+    records.append(_minibatch_moments_jit(model, variables, args, kwargs, mode,
+                                          jax.random.fold_in(rng, i)))
   if not records:
     raise ValueError('estimate_population_stats needs at least one batch.')
   if padded:

@@ -78,8 +78,12 @@ class RecurrentLayer(nn.Module):
       default; the papers' presets by name in `initializers.RECURRENT_INITS`.
     kernel_init: W_x's initialiser `[I, G*H]` (`initializers.INPUT_INITS`).
     initial_state: 'zeros', 'learned', or 'noise' (zeros plus N(0, initial_state_noise^2)
-      on h_0 in training, from the 'noise' rng stream: it keeps the recurrent term's batch
-      variance off zero while the inputs are constant, e.g. black rows of MNIST).
+      on h_0, from the 'noise' rng stream, wherever batch statistics become population
+      statistics: in training and in the estimate's pass (`MOMENTS` mutable), never at
+      evaluation. It keeps the batch variances off zero while the inputs are constant,
+      e.g. black rows of MNIST; the estimate draws it too, so that those rows' population
+      variances are the ones training normalised with, not round-off that inference
+      would divide by sqrt(epsilon)).
     initial_state_noise: standard deviation of that noise.
     momentum: running-average momentum of the population statistics.
     epsilon: variance epsilon.
@@ -241,9 +245,9 @@ class RecurrentLayer(nn.Module):
       use_running_average: population statistics (trained ones: see `batch_stats.py`)
         or, when False, batch statistics (and their running average; `apply` needs
         `mutable=['batch_stats']`), as `nn.BatchNorm`.
-      deterministic: no h0 noise (the zeros inference starts from), as `nn.Dropout`.
-        A flag not given follows the other one (`modes.py`): training passes both
-        False, evaluation both True.
+      deterministic: no h0 noise (the zeros inference starts from), as `nn.Dropout`;
+        the estimate's pass draws it even so (`initial_state`). A flag not given follows
+        the other one (`modes.py`): training passes both False, evaluation both True.
       initial_carry: optional state to start from (e.g. carried across truncated-BPTT
         segments): `(c, h)` for the LSTM, `h` for the RNN, each `[batch, hidden]`.
       first_step: the time index of `inputs[:, 0]` in the sequence (a continuation of a
@@ -287,8 +291,11 @@ class RecurrentLayer(nn.Module):
     # The state is float32, or float64 when the inputs or weights are (under x64).
     state_dtype = jnp.promote_types(
         jnp.result_type(inputs, params['recurrent_kernel']), jnp.float32)
-    carry = (self.initial_carry(batch, mode.deterministic, state_dtype)
-             if initial_carry is None
+    # The estimate's pass records the moments training normalises with: h0 noise too.
+    estimating = (batch_statistics and not self.is_initializing()
+                  and self.is_mutable_collection(batch_stats.MOMENTS))
+    quiet_h0 = mode.deterministic and not estimating
+    carry = (self.initial_carry(batch, quiet_h0, state_dtype) if initial_carry is None
              else initial_carry)
 
     time_major = jnp.swapaxes(inputs, 0, 1)                                 # [T, B, I]

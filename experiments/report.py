@@ -139,8 +139,8 @@ def figures() -> str:
     g = _figure(name)
     out.append(f"{name} ({g['run']}, step {g['step']:,}, {g['valid_examples']} images, "
                f"estimate {g['estimate_batches']}): " + ', '.join(
-                   f'{k} {g[k]:.4f}' for k in ('batch', 'running', 'estimate', 'noisy',
-                                               'pooled')) +
+                   f'{k} {g[k]:.4f}' for k in ('batch', 'running', 'estimate',
+                                               'noise-free', 'pooled')) +
                '; the estimate with the running average\'s ' + ', '.join(
                    f"{k.replace('site ', '').split('/')[-1]} {v:.4f}"
                    for k, v in g['hybrids'].items()))
@@ -150,7 +150,8 @@ def figures() -> str:
     draws = lambda values: ', '.join(f'{v:.4f}' for v in values)
     out.append(f"{name} ({e['run']}, step {e['step']:,}, {e['valid_examples']} images, "
                f"{e['estimate_batches']}): batch {e['batch']:.4f}; draws "
-               f"{draws(e['draws'])}; all draws {e['all draws']:.4f}; pooled "
+               f"{draws(e['draws'])}; noise-free draws {draws(e['noise-free draws'])}; "
+               f"all draws {e['all draws']:.4f}; pooled "
                f"{draws(e['pooled'])}; all draws with each draw's " + ', '.join(
                    f"{k.replace('site ', '').split('/')[-1]} "
                    f"{draws(h[k] for h in e['hybrids'])}" for k in e['hybrids'][0]))

@@ -336,7 +336,8 @@ def _tiny_bn_lstm_run(tmp_path):
   evaluated with its running average and batch statistics and saved at steps 2 and 4, in
   `<tmp_path>/campaign/bn_lstm_s0`."""
   config = common.mnist_config(None, hidden_size=4, batch_size=8, eval_examples=16,
-                               population_batches=3, variant='bn_lstm')
+                               population_batches=3, variant='bn_lstm',
+                               initial_state='noise')
   config.eval.max_batches = None
   config.eval.population_stats = 'running'
   config.eval.compare = ('batch',)
@@ -365,6 +366,8 @@ def test_running_average_gap_scores_and_locates_the_running_average(tmp_path):
                                    'rnn/layer_0/cell'}
   assert all(_finite(row['mean_shift']) and _finite(row['log_var_ratio'])
              for row in saved['per_row'].values())
+  assert set(saved['per_row_noise_free']) == set(saved['per_row'])
+  assert 0.0 <= saved['noise-free'] <= 1.0
 
 
 @pytest.mark.exhaustive
@@ -388,7 +391,9 @@ def test_running_average_lag_holds_or_trains_the_parameters(tmp_path):
 @pytest.mark.exhaustive
 def test_estimate_spread_draws_and_locates_the_spread(tmp_path):
   """A hybrid with every row from a draw scores as that draw; one draw alone is "all
-  draws", with no spread in any row; the nonzero fraction is that of the drawn inputs."""
+  draws", with no spread in any row; the nonzero fraction is that of the drawn inputs;
+  the noise-free draws are the same batches without the run's h0 noise, which the
+  recurrent term's variances show."""
   run_dir, _ = _tiny_bn_lstm_run(tmp_path)
   estimate_spread.run(str(run_dir), str(tmp_path / 'out'), draws=2, num_batches=2, size=8)
   saved = _read_json(tmp_path / 'out', 'estimate_spread_bn_lstm_s0')
@@ -396,7 +401,13 @@ def test_estimate_spread_draws_and_locates_the_spread(tmp_path):
   for draw, hybrid in zip(saved['draws'], saved['hybrids']):
     assert hybrid[f'rows < {rows}'] == pytest.approx(draw, abs=1e-4)
   assert set(saved['per_row']) == {'rnn/layer_0/recurrent', 'rnn/layer_0/input',
-                                   'rnn/layer_0/cell'}
+                                   'rnn/layer_0/cell'} == set(saved['per_row_noise_free'])
+  assert len(saved['noise-free draws']) == 2
+  recurrent = lambda key: np.asarray(saved[key]['rnn/layer_0/recurrent']['var_mean'])
+  assert not np.allclose(recurrent('per_row'), recurrent('per_row_noise_free'))
+  np.testing.assert_array_equal(
+      np.asarray(saved['per_row']['rnn/layer_0/input']['var_mean']),
+      np.asarray(saved['per_row_noise_free']['rnn/layer_0/input']['var_mean']))
   assert any(max(row['var_spread']) > 0 for row in saved['per_row'].values())
   one = estimate_spread.run(str(run_dir), str(tmp_path / 'one'), draws=1, num_batches=2,
                             size=8)
@@ -453,7 +464,8 @@ def test_estimate_trained_reads_a_run_without_writing_in_it(tmp_path, caplog):
   are all damaged, or gone, is scored from its intact best/; the run's folder is left
   byte for byte as it was."""
   config = common.mnist_config(None, hidden_size=4, batch_size=8, eval_examples=16,
-                               population_batches=3, variant='bn_lstm')
+                               population_batches=3, variant='bn_lstm',
+                               initial_state='noise')
   config.train.num_steps = 4
   config.eval.every = config.checkpoint.every = 2
   config.eval.test_at_end = False

@@ -109,29 +109,37 @@ def test_estimate_population_stats_compiles_once_per_model(data):
   assert population._minibatch_moments_jit._cache_size() == before + 1
 
 
-def test_the_estimate_runs_without_dropout_or_noise(data):
-  """The estimate runs the network as inference does, with batch statistics: a model
-  with h0 noise and dropout 0.5 records exactly the moments of the same parameters
-  without either, and needs no rng."""
+def test_the_estimate_draws_the_h0_noise_of_training_and_no_dropout(data):
+  """The estimate's pass runs the network with batch statistics as training does, but
+  without dropout: with one batch it records the moments a training pass from fresh
+  statistics records (a row's first update takes the batch's moments) with the same h0
+  noise and dropout off, whatever the dropout rate; without h0 noise the moments differ.
+  It needs no rng (a fixed default key: the same estimate twice); another key draws
+  other noise."""
   x, mask = data
-  plain = br.SequenceClassifier(num_classes=2, variant='bn_lstm', hidden_size=H,
-                                num_layers=2, layer_options={'max_length': T})
-  noisy = br.SequenceClassifier(num_classes=2, variant='bn_lstm', hidden_size=H,
-                                num_layers=2, dropout_rate=0.5,
-                                layer_options={'max_length': T, 'initial_state': 'noise'})
+  noise = {'max_length': T, 'initial_state': 'noise'}
+  model = lambda rate, options: br.SequenceClassifier(
+      num_classes=2, variant='bn_lstm', hidden_size=H, num_layers=2, dropout_rate=rate,
+      layer_options=options)
+  plain, noisy, dropout = model(0.0, {'max_length': T}), model(0.0, noise), model(0.5, noise)
   variables = plain.init(jax.random.key(0), x, mask, use_running_average=True,
                          deterministic=True)
-  expected = br.estimate_population_stats(plain, variables, [(x, mask)] * 2)
-  got = br.estimate_population_stats(noisy, variables, [(x, mask)] * 2)
-  helpers.assert_trees_equal(got, expected)
-  # Training mode does draw them: the same batch gives other moments there.
+  key = jax.random.key(7)
+  got = br.estimate_population_stats(dropout, variables, [(x, mask)], rng=key)
   _, trained = noisy.apply(variables, x, mask, use_running_average=False,
                            deterministic=False, mutable=['batch_stats'],
-                           rngs={'noise': jax.random.key(1), 'dropout': jax.random.key(2)})
-  _, deterministic = noisy.apply(variables, x, mask, use_running_average=False,
-                                 deterministic=True, mutable=['batch_stats'])
-  first = lambda tree: np.asarray(tree['batch_stats']['rnn']['layer_1']['input']['var'])
-  assert not np.allclose(first(trained), first(deterministic))
+                           rngs={'noise': jax.random.fold_in(key, 0)})
+  moments = lambda tree: jax.tree.map(lambda site: (site['mean'], site['var']), tree,
+                                      is_leaf=population.is_site)
+  helpers.assert_trees_close(moments(got), moments(trained['batch_stats']), rtol=1e-5,
+                             atol=1e-7)
+  default = br.estimate_population_stats(dropout, variables, [(x, mask)])
+  helpers.assert_trees_equal(default, br.estimate_population_stats(
+      noisy, variables, [(x, mask)], rng=jax.random.key(0)))
+  var = lambda tree: np.asarray(tree['rnn']['layer_0']['recurrent']['var'])
+  assert not np.allclose(var(got), var(default))
+  assert not np.allclose(var(br.estimate_population_stats(plain, variables, [(x, mask)])),
+                         var(default))
 
 
 def test_unhashable_model_is_a_clear_error(data):

@@ -45,10 +45,11 @@ AXIS = parallel.AXIS
 
 # The run's random streams all derive from `config.seed`, each at its own offset (changing
 # one changes every run's numbers): the model's initial variables, the per-step keys of
-# h0 noise and dropout, and Zaremba's uniform re-initialisation.
+# h0 noise and dropout, Zaremba's uniform re-initialisation, and the estimate's h0 noise.
 INIT_SEED_OFFSET = 0
 STEP_SEED_OFFSET = 1
 UNIFORM_INIT_SEED_OFFSET = 2
+ESTIMATE_SEED_OFFSET = 3
 
 
 # ====================================================================== state
@@ -292,16 +293,26 @@ def mask_padding(batch):
   return {**batch, 'mask': mask * real[:, None].astype(mask.dtype)}
 
 
-def minibatch_moments_step(params, batch_stats, batch, *, model, task: Task):
+def estimate_noise_key(seed: int, step: int, index: int):
+  """The key of the h0 noise of the estimate's batch `index` at training step `step`:
+  a function of (seed, step, index) only, so an evaluation is repeatable and N devices
+  draw what 1 draws (`sequence.per_example_keys`)."""
+  return jax.random.fold_in(jax.random.fold_in(
+      jax.random.PRNGKey(seed + ESTIMATE_SEED_OFFSET), step), index)
+
+
+def minibatch_moments_step(params, batch_stats, batch, noise_key, *, model, task: Task):
   """This training batch's per-step batch moments, one record of the papers' population
   estimate (`population.average_minibatch_moments` averages them).
 
-  The network runs as inference runs it, but with batch statistics
-  (`modes.BATCH_STATISTICS`: no dropout, h0 zeros) and the current parameters; the
-  running averages it would update are discarded. The moments are global (psum-ed by
-  the layers), so every device returns the same record.
+  The network runs with batch statistics as training runs it, but without dropout
+  (`modes.BATCH_STATISTICS`; the layers draw their h0 noise from `noise_key`, as in
+  training) and with the current parameters; the running averages it would update are
+  discarded. The moments are global (psum-ed by the layers), so every device returns
+  the same record.
   """
   variables = {'params': params, 'batch_stats': batch_stats}
   _, mutated = task.apply(model, variables, batch, **modes.BATCH_STATISTICS.kwargs(),
-                          carry=None, mutable=['batch_stats', population.MOMENTS])
+                          carry=None, rngs={'noise': noise_key},
+                          mutable=['batch_stats', population.MOMENTS])
   return mutated.get(population.MOMENTS, {})

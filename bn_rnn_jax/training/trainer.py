@@ -5,8 +5,8 @@ evaluation. `loop.train_and_evaluate` drives it.
 Evaluation is deterministic (no dropout, no h0 noise) and normalises with
 `config.eval.population_stats`: the papers' estimate ('estimate', the default: minibatch
 moments averaged over `config.eval.population_batches` training batches with the current
-parameters, optionally of batches larger than the training batch,
-`config.eval.population_batch_size`), the running average kept in `batch_stats`
+parameters and the training-time h0 noise, optionally of batches larger than the
+training batch, `config.eval.population_batch_size`), the running average kept in `batch_stats`
 ('running'), or each evaluation batch's own moments ('batch'). `config.eval.compare`
 evaluates with other kinds too, logged beside as `<metric>_<kind>`.
 """
@@ -178,8 +178,10 @@ class Trainer:
       first = step + i * joined
       parts = [self.dataset.train_batch(first + j) for j in range(joined)]
       batch = jax.tree.map(lambda *leaves: np.concatenate(leaves), *parts)
+      noise_key = parallel.replicate(train.estimate_noise_key(self.config.seed, step, i),
+                                     self.devices, self.backend)
       records.append(self.p_minibatch_moments_step(state.params, state.batch_stats,
-                                                   self.shard(batch)))
+                                                   self.shard(batch), noise_key))
     if not self._thin_rows_reported:  # once a run: the same rows stay thin
       self._thin_rows_reported = True
       for line in population.thin_rows([jax.tree.map(lambda x: np.asarray(x[0]), r)

@@ -239,6 +239,12 @@ def unmapped_model(trainer: loop.Trainer):
   return trainer.model.clone(layer_options=options)
 
 
+def without_h0_noise(model):
+  """`model` with `initial_state='zeros'`: the same parameters, whose estimate's pass
+  draws no h0 noise (the estimate as inference alone would run it)."""
+  return model.clone(layer_options={**model.layer_options, 'initial_state': 'zeros'})
+
+
 def host_variables(trainer: loop.Trainer, state: train.TrainState) -> dict:
   """`{'params', 'batch_stats'}` of a device state, as host arrays."""
   host = trainer.to_host(state)

@@ -1,18 +1,18 @@
 r"""Does the population estimate need training's h0 noise? On 784-step MNIST, where the
-noise matters in training.
+noise matters in training, early in training.
 
 The BN-LSTM of Cooijmans et al. draws h_0 ~ N(0, 0.1^2) in training: over the black rows
 that open an MNIST sequence every example's recurrent term would otherwise be the same,
-with batch variance 0. Inference uses h_0 = 0. The library's population estimate runs
-the network as inference runs it, but with batch statistics (`population.
-minibatch_moments`: h_0 = 0, no dropout). This script trains the BN-LSTM of sec. 5.1
-briefly (the seq-MNIST config's choices) and evaluates one set of parameters with:
+with batch variance 0. Inference uses h_0 = 0. The library's population estimate draws
+training's noise (`population.minibatch_moments`). This script trains the BN-LSTM of
+sec. 5.1 briefly (the seq-MNIST config's choices) and evaluates one set of parameters
+with:
 
   * batch statistics of each validation batch, no noise (for reference,
     `Trainer.evaluate(kind='batch')`);
-  * the estimate without noise (the library's), from 2 random training batches of 1,000;
-  * the estimate with training's h_0 noise, from the same batches, each draw with its own
-    noise keys;
+  * the estimate without noise (h_0 = 0), from 2 random training batches of 1,000;
+  * the estimate with training's h_0 noise (the library's), from the same batches, each
+    draw with its own noise keys;
 
 `--en_draws` times each, on the same validation images. JSON: the accuracies of each
 draw per arm, their means and standard deviations, and the largest difference between
@@ -32,7 +32,6 @@ from absl import logging
 import jax
 import numpy as np
 
-from bn_rnn_jax import modes
 from bn_rnn_jax import population
 from bn_rnn_jax.training import loop
 from experiments.analysis import common
@@ -44,18 +43,6 @@ _DRAWS = flags.DEFINE_integer('en_draws', 3, 'Draws of each estimate.')
 _SIZE = flags.DEFINE_integer('en_estimate_batch', 1000, 'Examples per estimate batch.')
 
 ESTIMATE_BATCHES = 2
-
-
-def noisy_estimate(model, variables, batches, key) -> dict:
-  """The papers' average of minibatch moments, with the network run as in training
-  (batch statistics and h_0 noise; the model has no dropout)."""
-  records = []
-  for i, args in enumerate(batches):
-    _, mutated = model.apply(variables, *args, **modes.TRAIN.kwargs(),
-                             rngs={'noise': jax.random.fold_in(key, i)},
-                             mutable=[population.MOMENTS, 'batch_stats'])
-    records.append(mutated[population.MOMENTS])
-  return population.average_minibatch_moments(records)
 
 
 def largest_variance_change(noisy: dict, plain: dict) -> dict:
@@ -95,8 +82,10 @@ def run(output_dir: str, mnist_dir: Optional[str], num_steps: int = 300,
   for draw in range(draws):
     index = rng.randint(0, inputs.shape[0], (ESTIMATE_BATCHES, estimate_batch))
     batches = [(inputs[i],) for i in index]
-    plain = population.estimate_population_stats(model, variables, batches)
-    noisy = noisy_estimate(model, variables, batches, jax.random.fold_in(key, draw))
+    plain = population.estimate_population_stats(common.without_h0_noise(model), variables,
+                                                 batches)
+    noisy = population.estimate_population_stats(model, variables, batches,
+                                                 rng=jax.random.fold_in(key, draw))
     changes.append(largest_variance_change(noisy, plain))
     arms['estimate without noise'].append(
         estimate_batch_size.accuracy(trainer, state, plain))

@@ -8,7 +8,8 @@ run (read only, as `estimate_trained.py`), draws the estimate `--es_draws` times
 validation split with:
 
   batch          each evaluation batch's own statistics (the reference);
-  draws          each draw's estimate;
+  draws          each draw's estimate (the library's: with training's h0 noise);
+  noise-free draws  each draw without the h0 noise (h0 zeros, as inference starts);
   all draws      every drawn batch together (the estimate of the largest sample);
   pooled         each draw pooled by the law of total variance (the variance of every
                  example behind a row, not the average of minibatch variances);
@@ -87,15 +88,20 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, draws: int = 
                                               (draws, num_batches, size))
   drawn = [gap.records(trainer, variables, inputs, i) for i in index]
   estimates = [population.average_minibatch_moments(r) for r in drawn]
+  quiet_drawn = [gap.records(trainer, variables, inputs, i, h0_noise=False) for i in index]
+  quiet = [population.average_minibatch_moments(r) for r in quiet_drawn]
   together = population.average_minibatch_moments([r for d in drawn for r in d])
   accuracy = lambda stats: common.evaluate_with(trainer, state, stats)['accuracy']
   result: dict[str, Any] = {
       'batch': trainer.evaluate(state, 'valid', 'batch')['accuracy'],
       'draws': [accuracy(e) for e in estimates],
+      'noise-free draws': [accuracy(e) for e in quiet],
       'all draws': accuracy(together),
       'pooled': [accuracy(gap.pooled(r)) for r in drawn],
       'hybrids': [gap.hybrids(accuracy, together, e, BOUNDS) for e in estimates],
       'per_row': variance_spread(estimates, together),
+      'per_row_noise_free': variance_spread(quiet, population.average_minibatch_moments(
+          [r for d in quiet_drawn for r in d])),
       'nonzero_inputs': nonzero_fraction(inputs, index),
   }
   result['estimate_batches'] = f'{draws} draws of {num_batches} x {size}'
@@ -108,20 +114,24 @@ def _figure(result: dict):
   the input is nonzero."""
   plt = common.matplotlib_pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-  for name, row in result['per_row'].items():
+  for (name, row), color in zip(result['per_row'].items(), ('C0', 'C1', 'C2', 'C3')):
     label = name.split('/')[-1]
-    axes[0].semilogy(np.maximum(row['var_min'], 1e-12), label=label)
-    axes[1].plot(row['var_spread'], label=label)
+    axes[0].semilogy(np.maximum(row['var_min'], 1e-16), label=label, color=color)
+    axes[0].semilogy(np.maximum(result['per_row_noise_free'][name]['var_min'], 1e-16),
+                     color=color, ls=':', lw=0.8)
+    axes[1].plot(row['var_spread'], label=label, color=color)
   twin = axes[1].twinx()
   twin.plot(result['nonzero_inputs'], color='gray', lw=0.8, ls=':')
   twin.set_ylabel('fraction of inputs nonzero', color='gray')
-  axes[0].set_ylabel('smallest variance over features')
+  axes[0].set_ylabel('smallest variance over features\n(dotted: without h0 noise)')
   axes[1].set_ylabel("draws' variance: sd / mean")
   for ax in axes:
     ax.set_xlabel('row (time step)')
     ax.legend(fontsize=8)
   draws = ', '.join(f'{a:.3f}' for a in result['draws'])
-  fig.suptitle(f"{result['run']}, step {result['step']:,}: draws {draws}; all draws "
+  quiet = ', '.join(f'{a:.3f}' for a in result['noise-free draws'])
+  fig.suptitle(f"{result['run']}, step {result['step']:,}: draws {draws} (without h0 noise "
+               f"{quiet}); all draws "
                f"{result['all draws']:.3f}; batch {result['batch']:.3f}", fontsize=10)
   fig.tight_layout()
   return fig
@@ -131,7 +141,8 @@ def main(argv):
   result = common.run_on_a_run(argv, _WORKDIR, lambda: run(
       _WORKDIR.value, common.OUTPUT_DIR.value, step=_STEP.value, draws=_DRAWS.value,
       num_batches=_BATCHES.value, size=_SIZE.value, seed=common.SEED.value))
-  print({k: result[k] for k in ('batch', 'draws', 'all draws', 'pooled', 'hybrids')})
+  print({k: result[k] for k in ('batch', 'draws', 'noise-free draws', 'all draws', 'pooled',
+                                'hybrids')})
 
 
 if __name__ == '__main__':

@@ -8,9 +8,8 @@ the same parameters:
   batch         each evaluation batch's own statistics (the reference);
   running       the running average the run kept in training;
   estimate      the papers' estimate: `--rg_batches` training batches of `--rg_size`,
-                deterministic (h0 zeros, no dropout), as inference runs;
-  noisy         the same batches in training mode (h0 noise, dropout): what the running
-                average records;
+                batch statistics with training's h0 noise and no dropout (the library's);
+  noise-free    the same batches without the h0 noise (h0 zeros, as inference starts);
   pooled        the estimate's batches pooled by the law of total variance (the variance
                 of every example behind a row, not the average of minibatch variances);
 
@@ -80,11 +79,15 @@ def discrepancy(running: Mapping[str, Any], estimate: Mapping[str, Any]) -> dict
           'log_var_ratio': np.mean(np.log((v_r + EPSILON) / (v_e + EPSILON)), axis=-1)}
 
 
-def records(trainer, variables, inputs, index, **apply_kwargs) -> list:
-  """The minibatch moments of `inputs[i]` for each row `i` of `index` `[batches, size]`."""
+def records(trainer, variables, inputs, index, h0_noise: bool = True) -> list:
+  """The minibatch moments of `inputs[i]` for each row `i` of `index` `[batches, size]`,
+  with the run's h0 noise (batch j from `jax.random.key(j)`) or, without `h0_noise`,
+  with h0 zeros."""
   model = common.unmapped_model(trainer)
-  return [population.minibatch_moments(model, variables, (inputs[i],), **apply_kwargs)
-          for i in index]
+  model = model if h0_noise else common.without_h0_noise(model)
+  return [population.minibatch_moments(model, variables, (inputs[i],),
+                                       rngs={'noise': jax.random.key(j)})
+          for j, i in enumerate(index)]
 
 
 def pooled(minibatch_records) -> Any:
@@ -128,15 +131,13 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, num_batches: 
   variables = common.host_variables(trainer, state)
   inputs = trainer.dataset.splits['train']['inputs']
   index = np.random.RandomState(seed).randint(0, inputs.shape[0], (num_batches, size))
-  clean = records(trainer, variables, inputs, index)
-  noisy = records(trainer, variables, inputs, index, use_running_average=False,
-                  deterministic=False,
-                  rngs={'noise': jax.random.key(seed), 'dropout': jax.random.key(seed)})
+  drawn = records(trainer, variables, inputs, index)
+  quiet = records(trainer, variables, inputs, index, h0_noise=False)
   made = {
       'running': variables['batch_stats'],
-      'estimate': population.average_minibatch_moments(clean),
-      'noisy': population.average_minibatch_moments(noisy),
-      'pooled': pooled(clean),
+      'estimate': population.average_minibatch_moments(drawn),
+      'noise-free': population.average_minibatch_moments(quiet),
+      'pooled': pooled(drawn),
   }
   accuracy = lambda stats: common.evaluate_with(trainer, state, stats)['accuracy']
   result: dict[str, Any] = {
@@ -145,9 +146,9 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, num_batches: 
   running, estimate = sites(made['running']), sites(made['estimate'])
   result['hybrids'] = hybrids(accuracy, made['estimate'], made['running'])
   result['per_row'] = {name: discrepancy(running[name], estimate[name]) for name in running}
-  noisy_sites = sites(made['noisy'])
-  result['per_row_noisy'] = {name: discrepancy(noisy_sites[name], estimate[name])
-                             for name in running}
+  quiet_sites = sites(made['noise-free'])
+  result['per_row_noise_free'] = {name: discrepancy(quiet_sites[name], estimate[name])
+                                  for name in running}
   result['estimate_batches'] = f'{num_batches} x {size}'
   return common.save_run_outputs(output_dir, 'running_average_gap', run_dir, trainer, done,
                                  start, result, _figure)
@@ -176,8 +177,8 @@ def main(argv):
   result = common.run_on_a_run(argv, _WORKDIR, lambda: run(
       _WORKDIR.value, common.OUTPUT_DIR.value, step=_STEP.value,
       num_batches=_BATCHES.value, size=_SIZE.value, seed=common.SEED.value))
-  print({k: v for k, v in result.items() if k in ('batch', 'running', 'estimate', 'noisy',
-                                                   'pooled', 'hybrids')})
+  print({k: v for k, v in result.items() if k in ('batch', 'running', 'estimate',
+                                                   'noise-free', 'pooled', 'hybrids')})
 
 
 if __name__ == '__main__':
