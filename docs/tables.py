@@ -437,6 +437,39 @@ def longer_sequences(path: str = 'experiments/results/longer_sequences.json') ->
   return machine(path) + '\n\n' + analysis.table(_load(path))
 
 
+def inference_statistics() -> str:
+  """The default inference path (the trainer's estimate) against batch statistics, on the
+  committed classification runs that evaluated with both: the batch-normalised arms of
+  the quickstart, init_options and brown_tagger campaigns at their last validation, and
+  `estimate_spread`'s draws on the Fig. 2 BN-LSTMs, with and without the h0 noise. A
+  binomial standard error is that of the batch-statistics accuracy on what was scored."""
+  rows = []
+
+  def row(task, run, count, batch, estimates):
+    error = math.sqrt(batch * (1.0 - batch) / count)
+    worst = max(estimates, key=lambda e: abs(e - batch))
+    shown = ', '.join(f'{e:.4f}' for e in estimates)
+    rows.append([task, run, f'{count:,}', f'{batch:.4f}', shown, f'{worst - batch:+.4f}',
+                 f'{error:.4f}', 'yes' if abs(worst - batch) <= error else 'no'])
+
+  for campaign, task in (('quickstart', '8×8 digits (quickstart)'),
+                         ('init_options', '14×14 MNIST'), ('brown_tagger', 'Brown tagging')):
+    for run in _result(campaign)['runs'].values():
+      last = [r for r in run['records'] if r['split'] == 'valid'][-1]
+      if run['arm'].startswith('bn_') and 'accuracy_batch' in last:
+        row(task, f"{run['arm']} seed {run['seed']}, step {last['step']}", last['count'],
+            last['accuracy_batch'], [last['accuracy']])
+  for panel, task in (('seq', '784-step MNIST'), ('pmnist', '784-step permuted MNIST')):
+    spread = _load('experiments', 'results', 'figures',
+                   f'estimate_spread_{panel}_bn_lstm_s0.json')
+    where = f"{spread['run']}, step {spread['step']:,}"
+    row(task, where, spread['valid_examples'], spread['batch'], spread['draws'])
+    row(f'{task}, without h0 noise', where, spread['valid_examples'], spread['batch'],
+        spread['noise-free draws'])
+  return markdown(['task', 'run', 'scored', 'batch statistics', 'estimate (each draw)',
+                   'largest difference', 'standard error', 'within one'], rows)
+
+
 RENDERERS: dict[str, Callable[..., str]] = {
     'experiments': experiments, 'rnn_speed': rnn_speed, 'batch_sums': batch_sums,
     'speed_targets': speed_targets, 'trainer_overhead': trainer_overhead,
@@ -444,6 +477,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     'machine': machine, 'run_time': run_time, 'figures': figures,
     'variable_length': variable_length, 'longer_sequences': longer_sequences,
     'launch_profile': launch_profile, 'suite_time': suite_time, 'cell_speed': cell_speed,
+    'inference_statistics': inference_statistics,
 }
 
 
