@@ -73,7 +73,6 @@ def get_config(arg: str = ''):
   config.eval.batch_size = 256
   config.eval.splits = ('train_eval', 'valid')   # 2,000 fixed training sentences
   config.eval.population_batches = 10
-  config.eval.compare = ('batch',)  # also <metric>_batch: the default path against it
   config.checkpoint.every = 150
   config.checkpoint.best_metric = 'valid/fce'
   config.checkpoint.best_mode = 'min'
