@@ -201,15 +201,22 @@ def test_no_best_checkpoint_at_the_end_is_a_warning_naming_the_step_tested(tmp_p
   assert 'testing the final state (step 4) on the whole test split instead' in caplog.text
 
 
-def test_a_field_the_saved_config_lacks_is_recorded_as_absent(tmp_path):
-  """A field added to the config after a run began: refused without the override, and
-  recorded as '<absent>' (not as None) with it."""
+def _run_saved_as(tmp_path, edit):
+  """`(config, run folder)`: a workdir whose config.json is `_config()`'s after
+  `edit(saved dict)`, as if the config changed after the run began."""
   config = _config()
   saved = json.loads(config.to_json_best_effort())
-  del saved['model']['min_row_support']
+  edit(saved['model'])
   run = tmp_path / 'run'
   run.mkdir()
   (run / workdir_lib.CONFIG).write_text(json.dumps(saved))
+  return config, run
+
+
+def test_a_field_the_saved_config_lacks_is_recorded_as_absent(tmp_path):
+  """A field added to the config after a run began: refused without the override, and
+  recorded as '<absent>' (not as None) with it."""
+  config, run = _run_saved_as(tmp_path, lambda model: model.pop('min_row_support'))
   with pytest.raises(ValueError, match=r'model.min_row_support \(<absent> -> '):
     workdir_lib.check(config, str(run))
   config.train.allow_config_change = True
@@ -225,12 +232,7 @@ def test_a_field_removed_from_the_config_is_recorded_and_leaves_the_runs_config(
   """A field the config no longer has: allowed with the override, recorded as
   [value, '<absent>'], and from then on the run's config lacks it, so the next launch
   (and a campaign's check of the run) sees no difference."""
-  config = _config()
-  saved = json.loads(config.to_json_best_effort())
-  saved['model']['retired_field'] = 3
-  run = tmp_path / 'run'
-  run.mkdir()
-  (run / workdir_lib.CONFIG).write_text(json.dumps(saved))
+  config, run = _run_saved_as(tmp_path, lambda model: model.update(retired_field=3))
   with pytest.raises(ValueError, match=r'model.retired_field \(3 -> <absent>\)'):
     workdir_lib.check(config, str(run))
   config.train.allow_config_change = True
