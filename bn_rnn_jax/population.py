@@ -22,10 +22,10 @@ noise in the estimate's pass as in training (from the 'noise' stream of `rngs`, 
 default keys of `jax.random.key(0)`): population statistics are the moments training
 normalised with, and on inputs that are constant across examples for many steps (the
 black rows of in-order MNIST) the noise-free moments are round-off, which inference
-would divide by sqrt(epsilon) (`docs/experiments/figures.md`). The estimate warns where its result would otherwise
-be wrong without a word: a batch that looks zero-padded and passes no lengths or mask
-(`padding_without_lengths`), a site no batch reached (returned with count 0, which
-evaluation refuses).
+would divide by sqrt(epsilon) (`docs/experiments/figures.md`). The estimate warns where
+its result would otherwise be wrong without a word: a batch that looks zero-padded and
+passes no lengths or mask (`padding_without_lengths`), a site no batch reached (returned
+with count 0, which evaluation refuses).
 
 The trainer maps the two pieces over devices (`train.minibatch_moments_step`); notebooks,
 your own loops and the figure scripts call `estimate_population_stats`. Either way the
@@ -80,9 +80,8 @@ def minibatch_moments(model: nn.Module, variables, batch, rngs=None, **apply_kwa
   (`model.apply(variables, *args, **kwargs, use_running_average=False,
   deterministic=True)`; h0 noise where a layer has it, as in training), with the
   `MOMENTS` collection mutable (the running averages are left alone), and returns that
-  collection: per site
-  `{'mean': [R, F], 'var': [R, F], 'count': [R]}`, count the valid sequences behind
-  each row this batch reached.
+  collection: per site `{'mean': [R, F], 'var': [R, F], 'count': [R]}`, count the valid
+  sequences behind each row this batch reached.
 
   Args:
     model: the module.
@@ -279,8 +278,8 @@ def estimate_population_stats(model: nn.Module, variables, batches, *, rng=None,
 
   Runs `model` on each batch with batch statistics and the current parameters, as
   training runs it but without dropout (h0 noise where a layer has it:
-  `minibatch_moments`), and averages the moments each step's row received. Compiled once per model, keywords and
-  batch shape.
+  `minibatch_moments`), and averages the moments each step's row received. Compiled
+  once per model, keywords and batch shape.
 
   The batches need not be of the training size: larger ones estimate the statistics of
   sites downstream of other normalised terms (the cell, upper layers) for the

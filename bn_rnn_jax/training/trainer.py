@@ -6,8 +6,8 @@ Evaluation is deterministic (no dropout, no h0 noise) and normalises with
 `config.eval.population_stats`: the papers' estimate ('estimate', the default: minibatch
 moments averaged over `config.eval.population_batches` training batches with the current
 parameters and the training-time h0 noise, optionally of batches larger than the
-training batch, `config.eval.population_batch_size`), the running average kept in `batch_stats`
-('running'), or each evaluation batch's own moments ('batch'). `config.eval.compare`
+training batch, `config.eval.population_batch_size`), the running average kept in
+`batch_stats` ('running'), or each evaluation batch's own moments ('batch'). `config.eval.compare`
 evaluates with other kinds too, logged beside as `<metric>_<kind>`.
 """
 

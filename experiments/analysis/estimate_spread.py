@@ -91,6 +91,7 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, draws: int = 
   quiet_drawn = [gap.records(trainer, variables, inputs, i, h0_noise=False) for i in index]
   quiet = [population.average_minibatch_moments(r) for r in quiet_drawn]
   together = population.average_minibatch_moments([r for d in drawn for r in d])
+  quiet_together = population.average_minibatch_moments([r for d in quiet_drawn for r in d])
   accuracy = lambda stats: common.evaluate_with(trainer, state, stats)['accuracy']
   result: dict[str, Any] = {
       'batch': trainer.evaluate(state, 'valid', 'batch')['accuracy'],
@@ -100,8 +101,7 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, draws: int = 
       'pooled': [accuracy(gap.pooled(r)) for r in drawn],
       'hybrids': [gap.hybrids(accuracy, together, e, BOUNDS) for e in estimates],
       'per_row': variance_spread(estimates, together),
-      'per_row_noise_free': variance_spread(quiet, population.average_minibatch_moments(
-          [r for d in quiet_drawn for r in d])),
+      'per_row_noise_free': variance_spread(quiet, quiet_together),
       'nonzero_inputs': nonzero_fraction(inputs, index),
   }
   result['estimate_batches'] = f'{draws} draws of {num_batches} x {size}'
