@@ -278,3 +278,25 @@ def test_a_launch_killed_before_its_end_keeps_its_start_record(tmp_path):
   assert launches == [lines[0], lines[2], lines[4]]
   assert collect.machines_used(launches) == [cpu, gpu]
   assert collect.machines_used(launches[1:]) == [gpu]
+
+
+def test_collect_keeps_the_runs_a_results_json_holds_and_the_runs_folder_lacks(tmp_path):
+  """An arm retrained elsewhere: `keep_held_runs` adds the JSON's other runs in the
+  campaign's order and recounts the machines from every run's launches."""
+  tasks = _fake_runs(tmp_path / 'runs', {'lstm': 2, 'bn_lstm': 2})
+  for task, processor in zip(tasks, ('A', 'B')):
+    with open(os.path.join(task.workdir, collect.LAUNCHES), 'w') as f:
+      f.write(json.dumps({'started': 'a', 'steps_before': 0, 'steps_after': 2,
+                          'num_steps': 2, 'machine': {'processor': processor}}) + '\n')
+  path = str(tmp_path / 'quickstart.json')
+  collect.write_results(collect.collect(CAMPAIGN, str(tmp_path / 'runs'), [0], None, EXTRA),
+                        path)
+  os.remove(os.path.join(tasks[0].workdir, 'metrics.jsonl'))   # lstm_s0 is elsewhere now
+  result = collect.collect(CAMPAIGN, str(tmp_path / 'runs'), [0], None, EXTRA)
+  assert list(result['runs']) == ['bn_lstm_s0'] and 'machines' not in result
+  assert collect.keep_held_runs(result, path, CAMPAIGN) == ['lstm_s0']
+  assert list(result['runs']) == ['lstm_s0', 'bn_lstm_s0']
+  assert [m['processor'] for m in result['machines']] == ['A', 'B']
+  assert result['machine'] == {'processor': 'A'}
+  assert collect.keep_held_runs(result, path, CAMPAIGN) == []
+  assert collect.keep_held_runs(result, str(tmp_path / 'absent.json'), CAMPAIGN) == []

@@ -5,6 +5,7 @@ r"""Run, follow, collect and report the campaigns of experiments/campaign_specs/
   python -m experiments.campaign status NAME
   python -m experiments.campaign collect NAME          # -> experiments/results/NAME.json
                                  [--allow_fewer_runs]  # may replace one with more runs
+                                 [--keep_runs]         # keeps its runs not found here
   python -m experiments.campaign report [NAME ...]     # its tables, from the JSON
                                  [--figure=PATH]       # and its figure, as PATH
   python -m experiments.campaign speed NAME            # -> the campaign's speed JSON
@@ -20,7 +21,9 @@ model: what the tests run). Runs read their data under the data root, as
 `collect` counts a run as finished by the config it was trained with (its config.json and
 its launches' step budget), whatever the flags now say. It never writes a results JSON
 without runs, and does not replace one that holds more finished runs than it found unless
-`--allow_fewer_runs` is given.
+`--allow_fewer_runs` is given. With `--keep_runs` it adds the runs that the results JSON
+holds and `--runs_dir` lacks (an arm retrained on another machine replaces its own run
+and keeps the others); each run carries its launches, so the machines stay known.
 
 `report` writes no tracked file: it draws the campaign's figure only as `--figure=PATH`,
 or as `<results_dir>/NAME.png` beside results collected elsewhere (`--results_dir`). The
@@ -62,6 +65,9 @@ _COMPILE_CACHE = flags.DEFINE_bool('compile_cache', False, 'A persistent XLA cac
 _ALLOW_FEWER = flags.DEFINE_bool('allow_fewer_runs', False, 'collect: replace a results '
                                   'JSON that holds more finished runs than this collect '
                                   'found.')
+_KEEP_RUNS = flags.DEFINE_bool('keep_runs', False, 'collect: keep the runs that the results '
+                                'JSON already holds and --runs_dir lacks (arms trained '
+                                'elsewhere); the runs found replace theirs.')
 _FIGURE = flags.DEFINE_string('figure', None, 'report: the PNG to write (default: '
                               '<results_dir>/<name>.png with --results_dir, else none); '
                               '"none" draws nothing.')
@@ -109,11 +115,18 @@ def _run_one(command: str, campaign: spec_lib.Campaign, options: list[str]) -> i
   elif command == 'status':
     print(runner.status(campaign, _RUNS_DIR.value, _seeds(), _ARMS.value, _extra(campaign)))
   elif command == 'collect':
-    command = ' && '.join(collect.command_line([step, campaign.name, *options])
-                          for step in ('run', 'collect'))
+    collect_only = ('--keep_runs', '--allow_fewer_runs')
+    run_options = [o for o in options if o.partition('=')[0] not in collect_only]
+    command = ' && '.join(collect.command_line([step, campaign.name, *step_options])
+                          for step, step_options in (('run', run_options),
+                                                     ('collect', options)))
     result = collect.collect(campaign, _RUNS_DIR.value, _seeds(), _ARMS.value,
                              _extra(campaign), command)
     path = collect.path_of(campaign.name, _RESULTS_DIR.value)
+    if _KEEP_RUNS.value:
+      kept = collect.keep_held_runs(result, path, campaign)
+      if kept:
+        print(f'kept from {path}: {", ".join(kept)}')
     collect.write_results(result, path, _ALLOW_FEWER.value)
     print(f'wrote {path} ({len(result["runs"])} runs)')
   elif command == 'report':

@@ -327,6 +327,31 @@ def write_results(result: dict, path: str, allow_fewer: bool = False) -> None:
   write(result, path)
 
 
+def keep_held_runs(result: dict, path: str, campaign: spec_lib.Campaign) -> list[str]:
+  """Add to `result` the runs that the results JSON at `path` holds and `result` lacks
+  (arms trained on other machines or at other times, whose workdirs are elsewhere), in
+  the campaign's run order; the machines are recounted from every run's launches.
+  Returns the names of the runs kept. A missing `path` keeps none."""
+  if not os.path.exists(path):
+    return []
+  held = _read_json(path, 'a results').get('runs') or {}
+  kept = [name for name in held if name not in result['runs']]
+  if not kept:
+    return []
+  runs = {**result['runs'], **{name: held[name] for name in kept}}
+  order = [run.name for run in campaign.runs()]
+  result['runs'] = dict(sorted(runs.items(), key=lambda item: (
+      order.index(item[0]) if item[0] in order else len(order), item[0])))
+  used = machines_used([l for r in result['runs'].values() for l in r.get('launches', [])])
+  if used:
+    result['machine'] = used[0]
+  if len(used) > 1:
+    result['machines'] = used
+  else:
+    result.pop('machines', None)
+  return kept
+
+
 def write(result: dict, path: str) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, 'w') as f:
