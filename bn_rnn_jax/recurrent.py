@@ -193,9 +193,13 @@ class RecurrentLayer(nn.Module):
   def _max_length(self, length: int) -> int:
     """T_max: `max_length`, or the rows the statistics were made with (`length`, the
     input's, when they are being made)."""
-    per_step = [site for site in self._batch_sites()
-                if batch_stats.per_step_rows(site, self.statistics)]
-    return batch_stats.statistics_length(self, self.max_length, per_step, length)
+    return batch_stats.statistics_length(self, self.max_length, self._per_step_sites(),
+                                         length)
+
+  def _per_step_sites(self) -> list[str]:
+    """The batch-norm sites that keep one population row per step."""
+    return [site for site in self._batch_sites()
+            if batch_stats.per_step_rows(site, self.statistics)]
 
   def _batch_sites(self) -> dict[str, int]:
     """`{site: features}` of the batch-normalised terms (`steps.batch_sites`)."""
@@ -278,7 +282,7 @@ class RecurrentLayer(nn.Module):
     if batch_statistics:
       full_count = self._sequences(first_step, mask, batch, length)
       first_step = sequence.common_step(first_step, mask)
-    if batch_statistics and sites:
+    if batch_statistics and self._per_step_sites():
       normalization.check_rows(first_step, length, max_length)
     fused = self.execution.fused_step != 'none'
     if fused:

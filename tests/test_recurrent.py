@@ -600,6 +600,23 @@ def test_training_longer_than_max_length_is_an_error():
     layer.init(jax.random.key(0), x, use_running_average=False, deterministic=False)
 
 
+@pytest.mark.parametrize('variant', ['bn_input_only_seq', 'bn_lstm_shared'])
+def test_statistics_without_per_step_rows_take_any_length(variant):
+  """Sequence-wise and shared statistics keep one row: batch statistics run on sequences
+  longer than `max_length` (a batch-statistics evaluation of long sentences) and give
+  what a layer with room for every step gives."""
+  x = jax.random.normal(jax.random.key(1), (B, 3 * MAX_LEN, I))
+  results = []
+  for max_length in (MAX_LEN, 3 * MAX_LEN):
+    layer = variants.make_layer(variant, H, max_length=max_length)
+    variables = layer.init(jax.random.key(0), x[:, :MAX_LEN], use_running_average=True,
+                           deterministic=True)
+    results.append(layer.apply(variables, x, use_running_average=False,
+                               deterministic=True, mutable=['batch_stats']))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+               results[0], results[1])
+
+
 def test_max_length_none_is_the_length_of_the_init_input():
   """Without `max_length` the per-step statistics get the rows of `init`'s input; a
   training sequence longer than that is the same error, inference past it reuses the
