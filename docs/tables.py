@@ -440,8 +440,9 @@ def longer_sequences(path: str = 'experiments/results/longer_sequences.json') ->
 def inference_statistics() -> str:
   """The default inference path (the trainer's estimate) against batch statistics, on the
   committed classification runs that evaluated with both: the batch-normalised arms of
-  the quickstart and init_options campaigns at their last validation, and
-  `estimate_spread`'s draws on the Fig. 2 BN-LSTMs, with and without the h0 noise. A
+  the quickstart and init_options campaigns at their last validation,
+  `estimate_spread`'s draws on the Fig. 2 BN-LSTMs, with and without the h0 noise, and
+  `estimate_trained`'s draws of four sizes on the in-order BN-LSTM at 10k steps. A
   binomial standard error is that of the batch-statistics accuracy on what was scored."""
   rows = []
 
@@ -466,6 +467,10 @@ def inference_statistics() -> str:
     row(task, where, spread['valid_examples'], spread['batch'], spread['draws'])
     row(f'{task}, without h0 noise', where, spread['valid_examples'], spread['batch'],
         spread['noise-free draws'])
+  trained = _load('experiments', 'results', 'figures', 'estimate_trained_seq_bn_lstm_s0.json')
+  row('784-step MNIST, estimates of four sizes', f"{trained['run']}, step {trained['step']:,}",
+      trained['valid_examples'], trained['batch_statistics'],
+      [e for draws in trained['estimates'].values() for e in draws])
   return markdown(['task', 'run', 'scored', 'batch statistics', 'estimate (each draw)',
                    'largest difference', 'standard error', 'within one'], rows)
 
