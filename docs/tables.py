@@ -440,7 +440,8 @@ def longer_sequences(path: str = 'experiments/results/longer_sequences.json') ->
 def inference_statistics() -> str:
   """The default inference path (the trainer's estimate) against batch statistics, on the
   committed classification runs that evaluated with both: the batch-normalised arms of
-  the quickstart and init_options campaigns at their last validation,
+  the quickstart, init_options and brown_tagger campaigns at their last validation
+  (the tagger's accuracy is per frame),
   `estimate_spread`'s draws on the Fig. 2 BN-LSTMs, with and without the h0 noise, and
   `estimate_trained`'s draws of four sizes on the in-order BN-LSTM at 10k steps. A
   binomial standard error is that of the batch-statistics accuracy on what was scored."""
@@ -454,7 +455,8 @@ def inference_statistics() -> str:
                  f'{error:.4f}', 'yes' if abs(worst - batch) <= error else 'no'])
 
   for campaign, task in (('quickstart', '8×8 digits (quickstart)'),
-                         ('init_options', '14×14 MNIST')):
+                         ('init_options', '14×14 MNIST'),
+                         ('brown_tagger', 'Brown tagging (frames)')):
     for run in _result(campaign)['runs'].values():
       last = [r for r in run['records'] if r['split'] == 'valid'][-1]
       if run['arm'].startswith('bn_') and 'accuracy_batch' in last:

@@ -44,7 +44,7 @@ def get_campaign() -> spec.Campaign:
       name='brown_tagger',
       title='Brown POS tagging, 2 x 64 BiLSTM: BL vs sequence-wise vs frame-wise BN',
       config='experiments/configs/brown_tagger.py',
-      arms={v: spec.Arm(overrides={'model.variant': v}, label=LABELS[v]) for v in VARIANTS},
+      arms={v: spec.Arm(config_arg=v, label=LABELS[v]) for v in VARIANTS},
       seeds=(0,), parallel=2,
       tables={'table1': table1}, figure=figure, baselines=baselines,
       paper={'table1_wsj': PAPER},
