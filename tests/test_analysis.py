@@ -34,6 +34,7 @@ from experiments.analysis import population_stats
 from experiments.analysis import running_average_gap
 from experiments.analysis import running_average_lag
 from experiments.analysis import tanh_derivative
+from experiments.analysis import variable_length
 import helpers
 
 PTB_DIR = os.path.join(common.DEFAULT_DATA_ROOT, 'ptb')
@@ -499,3 +500,30 @@ def test_estimate_trained_names_a_workdir_without_a_run(tmp_path):
   assert result.returncode == 1
   assert result.stderr.strip().splitlines()[-1] == (
       f'error: {tmp_path} holds no run (no config.json).')
+
+
+# ------------------------------------------------------------- variable lengths (item 3)
+
+def test_bucketed_batches_hold_one_length():
+  rng = np.random.default_rng(0)
+  _, mask, _ = variable_length.batch(rng, 16, (5, 50), 50, bucketed=True)
+  assert len({int(n) for n in mask.sum(1)}) == 1
+  _, mask, labels = variable_length.batch(rng, 256, (5, 50), 50)
+  assert len({int(n) for n in mask.sum(1)}) > 1 and set(labels.tolist()) == {0, 1}
+
+
+@pytest.mark.exhaustive
+def test_variable_length_pairs_each_arm_with_the_lstm_trained_alike():
+  arms = ['lstm, bucketed', 'bn_lstm, bucketed']
+  result = variable_length.run(steps=2, seeds=2, estimate_batches=1, arms=arms)
+  assert list(result['accuracy']) == arms and list(result['against_lstm']) == arms[1:]
+  for length_range, paired in result['against_lstm'][arms[1]].items():
+    d = np.array([result['accuracy'][arms[1]][s][length_range]
+                  - result['accuracy'][arms[0]][s][length_range] for s in ('0', '1')])
+    assert paired['mean'] == pytest.approx(d.mean())
+    assert paired['se'] == pytest.approx(np.std(d, ddof=1) / np.sqrt(2))
+    assert paired['wins'] == int(np.sum(d >= 0)) and paired['seeds'] == 2
+  text = variable_length.table(result)
+  assert 'bn_lstm, bucketed' in text and 'nan' not in text
+  with pytest.raises(ValueError, match='Unknown arm'):
+    variable_length.run(steps=1, seeds=1, estimate_batches=1, arms=['gru'])
