@@ -79,6 +79,7 @@ def test_tanh_derivative(tmp_path):
   assert np.all(np.diff(saved['quadrature']) < 0)  # Decreasing in the std.
   assert np.all(np.asarray(saved['mc_q25']) <= np.asarray(saved['mc_q75']))
   assert result['samples'] == 40_000
+  assert saved['machine']['cores'] >= 1 and saved['machine']['versions']['jax']
 
 
 def test_tanh_derivative_main_reads_flags(tmp_path):

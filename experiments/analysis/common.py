@@ -274,8 +274,10 @@ def save_outputs(output_dir: str, name: str, figure, data: dict[str, Any],
                  dpi: int = 100) -> dict[str, str]:
   """Write `name.png` and `name.json` and close `figure`; returns their paths. Keep the
   PNGs < 300 KB (they are committed under experiments/results/figures/): lower `dpi` for
-  busy figures. Titles and `data` must not name paths of this machine."""
+  busy figures. Titles and `data` must not name paths of this machine. The JSON records
+  the machine (`collect.machine()`) unless `data` does."""
   os.makedirs(output_dir, exist_ok=True)
+  data = {**data, 'machine': data.get('machine') or collect.machine()}
   png = os.path.join(output_dir, f'{name}.png')
   path_json = os.path.join(output_dir, f'{name}.json')
   figure.savefig(png, dpi=dpi, bbox_inches='tight')
