@@ -23,7 +23,7 @@ import math
 import os
 import platform
 import sys
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import ml_collections
 
@@ -70,6 +70,17 @@ def machines_used(launches: Sequence[dict]) -> list[dict]:
                      sort_keys=True)
     found.setdefault(key, facts)
   return list(found.values())
+
+
+def machine_fields(runs: Mapping[str, dict], fallback: Callable[[], dict]) -> dict:
+  """`{'machine': the first machine the runs' launches used}`, with `'machines'` (all of
+  them, in order of first use) when there are several; `fallback()` when no launch
+  trained."""
+  used = machines_used([l for r in runs.values() for l in r.get('launches', [])])
+  fields = {'machine': used[0] if used else fallback()}
+  if len(used) > 1:
+    fields['machines'] = used
+  return fields
 
 
 def read_run(workdir: str) -> dict:
@@ -200,15 +211,12 @@ def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence
     runs[run.name] = entry
   if notes:
     print(f'collect {campaign.name}: left out {", ".join(notes)}.')
-  used = machines_used([l for r in runs.values() for l in r.get('launches', [])])
   result = {
       'campaign': campaign.name, 'title': campaign.title, 'command': command,
       'spec': {**campaign.describe(), 'set': scrub(dict(extra))},
-      'machine': used[0] if used else {
-          **machine(campaign.env.get('XLA_FLAGS')), 'note': 'at collect time'},
+      **machine_fields(runs, lambda: {**machine(campaign.env.get('XLA_FLAGS')),
+                                      'note': 'at collect time'}),
   }
-  if len(used) > 1:
-    result['machines'] = used
   if config is None and (campaign.setup or campaign.baselines):
     source = _source(campaign)
     first = campaign.runs(seeds, arms)[0]
@@ -342,13 +350,8 @@ def keep_held_runs(result: dict, path: str, campaign: spec_lib.Campaign) -> list
   order = [run.name for run in campaign.runs()]
   result['runs'] = dict(sorted(runs.items(), key=lambda item: (
       order.index(item[0]) if item[0] in order else len(order), item[0])))
-  used = machines_used([l for r in result['runs'].values() for l in r.get('launches', [])])
-  if used:
-    result['machine'] = used[0]
-  if len(used) > 1:
-    result['machines'] = used
-  else:
-    result.pop('machines', None)
+  result.pop('machines', None)
+  result.update(machine_fields(result['runs'], lambda: result['machine']))
   return kept
 
 
