@@ -118,8 +118,9 @@ def evaluate(workdir: str, tiny: bool = False, *, lengths: tuple[int, ...], spli
   config, trainer, state, step = _load_run(workdir, checkpoint)
   whole = trainer.dataset.num_symbols(split) - 1
   has_stats = bool(jax.tree.leaves(state.batch_stats))
+  # Without statistics every kind is the same pass: one suffices.
   population = {kind: trainer.population_stats(state, kind)
-                for kind in ('estimate', 'running')}
+                for kind in (('estimate', 'running') if has_stats else ('estimate',))}
   rows = []
   for length in list(TINY_LENGTHS if tiny else lengths) + [whole]:
     is_whole = length == whole
@@ -127,6 +128,7 @@ def evaluate(workdir: str, tiny: bool = False, *, lengths: tuple[int, ...], spli
     row = {'length': 'whole' if is_whole else length, 'steps': length}
     for kind, stats in population.items():
       row[kind] = _bits_per_char(trainer, state, stats, split, length, rows_per_batch)
+    row.setdefault('running', row['estimate'])
     if not is_whole:
       row['batch'] = (_bits_per_char(trainer, state, None, split, length, rows_per_batch,
                                      _batch_stats_evaluator(config, trainer, length))
