@@ -168,7 +168,9 @@ def _figures_time() -> str:
   return f'{seconds / 60:.0f} min in all'
 
 
-# (experiment, config, data, campaign or command, docs page, (ours, paper) from the JSON)
+# (experiment, config, data, campaign or command, docs page, headline): a campaign's
+# headline gives (ours, paper) from its JSON; a command's, the run time (a string, or a
+# function of the JSONs).
 _SOURCES = {
     'digits': '[8×8 digits](https://archive.ics.uci.edu/dataset/80) (in scikit-learn)',
     'mnist': '[MNIST](https://yann.lecun.com/exdb/mnist/)',
@@ -194,21 +196,21 @@ _EXPERIMENTS = [
      'ptb_char_256_lengths', 'language_modelling', _ptb_char_lengths),
     ('text8 (Cooijmans 5.3)', 'text8.py', 'text8',
      'python experiments/main.py --config experiments/configs/text8.py --workdir W',
-     'language_modelling', None),
+     'language_modelling', 'not run here: 2000 units on 90M characters, sized for a GPU'),
     ('Word PTB, small (Laurent 5.2)', 'ptb_word.py:small', 'ptb', 'ptb_word_small',
      'language_modelling', _ptb_word_small),
     ('Word PTB, medium and large (Laurent 5.2)', 'ptb_word.py:medium', 'ptb',
      'python experiments/main.py --config experiments/configs/ptb_word.py:medium --workdir W',
-     'language_modelling', None),
+     'language_modelling', 'not run here: sized for a GPU'),
     ('Speech frames (Laurent 5.1)', 'laurent_speech.py', 'wsj',
      'python experiments/main.py --config experiments/configs/laurent_speech.py --workdir W',
-     'tagging', None),
+     'tagging', 'not run here: WSJ is licensed by the LDC, not shipped'),
     ('POS tagging, Laurent 5.1 transposed', 'brown_tagger.py', 'brown', 'brown_tagger',
      'tagging', _brown_tagger),
     ('Attentive Reader (Cooijmans 5.4)', 'attentive_reader.py', 'brown_cloze',
      'attentive_reader_long', 'attentive_reader', _attentive_reader),
     ('Figures (Cooijmans Figs. 1, 5, 6; Laurent app. A)', '`experiments/analysis/`',
-     'analysis', 'python -m experiments.analysis.NAME', 'figures', None),
+     'analysis', 'python -m experiments.analysis.NAME', 'figures', _figures_time),
 ]
 
 
@@ -228,7 +230,7 @@ def experiments(where: str = 'readme') -> str:
       ours, paper = headline()
       command = f'`python -m experiments.campaign run {command}`'
     else:   # no committed run, or the figures (their JSONs record each one's seconds)
-      time = _figures_time() if page_name == 'figures' else 'not run here'
+      time = headline() if callable(headline) else headline
       ours, paper = DASH, DASH
       command = f'`{command}`'
     if config.endswith('.py') or '.py:' in config or config.endswith(')'):
