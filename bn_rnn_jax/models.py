@@ -61,11 +61,11 @@ class SequenceClassifier(nn.Module):
   num_layers: int = 1
   dropout_rate: float = 0.0
   layer_options: Mapping[str, Any] = variants.LayerOptions()
+  bidirectional: bool = False
 
   def __post_init__(self):
     object.__setattr__(self, 'layer_options', variants.as_layer_options(self.layer_options))
     super().__post_init__()
-  bidirectional: bool = False
 
   @nn.compact
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
