@@ -352,6 +352,23 @@ def test_a_partial_run_counts_the_steps_its_latest_checkpoint_keeps(tmp_path):
   assert runner.progress(task) == ('partial', 4)
 
 
+def test_an_evaluation_takes_its_source_runs_at_their_own_budget(tmp_path):
+  """A source run last launched with a budget of its own is finished at that budget for
+  the evaluation campaign, not trained on to the training campaign's."""
+  campaign = spec.get('ptb_char_256_lengths')
+  planned = runner.plan(campaign, str(tmp_path), seeds=[0], arms=['lstm'])[0]
+  assert planned.config.train.num_steps == spec.get('ptb_char_256').config_of(
+      spec.get('ptb_char_256').runs([0], ['lstm'])[0], {}).train.num_steps
+  os.makedirs(planned.workdir)
+  with open(os.path.join(planned.workdir, collect.LAUNCHES), 'w') as f:
+    f.write(json.dumps({'started': 't0', 'steps_before': 0, 'num_steps': 9}) + '\n')
+  source, evaluation = runner.plan(campaign, str(tmp_path), seeds=[0], arms=['lstm'])
+  assert (source.config.train.num_steps, source.total) == (9, 9)
+  assert evaluation.after == source.key
+  longer = runner.plan(campaign, str(tmp_path), [0], ['lstm'], {'train.num_steps': 12})[0]
+  assert longer.config.train.num_steps == 12
+
+
 def test_eta_comes_from_measured_steps_and_start_ups():
   """Four runs of 300 steps, two at a time; each starts up for 10 s, then runs 25 steps/s
   (its first 25 steps logged 11 s after its launch). Start-up and compilation are not

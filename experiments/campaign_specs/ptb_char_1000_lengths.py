@@ -7,8 +7,9 @@ r"""Cooijmans et al. Fig. 3b at the paper's shape: the 1000-unit character model
   python -m experiments.campaign report ptb_char_1000_lengths --figure=experiments/results/ptb_char_1000_lengths.png
 
 Expected: two evaluations of forward passes over the test text per length and kind of
-statistics after the ptb_char_1000 runs (which it trains first where they are not
-finished); minutes on a GPU, about an hour on 2 CPU cores.
+statistics after the ptb_char_1000 runs (which it trains first where they have not
+reached the budget of their newest launch); minutes on a GPU, about an hour on 2 CPU
+cores.
 
 Each run's best-validation checkpoint (the one Table 2 tests) on the test text, cut into
 segments of 100 to 10,000 characters and read whole as one sequence, with the papers'
