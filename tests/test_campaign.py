@@ -369,6 +369,22 @@ def test_an_evaluation_takes_its_source_runs_at_their_own_budget(tmp_path):
   assert longer.config.train.num_steps == 12
 
 
+def test_runs_side_by_side_each_keep_to_their_own_cores(tmp_path):
+  assert runner.core_slots(2, [0, 1]) == [{0}, {1}]
+  assert runner.core_slots(2, range(5)) == [{0, 1, 2}, {3, 4}]
+  assert runner.core_slots(3, [0, 1]) == [None] * 3     # fewer cores than runs: shared
+  assert runner.core_slots(1, [0, 1]) == [None]
+  cores = sorted(os.sched_getaffinity(0))
+  task = runner.Task('probe/run', str(tmp_path), [
+      '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'], {}, 1)
+  child = runner._Child(task, 0, frozenset(cores[-1:]))  # pylint: disable=protected-access
+  assert child.process.wait() == 0
+  child._finish(None)                                   # pylint: disable=protected-access
+  with open(child.log_path) as f:
+    assert f.read().strip() == str(cores[-1:])
+  assert collect.read_launches(str(tmp_path))[-1]['cores_used'] == 1
+
+
 def test_eta_comes_from_measured_steps_and_start_ups():
   """Four runs of 300 steps, two at a time; each starts up for 10 s, then runs 25 steps/s
   (its first 25 steps logged 11 s after its launch). Start-up and compilation are not

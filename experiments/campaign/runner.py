@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import ml_collections
 
@@ -155,21 +155,49 @@ def _locked(workdir: str) -> bool:
 
 
 # ---------------------------------------------------------------------- launching
-def _ignore_sigint() -> None:
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
+def core_slots(parallel: int, cores: Optional[Sequence[int]] = None
+               ) -> list[Optional[frozenset[int]]]:
+  """The CPU cores of each of `parallel` run slots: `cores` (default: those this process
+  may use) split into `parallel` groups as even as can be, or None for every slot where
+  there are fewer cores than slots (the runs then share them all).
+
+  XLA's CPU client sizes its thread pool by the cores a process may use, so a run pinned
+  to its own group computes on those alone: runs side by side neither oversubscribe the
+  cores nor evict each other's caches, and their step times compare.
+  """
+  if cores is None:
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else []
+  cores = sorted(cores)
+  if parallel <= 1 or len(cores) < parallel:
+    return [None] * max(parallel, 1)
+  size, extra = divmod(len(cores), parallel)
+  bounds = [i * size + min(i, extra) for i in range(parallel + 1)]
+  return [frozenset(cores[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+
+def _child_setup(cores: Optional[frozenset[int]]) -> Callable[[], None]:
+  """What a child runs before its program: Ctrl-C (SIGINT to the terminal's process
+  group) is the runner's to handle, as it stops the runs; the child keeps to `cores`."""
+  def setup() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if cores is not None:
+      os.sched_setaffinity(0, cores)
+  return setup
 
 
 class _Child:
   """A launched task: its process, log and launch record."""
 
-  def __init__(self, task: Task, done: int):
+  def __init__(self, task: Task, done: int, cores: Optional[frozenset[int]] = None):
     os.makedirs(task.workdir, exist_ok=True)
-    self.task, self.done = task, done
+    self.task, self.done, self.cores = task, done, cores
     self.log_path = os.path.join(task.workdir, 'stdout.log')
     self.start = time.time()
     self.record = {'started': _iso(self.start),
                    'machine': collect.machine(task.env.get('XLA_FLAGS')),
                    'steps_before': done}
+    if cores is not None:   # the cores this run kept to (`core_slots`)
+      self.record['cores_used'] = len(cores)
     if task.config is not None:   # the budget collect counts the run finished at
       self.record['num_steps'] = task.config.train.num_steps
     # Written now and again, complete, at the end (`collect.read_launches` keeps the
@@ -179,9 +207,7 @@ class _Child:
     self.process = subprocess.Popen([sys.executable, *task.argv], cwd=spec_lib.ROOT,
                                     env={**os.environ, **task.env}, stdout=self._log,
                                     stderr=subprocess.STDOUT,
-                                    # Ctrl-C (SIGINT to the terminal's process group) is
-                                    # the runner's to handle: it stops the runs.
-                                    preexec_fn=_ignore_sigint)
+                                    preexec_fn=_child_setup(cores))
 
   def poll(self) -> Optional[int]:
     """The exit code once the process ended (its CPU time recorded), else None."""
@@ -386,6 +412,7 @@ def _run(campaign, runs_dir, parallel, seeds, arms, extra, compile_cache, tiny) 
   pending = [t for t in tasks if states[t.key][0] != 'finished']
   running: dict[str, _Child] = {}
   failed: list[str] = []
+  slots = core_slots(parallel)
   try:
     while pending or running:
       for task in list(pending):
@@ -399,7 +426,9 @@ def _run(campaign, runs_dir, parallel, seeds, arms, extra, compile_cache, tiny) 
           continue
         pending.remove(task)
         done = states[task.key][1]
-        running[task.key] = _Child(task, done)
+        held = [child.cores for child in running.values()]
+        cores = next(slot for slot in slots if slot is None or slot not in held)
+        running[task.key] = _Child(task, done, cores)
         eta.launched(task.key, running[task.key].start, done)
         bar.event(f'started {task.key}' + (f' (resuming after step {done})' if done else ''))
       time.sleep(_POLL_S)

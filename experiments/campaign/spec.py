@@ -24,8 +24,9 @@ import ml_collections
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAIN = os.path.join('experiments', 'main.py')
 RESULTS = os.path.join(ROOT, 'experiments', 'results')
-# One XLA thread per run: runs side by side share the cores alike, and their step times
-# compare across runs.
+# The environment of every run, recorded with its machine. What holds a run to one
+# thread on a machine with a core per run is the runner's pinning (`runner.core_slots`):
+# XLA's CPU client starts a thread per core the process may use, whatever these flags say.
 ONE_THREAD = {'XLA_FLAGS': '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'}
 
 Table = Callable[[dict], str]
