@@ -291,6 +291,30 @@ def test_markdown_and_first_past():
   assert tables.first_past([1, 2], [0.1, 0.2], 0.4) is None
 
 
+def test_launches_table_gives_each_launch_that_trained_its_steps_rate_and_cores():
+  """Launches: one with its end recorded (steps 0-4, a training record every 2 steps 2 s
+  apart, an evaluation between), one killed with the runner (resumed from step 6 by the
+  next), one refused at start (no step), one pinned to a core and still running."""
+  from experiments.campaign import tables  # pylint: disable=g-import-not-at-top
+  machine = {'processor': 'CPU X', 'cores': 2, 'load_average_1_5_15_min': [0.5, 0, 0]}
+  launches = [
+      {'steps_before': 0, 'steps_after': 4, 'wall_s': 3600.0, 'machine': machine},
+      {'steps_before': 4, 'machine': machine},
+      {'steps_before': 6, 'steps_after': 6, 'wall_s': 1.0, 'machine': machine},
+      {'steps_before': 6, 'cores_used': 1, 'machine': machine}]
+  train = lambda step, time_s: {'step': step, 'split': 'train', 'time_s': time_s}
+  records = [train(2, 10.0), {'step': 2, 'split': 'valid', 'time_s': 50.0},
+             train(4, 52.0), train(6, 70.0), train(8, 80.0), train(10, 90.0)]
+  assert [(l['steps_before'], l['steps_after'])
+          for l in tables.trained_launches({'launches': launches})] == [(0, 4), (4, 6), (6, None)]
+  assert tables.launches_table({'runs': {'r': {'launches': launches, 'records': records}}}) == (
+      '| run | launch | steps | wall (h) | s / step | cores | processor | load at start |\n'
+      '|---|---|---|---|---|---|---|---|\n'
+      '| r | 1 | 0 → 4 | 1.00 | ? | 2 (shared) | CPU X | 0.50 |\n'
+      '| r | 2 | 4 → 6 | ? | ? | 2 (shared) | CPU X | 0.50 |\n'
+      '| r | 3 | 6 → | ? | 5.00 | 1 of 2 | CPU X | 0.50 |')
+
+
 # ---------------------------------------------------------------------- runner
 def _finished_config(test_at_end):
   config = spec.load_config('experiments/configs/quickstart.py')

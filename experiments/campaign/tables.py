@@ -117,5 +117,45 @@ def cpu_time(run: dict) -> Optional[float]:
   return sum(seconds) if seconds and None not in seconds else None
 
 
+def trained_launches(run: dict) -> list[dict]:
+  """The launches of a run that moved its steps, oldest first, each with `steps_after`:
+  its own record's, or for a launch killed with the runner (no end record) the step the
+  next launch resumed from (None for the last)."""
+  launches = run.get('launches') or []
+  out = []
+  for i, launch in enumerate(launches):
+    after = launch.get('steps_after')
+    if after is None and i + 1 < len(launches):
+      after = launches[i + 1]['steps_before']
+    if after is None or after > launch['steps_before']:
+      out.append({**launch, 'steps_after': after})
+  return out
+
+
+def launches_table(result: dict) -> str:
+  """Every launch of every run that trained: its steps; its seconds per training step
+  (the median between consecutive training records, evaluations left out) and its
+  wall-clock hours (start-up, evaluations and steps after its last checkpoint included;
+  "?" for a launch killed with the runner, whose end was not recorded); the cores it kept
+  to and its machine."""
+  rows = []
+  for name, run in result['runs'].items():
+    for i, launch in enumerate(trained_launches(run), 1):
+      before, after, wall = launch['steps_before'], launch['steps_after'], launch.get('wall_s')
+      rate = train_steps_per_second(
+          [r for r in run['records'] if r['step'] > before and (after is None or
+                                                                r['step'] <= after)])
+      per_step = f'{1 / rate:.2f}' if rate else '?'
+      machine = launch['machine']
+      cores = (f"{launch['cores_used']} of {machine['cores']}" if 'cores_used' in launch
+               else f"{machine['cores']} (shared)")
+      rows.append([name, i, f"{before:,} → {after:,}" if after is not None else f'{before:,} →',
+                   f'{wall / 3600:.2f}' if wall else '?', per_step, cores,
+                   machine.get('processor') or '?',
+                   f"{machine['load_average_1_5_15_min'][0]:.2f}"])
+  return markdown(['run', 'launch', 'steps', 'wall (h)', 's / step', 'cores',
+                   'processor', 'load at start'], rows)
+
+
 def median(values: Sequence[float]) -> float:
   return float(np.median(values))
