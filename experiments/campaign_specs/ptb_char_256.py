@@ -44,8 +44,7 @@ def get_campaign() -> spec.Campaign:
           name='ptb_char_1000_speed', arms=VARIANTS, steps=2, rounds=3,
           what='one training step of ptb_char.py (1000 units, batch 64, length 100)',
           tables={'speed': speed_table},
-          expected='a few minutes on 2 CPU cores (AMD EPYC VM, one XLA thread; not '
-                   'recorded)'))
+          expected='a few minutes on 2 CPU cores (AMD EPYC VM; not recorded)'))
 
 
 TINY = {'train.num_steps': 2, 'model.hidden_size': 8, 'data.seq_length': 20,

@@ -4,10 +4,11 @@ r"""Character-level Penn Treebank (Cooijmans et al. 2016, sec. 5.2).
       --workdir runs/ptb_char_bn_lstm
   python -m experiments.campaign run ptb_char_256 --parallel=2   # this project's runs
 
-Hardware and time: sized for a GPU. On 2 CPU cores (one XLA thread) a training step of the
-1000-unit BN-LSTM takes 1.4 s, the LSTM's 1.2 s (experiments/results/
-ptb_char_1000_speed.json), so the 20,000 steps are about 8 hours of steps, plus a
-validation every 1,000 steps.
+Hardware and time: sized for a GPU. On 2 CPU cores a training step of the 1000-unit
+BN-LSTM takes 1.4 s, the LSTM's 1.2 s, with XLA on both cores: 2.7 and 2.4 s of CPU time
+(experiments/results/ptb_char_1000_speed.json). Two runs side by side, one core each
+(the `ptb_char_1000` campaign), take about that CPU time a step: 20,000 steps are about
+14 hours of steps, plus a validation every 500 steps.
 Expected: the paper's test bpc, 1.32 (BN-LSTM) and 1.38 (LSTM), Table 2; not run at this
 size here. At 256 units and 400 steps on 2 CPU cores (the `ptb_char_256` campaign, about
 20 minutes): valid bpc 2.020 (BN-LSTM) against 2.824 (LSTM), test 1.986
