@@ -129,16 +129,22 @@ def run_config(workdir: str) -> Optional[ml_collections.ConfigDict]:
   return workdir_lib.load_config(workdir)
 
 
+def launch_budget(launches: Sequence[dict]) -> Optional[int]:
+  """The step budget of the newest launch that recorded one (config.json keeps the first
+  launch's budget; a relaunch may raise or lower it), else None."""
+  budgets = [l['num_steps'] for l in launches if isinstance(l.get('num_steps'), int)]
+  return budgets[-1] if budgets else None
+
+
 def trained_config(workdir: str, launches: Sequence[dict]) -> Optional[ml_collections.ConfigDict]:
   """The config a run was trained with: its own (`run_config`), with the step budget of
-  its newest launch that recorded one (config.json keeps the first launch's budget; a
-  relaunch may raise it). None without config.json."""
+  its newest launch (`launch_budget`). None without config.json."""
   config = run_config(workdir)
   if config is None:
     return None
-  budgets = [l['num_steps'] for l in launches if isinstance(l.get('num_steps'), int)]
-  if budgets:
-    config.train.num_steps = budgets[-1]
+  budget = launch_budget(launches)
+  if budget is not None:
+    config.train.num_steps = budget
   return config
 
 

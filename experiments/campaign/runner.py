@@ -63,7 +63,11 @@ def plan(campaign: spec_lib.Campaign, runs_dir: str, seeds=None, arms=None,
     workdir = os.path.join(runs_dir, trainer.name, run.name)
     config = trainer.config_of(run, extra)
     if campaign.source and 'train.num_steps' not in extra:
-      config.train.num_steps = _own_budget(workdir, config.train.num_steps)
+      # An evaluation takes a run trained to a budget of its own as it stands, where the
+      # training campaign's budget would train it on first.
+      budget = collect.launch_budget(collect.read_launches(workdir))
+      if budget is not None:
+        config.train.num_steps = budget
     tasks.append(Task(f'{trainer.name}/{run.name}', workdir,
                       trainer.main_args(run, workdir, extra), {**trainer.env, **env},
                       config.train.num_steps, config))
@@ -74,15 +78,6 @@ def plan(campaign: spec_lib.Campaign, runs_dir: str, seeds=None, arms=None,
                         os.path.join(runs_dir, campaign.name, run.name), argv,
                         {**campaign.env, **env}, 1, after=tasks[-1].key))
   return tasks
-
-
-def _own_budget(workdir: str, planned: int) -> int:
-  """The step budget of the newest launch of the run in `workdir`, else `planned`: an
-  evaluation takes a run trained to a budget of its own (`--set=train.num_steps=...`) as
-  it stands, where the training campaign's budget would train it on first."""
-  budgets = [l['num_steps'] for l in collect.read_launches(workdir)
-             if isinstance(l.get('num_steps'), int)]
-  return budgets[-1] if budgets else planned
 
 
 def child_env(runs_dir: str, compile_cache: bool) -> dict:

@@ -8,6 +8,7 @@ checkpoint's, with 'checkpoint_step'). Everything here is pure and reads only th
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any, Iterable, Optional, Sequence
 
@@ -142,15 +143,14 @@ def launches_table(result: dict) -> str:
   for name, run in result['runs'].items():
     for i, launch in enumerate(trained_launches(run), 1):
       before, after, wall = launch['steps_before'], launch['steps_after'], launch.get('wall_s')
-      rate = train_steps_per_second(
-          [r for r in run['records'] if r['step'] > before and (after is None or
-                                                                r['step'] <= after)])
+      last = math.inf if after is None else after
+      rate = train_steps_per_second([r for r in run['records'] if before < r['step'] <= last])
       per_step = f'{1 / rate:.2f}' if rate else '?'
       machine = launch['machine']
       cores = (f"{launch['cores_used']} of {machine['cores']}" if 'cores_used' in launch
                else f"{machine['cores']} (shared)")
-      rows.append([name, i, f"{before:,} → {after:,}" if after is not None else f'{before:,} →',
-                   f'{wall / 3600:.2f}' if wall else '?', per_step, cores,
+      steps = f'{before:,} → {after:,}' if after is not None else f'{before:,} →'
+      rows.append([name, i, steps, f'{wall / 3600:.2f}' if wall else '?', per_step, cores,
                    machine.get('processor') or '?',
                    f"{machine['load_average_1_5_15_min'][0]:.2f}"])
   return markdown(['run', 'launch', 'steps', 'wall (h)', 's / step', 'cores',

@@ -49,7 +49,8 @@ def get_campaign() -> spec.Campaign:
       overrides={'model.forget_bias': 1.0, 'train.num_steps': 20_000, 'eval.every': 500,
                  'eval.compare': ('batch',), 'checkpoint.every': 500, 'checkpoint.keep': 1,
                  'eval.test_at_end': True},
-      tables={'milestones': milestones, 'launches': tables.launches_table}, figure=figure, setup=setup, paper=PAPER,
+      tables={'milestones': milestones, 'launches': tables.launches_table}, figure=figure,
+      setup=setup, paper=PAPER,
       expected='about 14 h of steps on 2 CPU cores (two runs at a time, one core each), '
                'plus a validation every 500 steps',
       tiny={'train.num_steps': 2, 'model.hidden_size': 8, 'data.seq_length': 20,
