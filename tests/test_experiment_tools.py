@@ -1,5 +1,6 @@
 """The tools around a run: `experiments/plot.py` (curves, one-point axes, a metric that is
-not there) and `experiments/report.py` (every committed result set, by name)."""
+not there), `experiments/report.py` (every committed result set, by name) and
+`experiments/accelerator_campaign.sh` (a campaign on a machine that keeps nothing)."""
 
 import glob
 import json
@@ -15,6 +16,7 @@ from experiments import report
 from experiments.campaign import show
 from experiments.campaign import spec
 import helpers
+import real_data
 
 REPO = spec.ROOT
 
@@ -122,3 +124,46 @@ def test_unknown_report_is_one_line_listing_the_known():
   assert out.returncode == 1 and out.stdout == ''
   assert out.stderr.strip() == ("error: unknown result set 'no_such_table'; known: " +
                                 ', '.join(report.names()) + '.')
+
+
+# ---------------------------------------------------------------------- accelerator_campaign.sh
+ACCELERATOR_CAMPAIGN = os.path.join(REPO, 'experiments', 'accelerator_campaign.sh')
+
+
+def _accelerator_campaign(tmp_path, **env):
+  return subprocess.run(
+      ['bash', ACCELERATOR_CAMPAIGN, 'ptb_char_1000,ptb_char_1000_lengths', str(tmp_path / 'out')],
+      env=helpers.subprocess_env(PYTHON=sys.executable, RUNS_DIR=str(tmp_path / 'runs'),
+                                 QUICK='1', **env),
+      capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_accelerator_campaign_refuses_a_bad_call_and_a_deadline_too_short_to_train(tmp_path):
+  usage = subprocess.run(['bash', ACCELERATOR_CAMPAIGN], capture_output=True, text=True,
+                         check=False)
+  assert usage.returncode == 2 and 'usage:' in usage.stderr
+  short = _accelerator_campaign(tmp_path, DEADLINE_S='30', MARGIN_S='60')
+  assert short.returncode == 3, short.stdout[-2000:] + short.stderr[-2000:]
+  assert 'no time left to train (deadline 30 s, margin 60 s)' in short.stdout
+  assert os.path.exists(tmp_path / 'out' / 'runs.tgz')
+
+
+@pytest.mark.exhaustive
+@real_data.needs('ptb', 'ptb.train.txt')
+def test_accelerator_campaign_trains_evaluates_and_packs_records_without_checkpoints(tmp_path):
+  """QUICK=1 on this machine: both tiny campaigns, then a runs.tgz that `collect` reads
+  (records, evaluations) and that holds no checkpoint."""
+  import tarfile  # pylint: disable=g-import-not-at-top
+  done = _accelerator_campaign(tmp_path, PARALLEL='2')
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+  with tarfile.open(tmp_path / 'out' / 'runs.tgz') as packed:
+    names = packed.getnames()
+    packed.extractall(tmp_path / 'back', filter='data')
+  assert not [n for n in names if '/checkpoints' in n or '/best' in n]
+  for name in ('ptb_char_1000', 'ptb_char_1000_lengths'):
+    collected = helpers.run_python(
+        ['-m', 'experiments.campaign', 'collect', name, f'--runs_dir={tmp_path / "back"}',
+         f'--results_dir={tmp_path / "results"}', '--tiny'])
+    assert collected.returncode == 0, collected.stderr[-2000:]
+    with open(tmp_path / 'results' / f'{name}.json') as f:
+      assert len(json.load(f)['runs']) == 2
