@@ -42,21 +42,23 @@ import helpers
 import training_fixtures as fx
 
 REPO = spec.ROOT
-MARKER = re.compile(r'<!-- campaign-table (\S+) (\S+) -->\n(.*?)<!-- /campaign-table -->',
-                    re.S)
+MARKER = re.compile(
+    r'<!-- campaign-table (\S+) (\S+)(?: (\S+))? -->\n(.*?)<!-- /campaign-table -->', re.S)
 
 
 def _quoted_tables():
-  """`(doc, campaign, table, text)` of every marked block in the README and docs/."""
+  """`(doc, campaign, table, results folder or None, text)` of every marked block in the
+  README and docs/."""
   out = []
   for path in [os.path.join(REPO, 'README.md')] + sorted(
       glob.glob(os.path.join(REPO, 'docs', '**', '*.md'), recursive=True)):
     with open(path) as f:
-      for name, table, block in MARKER.findall(f.read()):
+      for name, table, folder, block in MARKER.findall(f.read()):
         text = block.strip('\n')
         if text.startswith('```'):
           text = text.split('\n', 1)[1].rsplit('```', 1)[0].rstrip('\n')
-        out.append((os.path.relpath(path, REPO), name, table, text))
+        out.append((os.path.relpath(path, REPO), name, table,
+                    os.path.join(REPO, folder) if folder else None, text))
   return out
 
 
@@ -75,7 +77,7 @@ def test_campaigns_in_progress_are_those_without_results():
 
 def test_docs_quote_tables_of_every_committed_training_campaign():
   assert len(QUOTED) >= 12
-  quoted = {name for _, name, _, _ in QUOTED}
+  quoted = {name for _, name, _, folder, _ in QUOTED if folder is None}
   for name in _committed():
     if spec.get(name).title.startswith('Attentive Reader') and name != (
         'attentive_reader_long'):
@@ -83,10 +85,11 @@ def test_docs_quote_tables_of_every_committed_training_campaign():
     assert name in quoted, f'no quoted table of {name}'
 
 
-@pytest.mark.parametrize('doc,name,table,text', QUOTED,
-                         ids=[f'{n}:{t}' for _, n, t, _ in QUOTED])
-def test_quoted_table_regenerates_from_its_json(doc, name, table, text):
-  assert show.render(spec.get(name), table) == text, f'{doc}: {name} {table}'
+@pytest.mark.parametrize('doc,name,table,folder,text', QUOTED,
+                         ids=[f'{n}:{t}' + (f':{os.path.basename(f)}' if f else '')
+                              for _, n, t, f, _ in QUOTED])
+def test_quoted_table_regenerates_from_its_json(doc, name, table, folder, text):
+  assert show.render(spec.get(name), table, folder) == text, f'{doc}: {name} {table}'
 
 
 def _moved_floats(value):
@@ -294,25 +297,27 @@ def test_markdown_and_first_past():
 def test_launches_table_gives_each_launch_that_trained_its_steps_rate_and_cores():
   """Launches: one with its end recorded (steps 0-4, a training record every 2 steps 2 s
   apart, an evaluation between), one killed with the runner (resumed from step 6 by the
-  next), one refused at start (no step), one pinned to a core and still running."""
+  next), one refused at start (no step), one pinned to a core, on a GPU machine, and still
+  running."""
   from experiments.campaign import tables  # pylint: disable=g-import-not-at-top
   machine = {'processor': 'CPU X', 'cores': 2, 'load_average_1_5_15_min': [0.5, 0, 0]}
   launches = [
       {'steps_before': 0, 'steps_after': 4, 'wall_s': 3600.0, 'machine': machine},
       {'steps_before': 4, 'machine': machine},
       {'steps_before': 6, 'steps_after': 6, 'wall_s': 1.0, 'machine': machine},
-      {'steps_before': 6, 'cores_used': 1, 'machine': machine}]
+      {'steps_before': 6, 'cores_used': 1, 'machine': {**machine, 'gpus': ['GPU Y']}}]
   train = lambda step, time_s: {'step': step, 'split': 'train', 'time_s': time_s}
   records = [train(2, 10.0), {'step': 2, 'split': 'valid', 'time_s': 50.0},
              train(4, 52.0), train(6, 70.0), train(8, 80.0), train(10, 90.0)]
   assert [(l['steps_before'], l['steps_after'])
           for l in tables.trained_launches({'launches': launches})] == [(0, 4), (4, 6), (6, None)]
   assert tables.launches_table({'runs': {'r': {'launches': launches, 'records': records}}}) == (
-      '| run | launch | steps | wall (h) | s / step | cores | processor | load at start |\n'
+      '| run | launch | steps | wall (h) | s / step | cores | accelerator or processor '
+      '| load at start |\n'
       '|---|---|---|---|---|---|---|---|\n'
       '| r | 1 | 0 → 4 | 1.00 | ? | 2 (shared) | CPU X | 0.50 |\n'
       '| r | 2 | 4 → 6 | ? | ? | 2 (shared) | CPU X | 0.50 |\n'
-      '| r | 3 | 6 → | ? | 5.00 | 1 of 2 | CPU X | 0.50 |')
+      '| r | 3 | 6 → | ? | 5.00 | 1 of 2 | GPU Y | 0.50 |')
 
 
 # ---------------------------------------------------------------------- runner

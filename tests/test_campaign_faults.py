@@ -43,14 +43,21 @@ def _fake_runs(runs_dir, last_steps, **own):
   return tasks
 
 
-def test_collect_leaves_out_an_unfinished_run_and_reads_the_setup_from_the_runs(tmp_path,
-                                                                               capsys):
+def test_collect_leaves_out_an_unfinished_run_unless_asked_and_reads_the_setup_from_the_runs(
+    tmp_path, capsys):
   _fake_runs(tmp_path, {'lstm': 2, 'bn_lstm': 1}, **{'eval.population_batches': 3})
   result = collect.collect(CAMPAIGN, str(tmp_path), [0], None, EXTRA)
   assert list(result['runs']) == ['lstm_s0']
   assert 'left out bn_lstm_s0 (unfinished: step 1 of 2)' in capsys.readouterr().out
   # The flags say 1 estimate batch (the tiny budget); the run was trained with 3.
   assert '(3 training batches)' in result['setup'] and '2 steps' in result['setup']
+  # A run that cannot go on, collected as far as it went.
+  result = collect.collect(CAMPAIGN, str(tmp_path), [0], None, EXTRA, include_unfinished=True)
+  assert list(result['runs']) == ['lstm_s0', 'bn_lstm_s0']
+  assert result['runs']['bn_lstm_s0']['unfinished'] is True
+  assert 'unfinished' not in result['runs']['lstm_s0']
+  assert max(r['step'] for r in result['runs']['bn_lstm_s0']['records']) == 1
+  assert 'note: bn_lstm_s0 is unfinished (step 1 of 2)' in capsys.readouterr().out
 
 
 def test_collect_counts_a_run_finished_by_the_config_it_was_trained_with(tmp_path, capsys):

@@ -6,6 +6,7 @@ r"""Run, follow, collect and report the campaigns of experiments/campaign_specs/
   python -m experiments.campaign collect NAME          # -> experiments/results/NAME.json
                                  [--allow_fewer_runs]  # may replace one with more runs
                                  [--keep_runs]         # keeps its runs not found here
+                                 [--include_unfinished]  # and runs that cannot go on
   python -m experiments.campaign report [NAME ...]     # its tables, from the JSON
                                  [--figure=PATH]       # and its figure, as PATH
   python -m experiments.campaign speed NAME            # -> the campaign's speed JSON
@@ -23,7 +24,9 @@ its launches' step budget), whatever the flags now say. It never writes a result
 without runs, and does not replace one that holds more finished runs than it found unless
 `--allow_fewer_runs` is given. With `--keep_runs` it adds the runs that the results JSON
 holds and `--runs_dir` lacks (an arm retrained on another machine replaces its own run
-and keeps the others); each run carries its launches, so the machines stay known.
+and keeps the others); each run carries its launches, so the machines stay known. With
+`--include_unfinished` a run stopped before its last step is collected as far as it went,
+marked `unfinished` (a run whose checkpoints are gone with the machine it ran on).
 
 `report` writes no tracked file: it draws the campaign's figure only as `--figure=PATH`,
 or as `<results_dir>/NAME.png` beside results collected elsewhere (`--results_dir`). The
@@ -68,6 +71,9 @@ _ALLOW_FEWER = flags.DEFINE_bool('allow_fewer_runs', False, 'collect: replace a 
 _KEEP_RUNS = flags.DEFINE_bool('keep_runs', False, 'collect: keep the runs that the results '
                                 'JSON already holds and --runs_dir lacks (arms trained '
                                 'elsewhere); the runs found replace theirs.')
+_INCLUDE_UNFINISHED = flags.DEFINE_bool('include_unfinished', False, 'collect: also the '
+                                        'runs that stopped before their last step (marked '
+                                        'unfinished), for runs that cannot go on.')
 _FIGURE = flags.DEFINE_string('figure', None, 'report: the PNG to write (default: '
                               '<results_dir>/<name>.png with --results_dir, else none); '
                               '"none" draws nothing.')
@@ -115,13 +121,13 @@ def _run_one(command: str, campaign: spec_lib.Campaign, options: list[str]) -> i
   elif command == 'status':
     print(runner.status(campaign, _RUNS_DIR.value, _seeds(), _ARMS.value, _extra(campaign)))
   elif command == 'collect':
-    collect_only = ('--keep_runs', '--allow_fewer_runs')
+    collect_only = ('--keep_runs', '--allow_fewer_runs', '--include_unfinished')
     run_options = [o for o in options if o.partition('=')[0] not in collect_only]
     command = ' && '.join(collect.command_line([step, campaign.name, *step_options])
                           for step, step_options in (('run', run_options),
                                                      ('collect', options)))
     result = collect.collect(campaign, _RUNS_DIR.value, _seeds(), _ARMS.value,
-                             _extra(campaign), command)
+                             _extra(campaign), command, _INCLUDE_UNFINISHED.value)
     path = collect.path_of(campaign.name, _RESULTS_DIR.value)
     if _KEEP_RUNS.value:
       kept = collect.keep_held_runs(result, path, campaign)

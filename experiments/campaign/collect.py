@@ -175,12 +175,14 @@ def config_differences(workdir: str, config: ml_collections.ConfigDict) -> list[
 
 def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence[int]] = None,
             arms: Optional[Sequence[str]] = None, extra: Mapping[str, Any] = (),
-            command: str = '') -> dict:
+            command: str = '', include_unfinished: bool = False) -> dict:
   """The results JSON of the runs under `runs_dir/<campaign>/`. A run counts once its
   records reach the last step of the config it was trained with (`trained_config`, else
-  the one the flags plan; `finished`): a run without records or unfinished is left
-  out with a note; the tables show what there is. The setup line and baselines are read
-  from the first collected run's own config, not from the flags."""
+  the one the flags plan; `finished`): a run without records is left out with a note, an
+  unfinished one too unless `include_unfinished` (for a run that cannot go on: it is
+  collected with `'unfinished': True` and its records as far as they go). The tables
+  show what there is. The setup line and baselines are read from the first collected
+  run's own config, not from the flags."""
   runs, notes, config = {}, [], None
   for run in campaign.runs(seeds, arms):
     workdir = os.path.join(runs_dir, campaign.name, run.name)
@@ -204,8 +206,12 @@ def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence
       trained = own or planned
       if not finished(entry['records'], trained):
         last = max((r['step'] for r in entry['records']), default=0)
-        notes.append(f'{run.name} (unfinished: step {last} of {trained.train.num_steps})')
-        continue
+        if not include_unfinished:
+          notes.append(f'{run.name} (unfinished: step {last} of {trained.train.num_steps})')
+          continue
+        print(f'note: {run.name} is unfinished (step {last} of {trained.train.num_steps}); '
+              'collected as far as it went.')
+        entry['unfinished'] = True
       if config is None and own is not None:
         config = own
       differ = config_differences(workdir, planned)

@@ -138,23 +138,23 @@ def launches_table(result: dict) -> str:
   (the median between consecutive training records, evaluations left out) and its
   wall-clock hours (start-up, evaluations and steps after its last checkpoint included;
   "?" for a launch killed with the runner, whose end was not recorded); the cores it kept
-  to and its machine."""
+  to and its machine (its accelerators where it had any, else its processor)."""
   rows = []
   for name, run in result['runs'].items():
     for i, launch in enumerate(trained_launches(run), 1):
       before, after, wall = launch['steps_before'], launch['steps_after'], launch.get('wall_s')
       last = math.inf if after is None else after
       rate = train_steps_per_second([r for r in run['records'] if before < r['step'] <= last])
-      per_step = f'{1 / rate:.2f}' if rate else '?'
+      per_step = f'{1 / rate:#.3g}' if rate else '?'
       machine = launch['machine']
       cores = (f"{launch['cores_used']} of {machine['cores']}" if 'cores_used' in launch
                else f"{machine['cores']} (shared)")
       steps = f'{before:,} → {after:,}' if after is not None else f'{before:,} →'
       rows.append([name, i, steps, f'{wall / 3600:.2f}' if wall else '?', per_step, cores,
-                   machine.get('processor') or '?',
+                   ', '.join(machine.get('gpus') or []) or machine.get('processor') or '?',
                    f"{machine['load_average_1_5_15_min'][0]:.2f}"])
   return markdown(['run', 'launch', 'steps', 'wall (h)', 's / step', 'cores',
-                   'processor', 'load at start'], rows)
+                   'accelerator or processor', 'load at start'], rows)
 
 
 def median(values: Sequence[float]) -> float:
