@@ -6,8 +6,9 @@ Not a campaign itself (`NAMES` leaves it out): `ptb_char_256_lengths.py` and
 
 For a run's checkpoint (T_max = 100: past it, every population statistic is that of
 step 99, Cooijmans et al. sec. 3), the split's text is cut into non-overlapping segments
-of each length (every prediction counted once, the last segment masked) and also read as
-ONE sequence. Bits per character with
+of each length (every prediction counted once, the last segment masked; a long segment
+in fewer rows a batch, `MAX_ROW_STEPS`) and also read as ONE sequence (in pieces that
+carry the state and the step count on, `WHOLE_PIECE`). Bits per character with
   estimate   population statistics = the papers' estimate (minibatch moments averaged over
              `config.eval.population_batches` training batches, current parameters);
   running    population statistics = the running average kept during training;
@@ -29,6 +30,12 @@ from experiments.campaign import tables
 import functools
 
 TINY_LENGTHS = (10, 30)
+#: Rows x steps of one evaluation batch at most: a long segment is read in fewer rows, so
+#: that the layer's per-step intermediates of a 1000-unit model fit in memory.
+MAX_ROW_STEPS = 128_000
+#: The whole split is read as one sequence in pieces of this many steps, the state (and
+#: the step counter that picks the population rows) carried from each to the next.
+WHOLE_PIECE = 10_000
 
 
 def campaign(name: str, source: str, lengths: tuple[int, ...], split: str,
@@ -96,6 +103,39 @@ def _batch_stats_evaluator(config, trainer, length: int):
   return parallel.device_map(sums, trainer.devices, trainer.backend)
 
 
+def _piece_evaluator(trainer):
+  """A device-mapped `(params, stats, batch, carry, first_step) -> (sums, count, carry)`
+  with population statistics: one piece of a sequence read in pieces, its steps counted
+  from `first_step` (which picks each step's population row) and its state from `carry`
+  (None: zeros)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bn_rnn_jax.training import parallel  # pylint: disable=g-import-not-at-top
+
+  def sums(params, stats, batch, carry, first_step):
+    (carry, logits), _ = trainer.task.apply(
+        trainer.model, {'params': params, 'batch_stats': stats}, batch,
+        use_running_average=True, deterministic=True, carry=carry, first_step=first_step)
+    s, n = trainer.task.loss_sums(logits, batch)
+    return jax.lax.psum((s, n), parallel.AXIS) + (carry,)
+
+  return parallel.device_map(sums, trainer.devices, trainer.backend)
+
+
+def _whole_bits_per_char(trainer, state, stats, split) -> float:
+  """bpc of `split` read as ONE sequence, in pieces of `WHOLE_PIECE` steps (one row)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  evaluate_piece = _piece_evaluator(trainer)
+  total, count, carry = 0.0, 0.0, None
+  batches = trainer.dataset.eval_batches(split, seq_length=WHOLE_PIECE, batch_size=1)
+  for i, batch in enumerate(batches):
+    first_step = np.full((len(trainer.devices),), i * WHOLE_PIECE, np.int32)
+    sums, n, carry = evaluate_piece(state.params, stats, trainer.shard(batch), carry,
+                                    first_step)
+    total += float(sums['loss'][0])
+    count += float(n[0])
+  return total / count / math.log(2.0)
+
+
 def _bits_per_char(trainer, state, stats, split, length, batch_size,
                    batch_fn=None) -> float:
   total, count = 0.0, 0.0
@@ -124,10 +164,13 @@ def evaluate(workdir: str, tiny: bool = False, *, lengths: tuple[int, ...], spli
   rows = []
   for length in list(TINY_LENGTHS if tiny else lengths) + [whole]:
     is_whole = length == whole
-    rows_per_batch = 1 if is_whole else config.eval.batch_size
-    row = {'length': 'whole' if is_whole else length, 'steps': length}
+    rows_per_batch = 1 if is_whole else min(config.eval.batch_size,
+                                            max(1, MAX_ROW_STEPS // length))
+    row = {'length': 'whole' if is_whole else length, 'steps': length,
+           'rows_per_batch': rows_per_batch}
     for kind, stats in population.items():
-      row[kind] = _bits_per_char(trainer, state, stats, split, length, rows_per_batch)
+      row[kind] = (_whole_bits_per_char(trainer, state, stats, split) if is_whole else
+                   _bits_per_char(trainer, state, stats, split, length, rows_per_batch))
     row.setdefault('running', row['estimate'])
     if not is_whole:
       row['batch'] = (_bits_per_char(trainer, state, None, split, length, rows_per_batch,
