@@ -2,9 +2,11 @@ r"""Every table the docs quote, rendered from the JSON it comes from.
 
 The README and the pages under docs/ quote two kinds of marked blocks:
 
-  <!-- campaign-table CAMPAIGN TABLE --> ... <!-- /campaign-table -->
+  <!-- campaign-table CAMPAIGN TABLE [FOLDER] --> ... <!-- /campaign-table -->
       a campaign's table, rendered by its spec (`experiments/campaign_specs/CAMPAIGN.py`) from
-      `experiments/results/CAMPAIGN.json`: `python -m experiments.campaign report CAMPAIGN`;
+      `experiments/results/CAMPAIGN.json`: `python -m experiments.campaign report CAMPAIGN`
+      (from `FOLDER/CAMPAIGN.json`, FOLDER from the repository root, where given: runs
+      collected apart, `--results_dir=FOLDER`);
   <!-- json-table NAME [ARG] --> ... <!-- /json-table -->
       a table of this module (`RENDERERS`), from the JSONs under `experiments/results/`
       and `benchmarks/results/`.
@@ -36,7 +38,7 @@ BENCHMARKS = os.path.join(ROOT, 'benchmarks')
 DASH = '–'
 
 CAMPAIGN_BLOCK = re.compile(
-    r'(<!-- campaign-table (\S+) (\S+) -->\n)(.*?)(<!-- /campaign-table -->)', re.S)
+    r'(<!-- campaign-table (\S+) (\S+)(?: (\S+))? -->\n)(.*?)(<!-- /campaign-table -->)', re.S)
 JSON_BLOCK = re.compile(r'(<!-- json-table (\S+)((?: [^\s>]+)*) -->\n)(.*?)(<!-- /json-table -->)',
                         re.S)
 
@@ -127,6 +129,41 @@ def _ptb_char_lengths() -> tuple[str, str]:
           'Fig. 3b: a curve (generalises to longer sequences)')
 
 
+def _ptb_char_1000() -> tuple[str, str, str]:
+  """Ours and the paper's, and the run time: the 2-CPU-core runs' launches and the GPU's."""
+  from experiments.campaign import tables  # pylint: disable=g-import-not-at-top
+  cpu = _result('ptb_char_1000')
+  gpu = _load('experiments', 'results', 'h200', 'ptb_char_1000.json')
+  arms = ('lstm', 'bn_lstm')
+  tests = {arm: tables.last(_records(cpu, arm), 'test') for arm in arms}
+  steps = tables.last(_records(cpu, 'lstm'), 'valid')['step']
+  best_on_gpu = {arm: tables.best(_records(gpu, arm), 'valid', 'bpc')['step'] for arm in arms}
+  longest_on_gpu = max(tables.last(_records(gpu, arm), 'valid')['step'] for arm in arms)
+  paper = cpu['spec']['paper']['table2_test_bpc']
+  launches = max(len(tables.trained_launches(run)) for run in cpu['runs'].values())
+  # The records' clock runs on across launches: the last record's is the run's time.
+  clock = lambda result: max(run['records'][-1]['time_s'] for run in result['runs'].values())
+  cpu_hours, gpu_minutes = clock(cpu) / 3600, clock(gpu) / 60
+  return (f"test bpc of the best-validation checkpoint after {steps:,} steps: LSTM "
+          f"{tests['lstm']['bpc']:.3f}, BN-LSTM {tests['bn_lstm']['bpc']:.3f}; trained on "
+          f"to {longest_on_gpu:,} steps on a GPU, the best validation stays at step "
+          f"{best_on_gpu['lstm']:,} (LSTM) and {best_on_gpu['bn_lstm']:,} (BN-LSTM)",
+          f"Table 2, test bpc (early-stopped): LSTM {paper['lstm']}, BN-LSTM "
+          f"{paper['bn_lstm']}",
+          f"{cpu_hours:.0f} h on 2 CPU cores ({launches} launches); {gpu_minutes:.0f} min "
+          'on one H200')
+
+
+def _ptb_char_1000_lengths() -> tuple[str, str]:
+  result = _result('ptb_char_1000_lengths')
+  rows = {arm: result['runs'][f'{arm}_s0']['evaluation']['rows'] for arm in ('bn_lstm', 'lstm')}
+  return (f"test bpc with the estimate, segments of {rows['bn_lstm'][0]['length']} / the "
+          f"whole text as one sequence: BN-LSTM {rows['bn_lstm'][0]['estimate']:.3f} / "
+          f"{rows['bn_lstm'][-1]['estimate']:.3f}, LSTM {rows['lstm'][0]['estimate']:.3f} / "
+          f"{rows['lstm'][-1]['estimate']:.3f}",
+          'Fig. 3b: a curve (generalises to longer sequences)')
+
+
 def _ptb_word_small() -> tuple[str, str]:
   from experiments.campaign_specs import ptb_word_small  # pylint: disable=g-import-not-at-top
   result = _result('ptb_word_small')
@@ -190,10 +227,14 @@ _EXPERIMENTS = [
      'mnist_fig2', 'sequential_mnist', lambda: _fig2('seq')),
     ('Permuted MNIST, 784 steps, Fig. 2 (Cooijmans 5.1)', 'pmnist.py', 'mnist',
      'pmnist_fig2', 'sequential_mnist', lambda: _fig2('pmnist')),
-    ('Character PTB (Cooijmans 5.2)', 'ptb_char.py', 'ptb', 'ptb_char_256',
+    ('Character PTB, 256 units (Cooijmans 5.2)', 'ptb_char.py', 'ptb', 'ptb_char_256',
      'language_modelling', _ptb_char),
     ('Longer sequences than trained on (Cooijmans Fig. 3b)', 'ptb_char.py', 'ptb',
      'ptb_char_256_lengths', 'language_modelling', _ptb_char_lengths),
+    ('Character PTB, 1000 units: Table 2, Fig. 3a (Cooijmans 5.2)', 'ptb_char.py', 'ptb',
+     'ptb_char_1000', 'language_modelling', _ptb_char_1000),
+    ('Longer sequences, 1000 units (Cooijmans Fig. 3b)', 'ptb_char.py', 'ptb',
+     'ptb_char_1000_lengths', 'language_modelling', _ptb_char_1000_lengths),
     ('text8 (Cooijmans 5.3)', 'text8.py', 'text8',
      'python experiments/main.py --config experiments/configs/text8.py --workdir W',
      'language_modelling', 'not run here: 2000 units on 90M characters, sized for a GPU'),
@@ -226,8 +267,8 @@ def experiments(where: str = 'readme') -> str:
   for title, config, data, command, page_name, headline in _EXPERIMENTS:
     if command in spec.names():
       result = _result(command)
-      time = result['spec']['expected'].split(' (')[0]
-      ours, paper = headline()
+      ours, paper, *measured = headline()   # a third item: the run time as it ran
+      time = measured[0] if measured else result['spec']['expected'].split(' (')[0]
       command = f'`python -m experiments.campaign run {command}`'
     else:   # no committed run, or the figures (their JSONs record each one's seconds)
       time = headline() if callable(headline) else headline
@@ -479,6 +520,35 @@ def inference_statistics() -> str:
                    'largest difference', 'standard error', 'within one'], rows)
 
 
+def same_steps(first: str, second: str, metrics: str = 'bpc', split: str = 'valid') -> str:
+  """Two results JSONs of one campaign (paths from the repository root; e.g. its runs on
+  two machines) at the steps where both have a `split` record: per run and metric (of the
+  comma-separated `metrics`; one that repeats another metric's values, as a model without
+  statistics does, is left out), how many steps, the largest difference (second minus
+  first) and its step, and the mean difference."""
+  results = [_load(first), _load(second)]
+  rows = []
+  for name, run in results[0]['runs'].items():
+    if name not in results[1]['runs']:
+      continue
+    values = [{r['step']: r for r in found['records'] if r['split'] == split}
+              for found in (run, results[1]['runs'][name])]
+    steps = sorted(set(values[0]) & set(values[1]))
+    shown = []
+    for metric in metrics.split(','):
+      pairs = [(values[0][t].get(metric), values[1][t].get(metric)) for t in steps]
+      if None in (v for pair in pairs for v in pair) or pairs in shown:
+        continue
+      shown.append(pairs)
+      differences = [(b - a, t) for (a, b), t in zip(pairs, steps)]
+      largest = max(differences, key=lambda d: abs(d[0]))
+      rows.append([name, metric, len(steps), f'{steps[0]:,}–{steps[-1]:,}',
+                   f'{largest[0]:+.4f} (step {largest[1]:,})',
+                   f'{sum(d for d, _ in differences) / len(differences):+.4f}'])
+  return markdown(['run', 'metric', 'steps compared', 'from–to', 'largest difference',
+                   'mean difference'], rows)
+
+
 RENDERERS: dict[str, Callable[..., str]] = {
     'experiments': experiments, 'rnn_speed': rnn_speed, 'batch_sums': batch_sums,
     'speed_targets': speed_targets, 'trainer_overhead': trainer_overhead,
@@ -486,7 +556,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     'machine': machine, 'run_time': run_time, 'figures': figures,
     'variable_length': variable_length, 'longer_sequences': longer_sequences,
     'launch_profile': launch_profile, 'suite_time': suite_time, 'cell_speed': cell_speed,
-    'inference_statistics': inference_statistics,
+    'inference_statistics': inference_statistics, 'same_steps': same_steps,
 }
 
 
@@ -503,10 +573,10 @@ def render(name: str, *args: str) -> str:
   return RENDERERS[name](*args)
 
 
-def _campaign_text(campaign: str, table: str, quoted: str) -> str:
+def _campaign_text(campaign: str, table: str, folder: Optional[str], quoted: str) -> str:
   from experiments.campaign import show  # pylint: disable=g-import-not-at-top
   from experiments.campaign import spec  # pylint: disable=g-import-not-at-top
-  text = show.render(spec.get(campaign), table)
+  text = show.render(spec.get(campaign), table, folder and os.path.join(ROOT, folder))
   fenced = quoted.strip('\n').startswith('```')
   return f'\n```\n{text}\n```\n\n' if fenced else f'\n{text}\n\n'
 
@@ -520,7 +590,7 @@ def json_blocks(text: str) -> list[tuple[str, tuple[str, ...], str]]:
 def refresh(text: str) -> str:
   """`text` with every marked block rendered again from its JSON."""
   text = CAMPAIGN_BLOCK.sub(
-      lambda m: m[1] + _campaign_text(m[2], m[3], m[4]) + m[5], text)
+      lambda m: m[1] + _campaign_text(m[2], m[3], m[4], m[5]) + m[6], text)
   return JSON_BLOCK.sub(
       lambda m: f'{m[1]}\n{render(m[2], *m[3].split())}\n\n{m[5]}', text)
 

@@ -15,6 +15,7 @@ quoted table matches its JSON, and the README says what CI does.
 
 import glob
 import importlib
+import json
 import importlib.util
 import inspect
 import os
@@ -193,6 +194,23 @@ def test_json_tables_are_quoted_where_the_docs_say():
 def test_json_table_regenerates_from_its_json(doc, name, args, text):
   assert tables.render(name, *args).strip('\n') == text, (
       f'{doc}: json-table {name} {args} is stale; python docs/tables.py --write')
+
+
+def test_same_steps_compares_two_results_at_their_common_steps(tmp_path):
+  """Run `a` validated at steps 1, 2, 3 here and 2, 3 there; a metric that repeats another
+  (a model without statistics) and a run only one side has are left out."""
+  def results(path, runs):
+    records = lambda values: [{'step': s, 'split': 'valid', 'bpc': v, 'bpc_batch': v}
+                              for s, v in values]
+    with open(path, 'w') as f:
+      json.dump({'runs': {n: {'records': records(v)} for n, v in runs.items()}}, f)
+    return str(path)
+  first = results(tmp_path / 'a.json', {'a': [(1, 2.0), (2, 1.5), (3, 1.4)], 'b': [(1, 1.0)]})
+  second = results(tmp_path / 'b.json', {'a': [(2, 1.45), (3, 1.41)]})
+  assert tables.same_steps(first, second, 'bpc,bpc_batch') == (
+      '| run | metric | steps compared | from–to | largest difference | mean difference |\n'
+      '|---|---|---|---|---|---|\n'
+      '| a | bpc | 2 | 2–3 | -0.0500 (step 2) | -0.0200 |')
 
 
 def test_quoted_plain_text_is_fenced():

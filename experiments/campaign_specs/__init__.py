@@ -22,4 +22,4 @@ NAMES = (
 
 #: Campaigns whose runs are still training: no results JSON yet (`collect` writes it once
 #: every run has finished), so no quoted table.
-IN_PROGRESS = ('ptb_char_1000', 'ptb_char_1000_lengths')
+IN_PROGRESS = ()

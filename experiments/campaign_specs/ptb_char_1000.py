@@ -10,9 +10,10 @@ r"""Cooijmans et al. Table 2 and Fig. 3a at the paper's shape: character-level P
 Expected: on 2 CPU cores (two runs at a time, one core each) a training step takes
 about 2.4 s (LSTM) and 2.6 s (BN-LSTM), the CPU time a step takes with XLA on both cores
 (`ptb_char_1000_speed`), so 20,000 steps of both arms are about 14 hours of steps, plus
-the validations. On one GPU the same command runs both arms side by side
-(`XLA_PYTHON_CLIENT_PREALLOCATE=false`). The `launches` table gives every launch's
-steps, seconds per step, cores and machine.
+the validations. On one GPU both arms run side by side in minutes:
+`experiments/accelerator_campaign.sh ptb_char_1000,ptb_char_1000_lengths OUT WHEELS` on a
+machine that keeps nothing, then `collect --runs_dir` here on the records it packs. The
+`launches` table gives every launch's steps, seconds per step, cores and machine.
 
 Setup: `experiments/configs/ptb_char.py` (sec. 5.2: 1000 units, orthogonal W_x and W_h,
 gamma 0.1, Adam 2e-3, batch 64, 100-character crops, clipping at 1.0) with the forget
@@ -52,7 +53,7 @@ def get_campaign() -> spec.Campaign:
       tables={'milestones': milestones, 'launches': tables.launches_table}, figure=figure,
       setup=setup, paper=PAPER,
       expected='about 14 h of steps on 2 CPU cores (two runs at a time, one core each), '
-               'plus a validation every 500 steps',
+               'plus a validation every 500 steps; about 10 min on one H200',
       tiny={'train.num_steps': 2, 'model.hidden_size': 8, 'data.seq_length': 20,
             'model.max_length': 20, 'train.batch_size': 8, 'eval.batch_size': 8,
             'eval.every': 2, 'eval.max_batches': 2, 'eval.population_batches': 1,

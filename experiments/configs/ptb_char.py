@@ -8,12 +8,12 @@ Hardware and time: sized for a GPU. On 2 CPU cores a training step of the 1000-u
 BN-LSTM takes 1.4 s, the LSTM's 1.2 s, with XLA on both cores: 2.7 and 2.4 s of CPU time
 (experiments/results/ptb_char_1000_speed.json). Two runs side by side, one core each
 (the `ptb_char_1000` campaign), take about that CPU time a step: 20,000 steps are about
-14 hours of steps, plus a validation every 500 steps.
-Expected: the paper's test bpc, 1.32 (BN-LSTM) and 1.38 (LSTM), Table 2; not run at this
-size here. At 256 units and 400 steps on 2 CPU cores (the `ptb_char_256` campaign, about
-20 minutes): valid bpc 2.020 (BN-LSTM) against 2.824 (LSTM), test 1.986
-(experiments/results/ptb_char_256.json; `python -m experiments.campaign report
-ptb_char_256`).
+14 hours of steps, plus a validation every 500 steps. On one H200 both arms side by side
+take minutes, not hours (experiments/results/h200/ptb_char_1000.json).
+Expected: the paper's test bpc, 1.32 (BN-LSTM) and 1.38 (LSTM), Table 2. What this config
+gives at 1000 units (`ptb_char_1000`) and at 256 units for 400 steps (`ptb_char_256`):
+docs/experiments/language_modelling.md, from experiments/results/ptb_char_1000.json and
+ptb_char_256.json (`python -m experiments.campaign report ptb_char_1000`).
 Tiny (the whole run in well under a minute on 2 CPU cores: an 8-unit model on 20-character
 rows, four steps, a validation on two batches and the test on the whole test text; a
 smoke test, not a result):
