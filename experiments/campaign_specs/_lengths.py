@@ -121,33 +121,39 @@ def _piece_evaluator(trainer):
   return parallel.device_map(sums, trainer.devices, trainer.backend)
 
 
-def _whole_bits_per_char(trainer, state, stats, split) -> float:
-  """bpc of `split` read as ONE sequence, in pieces of `WHOLE_PIECE` steps (one row)."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  evaluate_piece = _piece_evaluator(trainer)
-  total, count, carry = 0.0, 0.0, None
-  batches = trainer.dataset.eval_batches(split, seq_length=WHOLE_PIECE, batch_size=1)
-  for i, batch in enumerate(batches):
-    first_step = np.full((len(trainer.devices),), i * WHOLE_PIECE, np.int32)
-    sums, n, carry = evaluate_piece(state.params, stats, trainer.shard(batch), carry,
-                                    first_step)
+def _bits(loss_sums_and_counts) -> float:
+  """Bits per character of `(sums, count)` pairs (device 0's psum-ed values)."""
+  total, count = 0.0, 0.0
+  for sums, n in loss_sums_and_counts:
     total += float(sums['loss'][0])
     count += float(n[0])
   return total / count / math.log(2.0)
+
+
+def _whole_bits_per_char(trainer, state, stats, split, evaluate_piece) -> float:
+  """bpc of `split` read as ONE sequence, in pieces of `WHOLE_PIECE` steps (one row), with
+  `evaluate_piece` (`_piece_evaluator`)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  def pieces():
+    carry = None
+    batches = trainer.dataset.eval_batches(split, seq_length=WHOLE_PIECE, batch_size=1)
+    for i, batch in enumerate(batches):
+      first_step = np.full((len(trainer.devices),), i * WHOLE_PIECE, np.int32)
+      sums, n, carry = evaluate_piece(state.params, stats, trainer.shard(batch), carry,
+                                      first_step)
+      yield sums, n
+
+  return _bits(pieces())
 
 
 def _bits_per_char(trainer, state, stats, split, length, batch_size,
                    batch_fn=None) -> float:
-  total, count = 0.0, 0.0
-  for batch in trainer.dataset.eval_batches(split, seq_length=length, batch_size=batch_size):
-    batch = trainer.shard(batch)
-    if batch_fn is None:
-      sums, n, _ = trainer.p_eval_step(state.params, stats, batch, None)
-    else:
-      sums, n = batch_fn(state.params, batch)
-    total += float(sums['loss'][0])
-    count += float(n[0])
-  return total / count / math.log(2.0)
+  batches = (trainer.shard(b) for b in trainer.dataset.eval_batches(
+      split, seq_length=length, batch_size=batch_size))
+  if batch_fn is None:
+    return _bits(trainer.p_eval_step(state.params, stats, b, None)[:2] for b in batches)
+  return _bits(batch_fn(state.params, b) for b in batches)
 
 
 def evaluate(workdir: str, tiny: bool = False, *, lengths: tuple[int, ...], split: str,
@@ -161,6 +167,7 @@ def evaluate(workdir: str, tiny: bool = False, *, lengths: tuple[int, ...], spli
   # Without statistics every kind is the same pass: one suffices.
   population = {kind: trainer.population_stats(state, kind)
                 for kind in (('estimate', 'running') if has_stats else ('estimate',))}
+  evaluate_piece = _piece_evaluator(trainer)
   rows = []
   for length in list(TINY_LENGTHS if tiny else lengths) + [whole]:
     is_whole = length == whole
@@ -169,7 +176,8 @@ def evaluate(workdir: str, tiny: bool = False, *, lengths: tuple[int, ...], spli
     row = {'length': 'whole' if is_whole else length, 'steps': length,
            'rows_per_batch': rows_per_batch}
     for kind, stats in population.items():
-      row[kind] = (_whole_bits_per_char(trainer, state, stats, split) if is_whole else
+      row[kind] = (_whole_bits_per_char(trainer, state, stats, split, evaluate_piece)
+                   if is_whole else
                    _bits_per_char(trainer, state, stats, split, length, rows_per_batch))
     row.setdefault('running', row['estimate'])
     if not is_whole:
