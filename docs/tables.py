@@ -473,6 +473,14 @@ def variable_length(path: str = 'experiments/results/variable_length.json') -> s
   return machine(path) + '\n\n' + analysis.table(_load(path))
 
 
+def variable_length_cause(
+    path: str = 'experiments/results/variable_length_cause.json') -> str:
+  """`python -m experiments.analysis.variable_length_cause`: accuracy per training length,
+  arm and test length range, with the machine it ran on."""
+  from experiments.analysis import variable_length_cause as analysis  # pylint: disable=g-import-not-at-top
+  return machine(path) + '\n\n' + analysis.table(_load(path))
+
+
 def longer_sequences(path: str = 'experiments/results/longer_sequences.json') -> str:
   """`python -m experiments.analysis.longer_sequences`: accuracy per arm and test length
   range, with the machine it ran on."""
@@ -555,6 +563,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     'donation_memory': donation_memory,
     'machine': machine, 'run_time': run_time, 'figures': figures,
     'variable_length': variable_length, 'longer_sequences': longer_sequences,
+    'variable_length_cause': variable_length_cause,
     'launch_profile': launch_profile, 'suite_time': suite_time, 'cell_speed': cell_speed,
     'inference_statistics': inference_statistics, 'same_steps': same_steps,
 }

@@ -14,10 +14,11 @@ The names:
                     `.json` and a trailing `_cpu` (rnn_speed, rnn_speed_cells,
                     rnn_speed_gpu_a, trainer_overhead, launch_profile_gpu_a, ...),
                     printed by its script's --report
-  variable_length, longer_sequences
-                    batch statistics on variable-length data, and population statistics
-                    past the training length (experiments/analysis/<name>.py; their
-                    JSONs in results/)
+  variable_length, variable_length_cause, longer_sequences
+                    batch statistics on variable-length data, what the BN-LSTM's gap past
+                    the training length depends on, and population statistics past the
+                    training length (experiments/analysis/<name>.py; their JSONs in
+                    results/)
 An unknown name is a one-line error listing the known ones.
 """
 
@@ -183,7 +184,7 @@ def _speed_campaigns() -> dict:
 
 
 #: The analyses whose JSON is in experiments/results/ (each module has `table(result)`).
-ANALYSES = ('variable_length', 'longer_sequences')
+ANALYSES = ('variable_length', 'variable_length_cause', 'longer_sequences')
 
 
 def names() -> list[str]:

@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 from scipy import integrate
 
+import bn_rnn_jax as br
 from bn_rnn_jax import input_pipeline
+from bn_rnn_jax import normalization
 from bn_rnn_jax.training import parallel
 from bn_rnn_jax.training import loop
 from bn_rnn_jax.training import metric_writer
@@ -35,6 +37,7 @@ from experiments.analysis import running_average_gap
 from experiments.analysis import running_average_lag
 from experiments.analysis import tanh_derivative
 from experiments.analysis import variable_length
+from experiments.analysis import variable_length_cause
 import helpers
 
 PTB_DIR = os.path.join(common.DEFAULT_DATA_ROOT, 'ptb')
@@ -528,3 +531,58 @@ def test_variable_length_pairs_each_arm_with_the_lstm_trained_alike():
   assert 'bn_lstm, bucketed' in text and 'nan' not in text
   with pytest.raises(ValueError, match='Unknown arm'):
     variable_length.run(steps=1, seeds=1, estimate_batches=1, arms=['gru'])
+
+
+def test_variable_length_cause_pairs_each_statistics_with_the_lstm_of_its_seed():
+  ranges = ('5-50', '51-100', '101-200')
+  def scores(base):
+    return {r: base + 0.01 * i for i, r in enumerate(ranges)}
+  runs = {'1000': {
+      'lstm': {s: {'accuracy': {'none': scores(0.9 - 0.1 * int(s))}} for s in '01'},
+      'bn_lstm': {s: {'accuracy': {'steady tail': scores(0.8 + 0.2 * int(s)),
+                                   'test lengths': scores(0.7)}} for s in '01'}}}
+  summary = variable_length_cause.summary(runs)['1000']
+  assert list(summary) == ['lstm', 'bn_lstm, steady tail', 'bn_lstm, test lengths']
+  tail = summary['bn_lstm, steady tail']['5-50']
+  d = np.array([0.8 - 0.9, 1.0 - 0.8])            # seed 0 below its LSTM, seed 1 above
+  assert tail['minus_lstm'] == pytest.approx(d.mean())
+  assert tail['se'] == pytest.approx(np.std(d, ddof=1) / np.sqrt(2))
+  assert tail['wins'] == 1 and summary['bn_lstm, test lengths']['5-50']['wins'] == 0
+  assert tail['mean'] == pytest.approx(0.9) and summary['lstm']['5-50']['minus_lstm'] == 0
+
+
+@pytest.mark.slow
+def test_variable_length_cause_long_copy_reads_the_default_statistics():
+  """The T_max = 200 copy with `_steady_tail_rows` computes what the T_max = 50 model
+  computes with its own statistics past T_max: the hybrids differ from the default only
+  by the site they take from the test-length estimate."""
+  model, variables, rng = variable_length.train_arm('bn_lstm', {}, 0, 0, 32, 16)
+  stats = br.estimate_population_stats(
+      model, variables, [variable_length.batch(rng, 16, (5, 50), 50)[:2]] * 2)
+  long_model = variable_length_cause._classifier(200)      # pylint: disable=protected-access
+  layer = stats['rnn']['layer_0']
+  tails = {'rnn': {'layer_0': {s: variable_length_cause._steady_tail_rows(  # pylint: disable=protected-access
+      layer[s], normalization.DEFAULT_MIN_ROW_SUPPORT, 200) for s in layer}}}
+  x, mask, _ = variable_length.batch(rng, 32, (101, 200), 200)
+  mode = dict(use_running_average=True, deterministic=True)
+  np.testing.assert_array_equal(
+      model.apply({**variables, 'batch_stats': stats}, x, mask, **mode),
+      long_model.apply({'params': variables['params'], 'batch_stats': tails}, x, mask,
+                       **mode))
+  hybrids = variable_length_cause._hybrids(stats, tails, 0.05)  # pylint: disable=protected-access
+  assert list(hybrids) == [f'test lengths, {s} only' for s in variable_length_cause.SITES]
+
+
+@pytest.mark.exhaustive
+def test_variable_length_cause_end_to_end(tmp_path):
+  result = variable_length_cause.run(steps=[2], seeds=1, estimate_batches=1)
+  bn = result['runs']['2']['bn_lstm']['0']
+  assert set(bn['accuracy']) == set(variable_length_cause.STATISTICS)
+  assert len(bn['var_by_row']['cell']) == variable_length.TRAIN_LENGTHS[1]
+  assert len(bn['var_by_row_test_lengths']['cell']) == variable_length_cause.LONG_MAX
+  growth = bn['growth_by_row_test_lengths']['cell']
+  assert growth[variable_length_cause.REFERENCE_ROW] == pytest.approx(1.0, rel=1e-3)
+  text = variable_length_cause.table(result)
+  assert 'bn_lstm, test lengths' in text and 'nan' not in text
+  variable_length_cause.plot(result, str(tmp_path / 'figure.png'))
+  assert (tmp_path / 'figure.png').stat().st_size > 0

@@ -1,0 +1,279 @@
+r"""Why the BN-LSTM trained on lengths 5-50 trails the LSTM past T_max: how long it trains,
+and whether the statistics of the longer steps are what it lacks.
+
+The task and models are `variable_length`'s (the sign of a variable-length Gaussian sum,
+32 units, Adam 3e-3, batches of 64 of lengths 5-50). For each of `--vc_steps` training
+lengths and `--vc_seeds` seeds it trains the LSTM and the BN-LSTM and scores both on the
+same 1,000 test sequences per length range. Every BN-LSTM is scored with two statistics:
+
+  steady tail     the library's default: the estimate from 50 training batches; the
+                  rows past the last well-supported one read as the steady state
+  test lengths    the estimate of a copy with T_max = 200 from 50 unlabelled batches of
+                  lengths 5-200, so every step it is scored at has its own row, the
+                  moments of the activations its trained weights produce there (what
+                  batch statistics of the test sequences would give)
+
+  test lengths, SITE only
+                  the steady tail, but one site's rows (cell, input or recurrent) from the
+                  test-length estimate
+
+If the statistics past T_max were the cause of the gap, the second would close it, and
+the third names the site that carries it. The JSON also keeps the BN-LSTM's population
+variance by row (median over units) of each site from both estimates, and, from the
+test-length one, the largest growth over units of a row's variance from row 40's.
+
+  python -m experiments.analysis.variable_length_cause [--vc_workers=2]
+
+Expected: about 12 minutes on 2 CPU cores with 2 workers (the machine and the time are in
+the JSON). Writes `variable_length_cause.json` and `variable_length_cause.png`.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from typing import Sequence
+
+from absl import app
+from absl import flags
+import jax
+import numpy as np
+
+import bn_rnn_jax as br
+from bn_rnn_jax import normalization
+from experiments import machine_facts
+from experiments.analysis import variable_length
+
+_OUTPUT = flags.DEFINE_string('vc_output_dir', variable_length.DEFAULT_OUTPUT,
+                              'Where the JSON and the figure go.')
+_STEPS = flags.DEFINE_list('vc_steps', ['1000', '3000', '10000'], 'Training lengths.')
+_SEEDS = flags.DEFINE_integer('vc_seeds', 5, 'Seeds per model and training length.')
+_ESTIMATE = flags.DEFINE_integer('vc_estimate_batches', 50,
+                                 'Batches of 64 per estimate.')
+_WORKERS = flags.DEFINE_integer('vc_workers', 1, 'Processes training in parallel.')
+
+#: T_max of the copy whose statistics are estimated at the test lengths, and its lengths.
+LONG_MAX = variable_length.TEST_LENGTHS[-1][1]
+LONG_LENGTHS = (variable_length.TRAIN_LENGTHS[0], LONG_MAX)
+SITES = ('cell', 'input', 'recurrent')
+#: A row every training batch supports well (T_max = 50), against which growth is measured.
+REFERENCE_ROW = 39
+STATISTICS = ('steady tail', 'test lengths') + tuple(f'test lengths, {s} only' for s in SITES)
+
+
+def _classifier(max_length: int) -> br.SequenceClassifier:
+  return br.SequenceClassifier(num_classes=2, variant='bn_lstm',
+                               hidden_size=variable_length.HIDDEN,
+                               layer_options={'max_length': max_length})
+
+
+def _median_var_by_row(stats) -> dict[str, list[float]]:
+  """`{site: [median over units of the variance, per row]}` of a layer's statistics."""
+  layer = stats['rnn']['layer_0']
+  return {site: np.round(np.median(np.asarray(layer[site]['var']), axis=1), 6).tolist()
+          for site in sorted(layer)}
+
+
+def _largest_growth_by_row(stats) -> dict[str, list[float]]:
+  """`{site: [max over units of var_t / var_REFERENCE_ROW, per row]}`: how far the
+  fastest-growing unit's variance moves from its value at a well-supported row (a median
+  over units hides the few units that integrate)."""
+  layer = stats['rnn']['layer_0']
+  out = {}
+  for site in sorted(layer):
+    var = np.asarray(layer[site]['var'])
+    ratio = var / np.maximum(var[REFERENCE_ROW], np.finfo(np.float32).tiny)
+    out[site] = np.round(np.max(ratio, axis=1), 4).tolist()
+  return out
+
+
+def _steady_tail_rows(site: dict, min_support: float, rows: int) -> dict:
+  """A site's statistics as the default lookup reads them, `rows` rows long: the steady
+  tail applied, the last row repeated past its end, every row counted as the
+  best-supported one (so that no lookup replaces any of them again)."""
+  tail = jax.tree.map(np.asarray, normalization.steady_tail(site, min_support))
+  pad = rows - tail['mean'].shape[0]
+  return {'mean': np.concatenate([tail['mean'], np.repeat(tail['mean'][-1:], pad, 0)]),
+          'var': np.concatenate([tail['var'], np.repeat(tail['var'][-1:], pad, 0)]),
+          'count': np.full((rows,), np.max(site['count']), np.float32)}
+
+
+def _hybrids(stats, long_stats, min_support: float) -> dict[str, dict]:
+  """`{statistics name: batch_stats of the T_max = LONG_MAX copy}`: the steady tail with
+  one site's rows from `long_stats`, for each site."""
+  layer, long_layer = stats['rnn']['layer_0'], long_stats['rnn']['layer_0']
+  tails = {s: _steady_tail_rows(layer[s], min_support, LONG_MAX) for s in layer}
+  return {f'test lengths, {site} only':
+          {'rnn': {'layer_0': {**tails, site: long_layer[site]}}} for site in SITES}
+
+
+def score(job: tuple[str, int, int, int]) -> dict:
+  """One trained model, `job = (variant, steps, seed, estimate_batches)`:
+  `{'accuracy': {statistics: {length range: accuracy}}}`, with `'var_by_row'` for the
+  BN-LSTM."""
+  variant, steps, seed, estimate_batches = job
+  width = variable_length.TRAIN_LENGTHS[1]
+  model, variables, rng = variable_length.train_arm(
+      variant, {}, seed, steps, variable_length.HIDDEN, variable_length.BATCH)
+  models = {'none': (model, variables)}
+  out = {}
+  if variant != 'lstm':
+    train = [variable_length.batch(rng, variable_length.BATCH,
+                                   variable_length.TRAIN_LENGTHS, width)[:2]
+             for _ in range(estimate_batches)]
+    stats = br.estimate_population_stats(model, variables, train)
+    long_model = _classifier(LONG_MAX)
+    long_vars = long_model.init(
+        jax.random.key(0), np.zeros((2, LONG_MAX, 1), np.float32),
+        np.ones((2, LONG_MAX), np.float32), use_running_average=True, deterministic=True)
+    long_vars = {'params': variables['params'], 'batch_stats': long_vars['batch_stats']}
+    unlabelled = [variable_length.batch(rng, variable_length.BATCH, LONG_LENGTHS,
+                                        LONG_MAX)[:2] for _ in range(estimate_batches)]
+    long_stats = br.estimate_population_stats(long_model, long_vars, unlabelled)
+    models = {'steady tail': (model, {**variables, 'batch_stats': stats}),
+              'test lengths': (long_model, {**long_vars, 'batch_stats': long_stats})}
+    for name, hybrid in _hybrids(stats, long_stats,
+                                 normalization.DEFAULT_MIN_ROW_SUPPORT).items():
+      models[name] = (long_model, {**long_vars, 'batch_stats': hybrid})
+    out['var_by_row'] = _median_var_by_row(stats)
+    out['var_by_row_test_lengths'] = _median_var_by_row(long_stats)
+    out['growth_by_row_test_lengths'] = _largest_growth_by_row(long_stats)
+  accuracy = {}
+  for name, (m, v) in models.items():
+    test_rng = np.random.default_rng(1000 + seed)   # variable_length's test sequences
+    accuracy[name] = {f'{lo}-{hi}': variable_length.accuracy(m, v, test_rng, (lo, hi))
+                      for lo, hi in variable_length.TEST_LENGTHS}
+  return {'accuracy': accuracy, **out}
+
+
+def run(steps: Sequence[int], seeds: int, estimate_batches: int, workers: int = 1) -> dict:
+  jobs = [(variant, n, seed, estimate_batches) for n in steps
+          for variant in ('lstm', 'bn_lstm') for seed in range(seeds)]
+  start = time.time()
+  if workers > 1:
+    with multiprocessing.get_context('spawn').Pool(workers) as pool:
+      scored = pool.map(score, jobs, chunksize=1)
+  else:
+    scored = [score(job) for job in jobs]
+  runs: dict = {}
+  for (variant, n, seed, _), result in zip(jobs, scored):
+    runs.setdefault(str(n), {}).setdefault(variant, {})[str(seed)] = result
+  return {
+      'what': 'the LSTM and the BN-LSTM trained on lengths 5-50 for several training '
+              'lengths; the BN-LSTM scored with the steady-tail statistics and with '
+              'statistics estimated at the test lengths',
+      'setup': {'steps': list(steps), 'seeds': seeds, 'hidden': variable_length.HIDDEN,
+                'batch': variable_length.BATCH, 'estimate_batches': estimate_batches,
+                'optimizer': 'adam 3e-3, clip 1',
+                'train_lengths': list(variable_length.TRAIN_LENGTHS),
+                'long_lengths': list(LONG_LENGTHS),
+                'test_lengths': [list(r) for r in variable_length.TEST_LENGTHS],
+                'test_examples': variable_length.TEST_EXAMPLES},
+      'command': 'python -m experiments.analysis.variable_length_cause --vc_workers=2',
+      'machine': machine_facts.machine(), 'seconds': round(time.time() - start, 1),
+      'runs': runs, 'summary': summary(runs),
+  }
+
+
+def _arms(runs_at_steps: dict) -> dict[str, dict[str, dict[str, float]]]:
+  """`{arm: {seed: {length range: accuracy}}}` at one training length."""
+  arms = {'lstm': {s: r['accuracy']['none'] for s, r in runs_at_steps['lstm'].items()}}
+  for statistics in next(iter(runs_at_steps['bn_lstm'].values()))['accuracy']:
+    arms[f'bn_lstm, {statistics}'] = {s: r['accuracy'][statistics]
+                                      for s, r in runs_at_steps['bn_lstm'].items()}
+  return arms
+
+
+def summary(runs: dict) -> dict:
+  """`{steps: {arm: {length range: {mean, sd, minus_lstm, se, wins}}}}`: mean and sd over
+  seeds, and the paired difference from the LSTM of the same seed (mean, its standard
+  error, the seeds at or above the LSTM)."""
+  out = {}
+  for steps, at_steps in runs.items():
+    arms = _arms(at_steps)
+    out[steps] = {}
+    for arm, by_seed in arms.items():
+      out[steps][arm] = {}
+      for length_range in next(iter(by_seed.values())):
+        values = np.array([by_seed[s][length_range] for s in by_seed])
+        d = values - np.array([arms['lstm'][s][length_range] for s in by_seed])
+        sd = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+        se = float(np.std(d, ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
+        out[steps][arm][length_range] = {
+            'mean': float(values.mean()), 'sd': sd, 'minus_lstm': float(d.mean()),
+            'se': se, 'wins': int(np.sum(d >= 0))}
+  return out
+
+
+def table(result: dict) -> str:
+  """Mean ± sd accuracy per training length, arm and length range, and the paired
+  difference from the LSTM on each range."""
+  ranges = [f'{lo}-{hi}' for lo, hi in result['setup']['test_lengths']]
+  lines = ['| training steps | arm | ' + ' | '.join(f'lengths {r}' for r in ranges) + ' | '
+           + ' | '.join(f'minus the LSTM, {r}' for r in ranges) + ' |',
+           '|---|---|' + '---|' * (2 * len(ranges))]
+  for steps, arms in result['summary'].items():
+    for arm, by_range in arms.items():
+      cells = [f"{by_range[r]['mean']:.3f} ± {by_range[r]['sd']:.3f}" for r in ranges]
+      cells += (['–'] * len(ranges) if arm == 'lstm' else
+                [f"{by_range[r]['minus_lstm']:+.3f} ± {by_range[r]['se']:.3f} "
+                 f"({by_range[r]['wins']} of {result['setup']['seeds']})" for r in ranges])
+      lines.append(f'| {int(steps):,} | {arm} | ' + ' | '.join(cells) + ' |')
+  lines.append('')
+  lines.append(f"Mean ± standard deviation over {result['setup']['seeds']} seeds, each on "
+               f"{result['setup']['test_examples']} sequences per range; \"minus the "
+               'LSTM\": the paired difference from the LSTM of the same seed and training '
+               'length (mean ± standard error; seeds at or above it).')
+  return '\n'.join(lines)
+
+
+def plot(result: dict, path: str) -> None:
+  """Left: accuracy on the longest range by training length, per arm. Right: the
+  largest growth over the BN-LSTM's cell units of the variance from row 40 (test-length
+  estimate, mean over seeds) per training length."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  longest = '{}-{}'.format(*result['setup']['test_lengths'][-1])
+  steps = list(result['summary'])
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+  for arm in result['summary'][steps[0]]:
+    means = [result['summary'][s][arm][longest]['mean'] for s in steps]
+    sds = [result['summary'][s][arm][longest]['sd'] for s in steps]
+    left.errorbar([int(s) for s in steps], means, yerr=sds, marker='o', capsize=3,
+                  label=arm)
+  left.set(xscale='log', xlabel='training steps', ylabel=f'accuracy, lengths {longest}',
+           title='past T_max = 50')
+  left.legend()
+  for s in steps:
+    growth = np.mean([r['growth_by_row_test_lengths']['cell']
+                      for r in result['runs'][s]['bn_lstm'].values()], axis=0)
+    right.plot(np.arange(1, len(growth) + 1), growth, label=f'{int(s):,} steps')
+  right.axvline(result['setup']['train_lengths'][1], color='grey', lw=0.5)
+  right.set(xlabel='step (row)', ylim=(0, None),
+            ylabel=f'max over units of var_t / var_{REFERENCE_ROW + 1}',
+            title='BN-LSTM cell, test-length estimate (mean over seeds)')
+  right.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def main(argv) -> None:
+  del argv
+  result = run([int(s) for s in _STEPS.value], _SEEDS.value, _ESTIMATE.value,
+               _WORKERS.value)
+  os.makedirs(_OUTPUT.value, exist_ok=True)
+  path = os.path.join(_OUTPUT.value, 'variable_length_cause.json')
+  with open(path, 'w') as f:
+    json.dump(result, f, indent=1)
+    f.write('\n')
+  plot(result, os.path.join(_OUTPUT.value, 'variable_length_cause.png'))
+  print(table(result))
+  print(f'wrote {path}')
+
+
+if __name__ == '__main__':
+  app.run(main)
