@@ -235,7 +235,9 @@ def test_a_stopped_runner_stops_its_runs_without_a_traceback(tmp_path, signum):
   proc = subprocess.Popen(
       [sys.executable, '-m', 'experiments.campaign', 'run', 'quickstart', '--tiny',
        '--seeds=0', '--parallel=2', f'--runs_dir={runs_dir}',
-       '--set=train.num_steps=2000'], cwd=helpers.REPO, env=env, stdout=subprocess.PIPE,
+       # Steps no run finishes before the signal, however fast a processor runs the
+       # LSTM while the BN-LSTM still compiles.
+       '--set=train.num_steps=1000000'], cwd=helpers.REPO, env=env, stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True, start_new_session=True)
   logs = [os.path.join(runs_dir, 'quickstart', f'{arm}_s0', 'stdout.log')
           for arm in ('lstm', 'bn_lstm')]

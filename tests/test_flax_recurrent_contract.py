@@ -45,6 +45,10 @@ X = np.random.default_rng(0).normal(size=(B, T, I)).astype(np.float32)
 # The batch that trains the population statistics of the tests that evaluate.
 X_TRAIN = np.random.default_rng(1).normal(size=(B, T, I)).astype(np.float32)
 RTOL, ATOL = 1e-5, 1e-6
+# Batches of other sizes run other float32 kernels (a batch of one a matrix-vector
+# product), whose round-off differs by processor and grows over the steps; a row that
+# leaked into another's statistics would differ by orders of magnitude more.
+BATCH_SIZE_RTOL, BATCH_SIZE_ATOL = 1e-4, 1e-5
 
 LINEN_CELLS = {'bn_lstm': flax_cells.BNLSTMCell, 'bn_input_only': flax_cells.BNInputLSTMCell,
                'ln_lstm': flax_cells.LNLSTMCell}
@@ -61,6 +65,10 @@ LINEN_FIRST = helpers.core_cases(APIS, core=['linen'])
 
 def close(got, want):
   helpers.assert_trees_close(got, want, rtol=RTOL, atol=ATOL)
+
+
+def close_across_batch_sizes(got, want):
+  helpers.assert_trees_close(got, want, rtol=BATCH_SIZE_RTOL, atol=BATCH_SIZE_ATOL)
 
 
 def numpy(tree):
@@ -400,8 +408,8 @@ def test_single_example_batches_in_evaluation(api):
   want_carry, want = model.rnn(X, train=False, return_carry=True)
   for row in range(B):
     carry, ys, _ = step_by_hand(model, X[row:row + 1], train=False)
-    close(ys[0], want[row])
-    close(carry, rows(want_carry, slice(row, row + 1)))
+    close_across_batch_sizes(ys[0], want[row])
+    close_across_batch_sizes(carry, rows(want_carry, slice(row, row + 1)))
 
 
 @pytest.mark.exhaustive
@@ -414,7 +422,7 @@ def test_variable_batch_size(api):
   for size in (1, 2):
     _, out = model.rnn(X[:size], train=False, return_carry=True)
     assert out.shape == (size, T, H)
-    close(out, full[:size])
+    close_across_batch_sizes(out, full[:size])
 
 
 @pytest.mark.parametrize('api', LINEN_FIRST)
