@@ -542,13 +542,16 @@ def test_variable_length_cause_pairs_each_statistics_with_the_lstm_of_its_seed()
       'bn_lstm': {s: {'accuracy': {'steady tail': scores(0.8 + 0.2 * int(s)),
                                    'test lengths': scores(0.7)}} for s in '01'}}}
   summary = variable_length_cause.summary(runs)['1000']
-  assert list(summary) == ['lstm', 'bn_lstm, steady tail', 'bn_lstm, test lengths']
-  tail = summary['bn_lstm, steady tail']['5-50']
+  assert list(summary['accuracy']) == ['lstm', 'bn_lstm, steady tail',
+                                       'bn_lstm, test lengths']
+  paired = summary['against_lstm']
+  tail = paired['bn_lstm, steady tail']['5-50']
   d = np.array([0.8 - 0.9, 1.0 - 0.8])            # seed 0 below its LSTM, seed 1 above
-  assert tail['minus_lstm'] == pytest.approx(d.mean())
+  assert tail['mean'] == pytest.approx(d.mean())
   assert tail['se'] == pytest.approx(np.std(d, ddof=1) / np.sqrt(2))
-  assert tail['wins'] == 1 and summary['bn_lstm, test lengths']['5-50']['wins'] == 0
-  assert tail['mean'] == pytest.approx(0.9) and summary['lstm']['5-50']['minus_lstm'] == 0
+  assert tail['wins'] == 1 and paired['bn_lstm, test lengths']['5-50']['wins'] == 0
+  assert summary['accuracy']['bn_lstm, steady tail']['5-50']['mean'] == pytest.approx(0.9)
+  assert 'lstm' not in paired                     # the LSTM is not paired with itself
 
 
 @pytest.mark.slow
@@ -559,7 +562,7 @@ def test_variable_length_cause_long_copy_reads_the_default_statistics():
   model, variables, rng = variable_length.train_arm('bn_lstm', {}, 0, 0, 32, 16)
   stats = br.estimate_population_stats(
       model, variables, [variable_length.batch(rng, 16, (5, 50), 50)[:2]] * 2)
-  long_model = variable_length_cause._classifier(200)      # pylint: disable=protected-access
+  long_model = variable_length.classifier('bn_lstm', 32, 200)
   layer = stats['rnn']['layer_0']
   tails = {'rnn': {'layer_0': {s: variable_length_cause._steady_tail_rows(  # pylint: disable=protected-access
       layer[s], normalization.DEFAULT_MIN_ROW_SUPPORT, 200) for s in layer}}}

@@ -96,6 +96,14 @@ def batch(rng: np.random.Generator, size: int, lengths: tuple[int, int], width: 
   return x, mask, (x.sum(axis=(1, 2)) > 0).astype(np.int32)
 
 
+def classifier(variant: str, hidden: int, max_length: int,
+               fields: Optional[dict] = None) -> br.SequenceClassifier:
+  """The task's model: a two-class `SequenceClassifier` of `variant` with `max_length`
+  rows of per-step statistics and any other layer `fields`."""
+  return br.SequenceClassifier(num_classes=2, variant=variant, hidden_size=hidden,
+                               layer_options={'max_length': max_length, **(fields or {})})
+
+
 def train_arm(variant: str, fields: dict, seed: int, steps: int, hidden: int,
               batch_size: int, optimizer=None, track=None, bucketed: bool = False):
   """A trained `(model, variables, rng)`; `optimizer` an optax transformation (default
@@ -104,8 +112,7 @@ def train_arm(variant: str, fields: dict, seed: int, steps: int, hidden: int,
   update(tracked, minibatch moments) -> tracked)`, statistics of one's own kept from
   every training step's minibatch moments, returned as `variables['tracked']`."""
   width = TRAIN_LENGTHS[1]
-  model = br.SequenceClassifier(num_classes=2, variant=variant, hidden_size=hidden,
-                                layer_options={'max_length': width, **fields})
+  model = classifier(variant, hidden, width, fields)
   rng = np.random.default_rng(seed)
   x, mask, _ = batch(rng, batch_size, TRAIN_LENGTHS, width, bucketed)
   variables = model.init(jax.random.key(seed), x, mask, use_running_average=True,
@@ -199,26 +206,28 @@ def summary(results: dict) -> dict:
   return out
 
 
-def against_lstm(results: dict) -> dict:
-  """`{arm: {length range: {mean, se, wins}}}`: each batch-normalised arm minus the LSTM
-  arm it pairs with (`ARMS`), seed by seed: the mean difference, its standard error
-  (sd / sqrt(seeds), 0 for one seed) and the seeds where the arm scores at least the
-  LSTM's."""
+def paired_difference(by_seed: dict, partner: dict) -> dict:
+  """`{length range: {mean, se, wins, seeds}}`: `by_seed` minus `partner` (each `{seed:
+  {length range: accuracy}}`), seed by seed over the seeds both have: the mean difference,
+  its standard error (sd / sqrt(seeds), 0 for one seed) and the seeds where `by_seed`
+  scores at least `partner`'s."""
+  seeds = [s for s in by_seed if s in partner]
   out = {}
-  for arm, by_seed in results.items():
-    partner = ARMS[arm][4]
-    if partner == arm or partner not in results:
-      continue
-    seeds = [s for s in by_seed if s in results[partner]]
-    out[arm] = {}
-    for length_range in by_seed[seeds[0]]:
-      d = np.array([by_seed[s][length_range] - results[partner][s][length_range]
-                    for s in seeds])
-      out[arm][length_range] = {
-          'mean': float(d.mean()),
-          'se': float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0,
-          'wins': int(np.sum(d >= 0)), 'seeds': len(d)}
+  for length_range in by_seed[seeds[0]]:
+    d = np.array([by_seed[s][length_range] - partner[s][length_range] for s in seeds])
+    out[length_range] = {
+        'mean': float(d.mean()),
+        'se': float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0,
+        'wins': int(np.sum(d >= 0)), 'seeds': len(d)}
   return out
+
+
+def against_lstm(results: dict) -> dict:
+  """`{arm: {length range: {mean, se, wins, seeds}}}`: each batch-normalised arm minus
+  the LSTM arm it pairs with (`ARMS`), seed by seed (`paired_difference`)."""
+  return {arm: paired_difference(by_seed, results[ARMS[arm][4]])
+          for arm, by_seed in results.items()
+          if ARMS[arm][4] != arm and ARMS[arm][4] in results}
 
 
 def table(result: dict) -> str:

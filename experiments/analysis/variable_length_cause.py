@@ -63,12 +63,6 @@ REFERENCE_ROW = 39
 STATISTICS = ('steady tail', 'test lengths') + tuple(f'test lengths, {s} only' for s in SITES)
 
 
-def _classifier(max_length: int) -> br.SequenceClassifier:
-  return br.SequenceClassifier(num_classes=2, variant='bn_lstm',
-                               hidden_size=variable_length.HIDDEN,
-                               layer_options={'max_length': max_length})
-
-
 def _median_var_by_row(stats) -> dict[str, list[float]]:
   """`{site: [median over units of the variance, per row]}` of a layer's statistics."""
   layer = stats['rnn']['layer_0']
@@ -124,7 +118,7 @@ def score(job: tuple[str, int, int, int]) -> dict:
                                    variable_length.TRAIN_LENGTHS, width)[:2]
              for _ in range(estimate_batches)]
     stats = br.estimate_population_stats(model, variables, train)
-    long_model = _classifier(LONG_MAX)
+    long_model = variable_length.classifier('bn_lstm', variable_length.HIDDEN, LONG_MAX)
     long_vars = long_model.init(
         jax.random.key(0), np.zeros((2, LONG_MAX, 1), np.float32),
         np.ones((2, LONG_MAX), np.float32), use_running_average=True, deterministic=True)
@@ -187,23 +181,17 @@ def _arms(runs_at_steps: dict) -> dict[str, dict[str, dict[str, float]]]:
 
 
 def summary(runs: dict) -> dict:
-  """`{steps: {arm: {length range: {mean, sd, minus_lstm, se, wins}}}}`: mean and sd over
-  seeds, and the paired difference from the LSTM of the same seed (mean, its standard
-  error, the seeds at or above the LSTM)."""
+  """`{steps: {'accuracy': {arm: {length range: {mean, min, max, sd}}}, 'against_lstm':
+  {BN arm: {length range: {mean, se, wins, seeds}}}}}`: each arm over its seeds
+  (`variable_length.summary`), and each BN-LSTM arm minus the LSTM of the same seed and
+  training length (`variable_length.paired_difference`)."""
   out = {}
   for steps, at_steps in runs.items():
     arms = _arms(at_steps)
-    out[steps] = {}
-    for arm, by_seed in arms.items():
-      out[steps][arm] = {}
-      for length_range in next(iter(by_seed.values())):
-        values = np.array([by_seed[s][length_range] for s in by_seed])
-        d = values - np.array([arms['lstm'][s][length_range] for s in by_seed])
-        sd = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-        se = float(np.std(d, ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
-        out[steps][arm][length_range] = {
-            'mean': float(values.mean()), 'sd': sd, 'minus_lstm': float(d.mean()),
-            'se': se, 'wins': int(np.sum(d >= 0))}
+    out[steps] = {
+        'accuracy': variable_length.summary(arms),
+        'against_lstm': {arm: variable_length.paired_difference(by_seed, arms['lstm'])
+                         for arm, by_seed in arms.items() if arm != 'lstm'}}
   return out
 
 
@@ -214,12 +202,13 @@ def table(result: dict) -> str:
   lines = ['| training steps | arm | ' + ' | '.join(f'lengths {r}' for r in ranges) + ' | '
            + ' | '.join(f'minus the LSTM, {r}' for r in ranges) + ' |',
            '|---|---|' + '---|' * (2 * len(ranges))]
-  for steps, arms in result['summary'].items():
-    for arm, by_range in arms.items():
+  for steps, at_steps in result['summary'].items():
+    for arm, by_range in at_steps['accuracy'].items():
       cells = [f"{by_range[r]['mean']:.3f} ± {by_range[r]['sd']:.3f}" for r in ranges]
-      cells += (['–'] * len(ranges) if arm == 'lstm' else
-                [f"{by_range[r]['minus_lstm']:+.3f} ± {by_range[r]['se']:.3f} "
-                 f"({by_range[r]['wins']} of {result['setup']['seeds']})" for r in ranges])
+      paired = at_steps['against_lstm'].get(arm)
+      cells += ([f"{paired[r]['mean']:+.3f} ± {paired[r]['se']:.3f} "
+                 f"({paired[r]['wins']} of {paired[r]['seeds']})" for r in ranges]
+                if paired else ['–'] * len(ranges))
       lines.append(f'| {int(steps):,} | {arm} | ' + ' | '.join(cells) + ' |')
   lines.append('')
   lines.append(f"Mean ± standard deviation over {result['setup']['seeds']} seeds, each on "
@@ -239,9 +228,9 @@ def plot(result: dict, path: str) -> None:
   longest = '{}-{}'.format(*result['setup']['test_lengths'][-1])
   steps = list(result['summary'])
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-  for arm in result['summary'][steps[0]]:
-    means = [result['summary'][s][arm][longest]['mean'] for s in steps]
-    sds = [result['summary'][s][arm][longest]['sd'] for s in steps]
+  for arm in result['summary'][steps[0]]['accuracy']:
+    means = [result['summary'][s]['accuracy'][arm][longest]['mean'] for s in steps]
+    sds = [result['summary'][s]['accuracy'][arm][longest]['sd'] for s in steps]
     left.errorbar([int(s) for s in steps], means, yerr=sds, marker='o', capsize=3,
                   label=arm)
   left.set(xscale='log', xlabel='training steps', ylabel=f'accuracy, lengths {longest}',
