@@ -15,9 +15,9 @@ quoted table matches its JSON, and the README says what CI does.
 
 import glob
 import importlib
-import json
 import importlib.util
 import inspect
+import json
 import os
 import pkgutil
 import re
