@@ -1,5 +1,6 @@
 """Test session setup: 8 fake CPU devices and a persistent compilation cache, set before
-JAX is imported anywhere, and the data root of the tests that read real datasets.
+JAX is imported anywhere, fast compilation outside the exhaustive tier
+(`pytest_configure`), and the data root of the tests that read real datasets.
 
 Multi-device code (pmap over axis 'batch') is tested on these; single-device code runs
 on device 0 as usual.
@@ -78,6 +79,24 @@ def release_compiled_programs():
 def pytest_addoption(parser):
   parser.addoption('--exhaustive', action='store_true',
                    help='run only the tests marked exhaustive (the default run leaves them out)')
+
+
+# XLA's backend (LLVM) optimisation level for the programs of the default tier.
+FAST_COMPILE_FLAG = '--xla_backend_optimization_level=0'
+
+
+def pytest_configure(config):
+  """Outside the exhaustive tier, compile without XLA's backend optimisations.
+
+  The suite's programs are tiny: compiling them costs more than running them. The level
+  changes the machine code XLA:CPU generates from the same optimised program (without
+  fused multiply-adds, float32 results differ in the last bits); every test holds at both
+  levels, within the tolerance it already has. Read when JAX starts its backend, after this hook; inherited by the
+  processes tests start with this environment. The exhaustive tier, and the processes
+  started as a user starts them (without the tests' XLA_FLAGS), compile as every run does.
+  """
+  if not config.getoption('exhaustive'):
+    os.environ['XLA_FLAGS'] = f"{os.environ['XLA_FLAGS']} {FAST_COMPILE_FLAG}"
 
 
 def pytest_collection_modifyitems(config, items):
