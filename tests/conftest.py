@@ -81,7 +81,7 @@ def pytest_addoption(parser):
                    help='run only the tests marked exhaustive (the default run leaves them out)')
 
 
-# XLA's backend (LLVM) optimisation level for the programs of the default tier.
+# XLA's backend (LLVM) optimisation level outside the exhaustive tier.
 FAST_COMPILE_FLAG = '--xla_backend_optimization_level=0'
 
 
@@ -89,9 +89,9 @@ def pytest_configure(config):
   """Outside the exhaustive tier, compile without XLA's backend optimisations.
 
   The suite's programs are tiny: compiling them costs more than running them. The level
-  changes the machine code XLA:CPU generates from the same optimised program (without
-  fused multiply-adds, float32 results differ in the last bits); every test holds at both
-  levels, within the tolerance it already has. Read when JAX starts its backend, after this hook; inherited by the
+  changes the machine code XLA:CPU generates, and float32 results differ in the last
+  bits; every test of the default tier passes at both levels, within the tolerance it
+  already has. Read when JAX starts its backend, after this hook; inherited by the
   processes tests start with this environment. The exhaustive tier, and the processes
   started as a user starts them (without the tests' XLA_FLAGS), compile as every run does.
   """
