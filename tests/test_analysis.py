@@ -540,10 +540,11 @@ def test_variable_length_cause_pairs_each_statistics_with_the_lstm_of_its_seed()
   runs = {'1000': {
       'lstm': {s: {'accuracy': {'none': scores(0.9 - 0.1 * int(s))}} for s in '01'},
       'bn_lstm': {s: {'accuracy': {'steady tail': scores(0.8 + 0.2 * int(s)),
-                                   'test lengths': scores(0.7)}} for s in '01'}}}
+                                   'test lengths': scores(0.7)}} for s in '01'},
+      'ln_lstm': {s: {'accuracy': {'none': scores(0.95)}} for s in '01'}}}
   summary = variable_length_cause.summary(runs)['1000']
   assert list(summary['accuracy']) == ['lstm', 'bn_lstm, steady tail',
-                                       'bn_lstm, test lengths']
+                                       'bn_lstm, test lengths', 'ln_lstm']
   paired = summary['against_lstm']
   tail = paired['bn_lstm, steady tail']['5-50']
   d = np.array([0.8 - 0.9, 1.0 - 0.8])            # seed 0 below its LSTM, seed 1 above
@@ -551,6 +552,7 @@ def test_variable_length_cause_pairs_each_statistics_with_the_lstm_of_its_seed()
   assert tail['se'] == pytest.approx(np.std(d, ddof=1) / np.sqrt(2))
   assert tail['wins'] == 1 and paired['bn_lstm, test lengths']['5-50']['wins'] == 0
   assert summary['accuracy']['bn_lstm, steady tail']['5-50']['mean'] == pytest.approx(0.9)
+  assert paired['ln_lstm']['5-50']['wins'] == 2   # an arm without statistics is paired too
   assert 'lstm' not in paired                     # the LSTM is not paired with itself
 
 
@@ -579,8 +581,13 @@ def test_variable_length_cause_long_copy_reads_the_default_statistics():
 @pytest.mark.exhaustive
 def test_variable_length_cause_end_to_end(tmp_path):
   result = variable_length_cause.run(steps=[2], seeds=1, estimate_batches=1)
+  assert list(result['runs']['2']) == list(variable_length_cause.ARMS)
   bn = result['runs']['2']['bn_lstm']['0']
   assert set(bn['accuracy']) == set(variable_length_cause.STATISTICS)
+  cell_ln = result['runs']['2']['bn_lstm, cell layer norm']['0']
+  assert set(cell_ln['accuracy']) == {'steady tail', 'test lengths'}
+  assert 'cell' not in cell_ln['var_by_row']      # c_t is layer-normalised: no statistics
+  assert set(result['runs']['2']['ln_lstm']['0']['accuracy']) == {'none'}
   assert len(bn['var_by_row']['cell']) == variable_length.TRAIN_LENGTHS[1]
   assert len(bn['var_by_row_test_lengths']['cell']) == variable_length_cause.LONG_MAX
   growth = bn['growth_by_row_test_lengths']['cell']

@@ -1,10 +1,19 @@
 r"""Why the BN-LSTM trained on lengths 5-50 trails the LSTM past T_max: how long it trains,
-and whether the statistics of the longer steps are what it lacks.
+whether the statistics of the longer steps are what it lacks, and whether normalising with
+batch statistics at all is.
 
 The task and models are `variable_length`'s (the sign of a variable-length Gaussian sum,
 32 units, Adam 3e-3, batches of 64 of lengths 5-50). For each of `--vc_steps` training
-lengths and `--vc_seeds` seeds it trains the LSTM and the BN-LSTM and scores both on the
-same 1,000 test sequences per length range. Every BN-LSTM is scored with two statistics:
+lengths and `--vc_seeds` seeds it trains every arm of `ARMS` and scores it on the same
+1,000 test sequences per length range:
+
+  lstm                      the baseline
+  bn_lstm                   Cooijmans' BN-LSTM, the library's defaults
+  bn_lstm, cell layer norm  the BN-LSTM with c_t layer-normalised (`cell_norm='layer'`):
+                            batch statistics on W_h h and W_x x only
+  ln_lstm                   layer norm on all three sites: no statistics at all
+
+Every batch-normalised arm is scored with two statistics:
 
   steady tail     the library's default: the estimate from 50 training batches; the
                   rows past the last well-supported one read as the steady state
@@ -13,19 +22,23 @@ same 1,000 test sequences per length range. Every BN-LSTM is scored with two sta
                   moments of the activations its trained weights produce there (what
                   batch statistics of the test sequences would give)
 
+and the BN-LSTM also with
+
   test lengths, SITE only
                   the steady tail, but one site's rows (cell, input or recurrent) from the
                   test-length estimate
 
 If the statistics past T_max were the cause of the gap, the second would close it, and
-the third names the site that carries it. The JSON also keeps the BN-LSTM's population
-variance by row (median over units) of each site from both estimates, and, from the
-test-length one, the largest growth over units of a row's variance from row 40's.
+the third names the site that carries it. The JSON also keeps each batch-normalised
+arm's population variance by row (median over units) of each site from both estimates,
+and, from the test-length one, the largest growth over units of a row's variance from
+row 40's.
 
-  python -m experiments.analysis.variable_length_cause [--vc_workers=2]
+  python -m experiments.analysis.variable_length_cause --vc_workers=2 \
+      --vc_steps=1000,3000,10000,30000
 
-Expected: about 12 minutes on 2 CPU cores with 2 workers (the machine and the time are in
-the JSON). Writes `variable_length_cause.json` and `variable_length_cause.png`.
+Expected: about 50 minutes on 2 CPU cores with 2 workers (the machine and the time are
+in the JSON). Writes `variable_length_cause.json` and `variable_length_cause.png`.
 """
 
 from __future__ import annotations
@@ -48,7 +61,8 @@ from experiments.analysis import variable_length
 
 _OUTPUT = flags.DEFINE_string('vc_output_dir', variable_length.DEFAULT_OUTPUT,
                               'Where the JSON and the figure go.')
-_STEPS = flags.DEFINE_list('vc_steps', ['1000', '3000', '10000'], 'Training lengths.')
+_STEPS = flags.DEFINE_list('vc_steps', ['1000', '3000', '10000', '30000'],
+                          'Training lengths.')
 _SEEDS = flags.DEFINE_integer('vc_seeds', 5, 'Seeds per model and training length.')
 _ESTIMATE = flags.DEFINE_integer('vc_estimate_batches', 50,
                                  'Batches of 64 per estimate.')
@@ -61,6 +75,13 @@ SITES = ('cell', 'input', 'recurrent')
 #: A row every training batch supports well (T_max = 50), against which growth is measured.
 REFERENCE_ROW = 39
 STATISTICS = ('steady tail', 'test lengths') + tuple(f'test lengths, {s} only' for s in SITES)
+#: `{arm: (variant, layer fields, whether it is scored with one site's rows at a time)}`.
+ARMS = {
+    'lstm': ('lstm', {}, False),
+    'bn_lstm': ('bn_lstm', {}, True),
+    'bn_lstm, cell layer norm': ('bn_lstm', {'cell_norm': 'layer'}, False),
+    'ln_lstm': ('ln_lstm', {}, False),
+}
 
 
 def _median_var_by_row(stats) -> dict[str, list[float]]:
@@ -104,21 +125,24 @@ def _hybrids(stats, long_stats, min_support: float) -> dict[str, dict]:
 
 
 def score(job: tuple[str, int, int, int]) -> dict:
-  """One trained model, `job = (variant, steps, seed, estimate_batches)`:
-  `{'accuracy': {statistics: {length range: accuracy}}}`, with `'var_by_row'` for the
-  BN-LSTM."""
-  variant, steps, seed, estimate_batches = job
+  """One trained model, `job = (arm, steps, seed, estimate_batches)`:
+  `{'accuracy': {statistics: {length range: accuracy}}}` (statistics `'none'` for an arm
+  that keeps none), with `'var_by_row'` and the test-length variances and growth for a
+  batch-normalised arm."""
+  arm, steps, seed, estimate_batches = job
+  variant, fields, by_site = ARMS[arm]
   width = variable_length.TRAIN_LENGTHS[1]
   model, variables, rng = variable_length.train_arm(
-      variant, {}, seed, steps, variable_length.HIDDEN, variable_length.BATCH)
+      variant, fields, seed, steps, variable_length.HIDDEN, variable_length.BATCH)
   models = {'none': (model, variables)}
   out = {}
-  if variant != 'lstm':
+  if variables.get('batch_stats'):
     train = [variable_length.batch(rng, variable_length.BATCH,
                                    variable_length.TRAIN_LENGTHS, width)[:2]
              for _ in range(estimate_batches)]
     stats = br.estimate_population_stats(model, variables, train)
-    long_model = variable_length.classifier('bn_lstm', variable_length.HIDDEN, LONG_MAX)
+    long_model = variable_length.classifier(variant, variable_length.HIDDEN, LONG_MAX,
+                                            fields)
     long_vars = long_model.init(
         jax.random.key(0), np.zeros((2, LONG_MAX, 1), np.float32),
         np.ones((2, LONG_MAX), np.float32), use_running_average=True, deterministic=True)
@@ -128,9 +152,10 @@ def score(job: tuple[str, int, int, int]) -> dict:
     long_stats = br.estimate_population_stats(long_model, long_vars, unlabelled)
     models = {'steady tail': (model, {**variables, 'batch_stats': stats}),
               'test lengths': (long_model, {**long_vars, 'batch_stats': long_stats})}
-    for name, hybrid in _hybrids(stats, long_stats,
-                                 normalization.DEFAULT_MIN_ROW_SUPPORT).items():
-      models[name] = (long_model, {**long_vars, 'batch_stats': hybrid})
+    if by_site:
+      for name, hybrid in _hybrids(stats, long_stats,
+                                   normalization.DEFAULT_MIN_ROW_SUPPORT).items():
+        models[name] = (long_model, {**long_vars, 'batch_stats': hybrid})
     out['var_by_row'] = _median_var_by_row(stats)
     out['var_by_row_test_lengths'] = _median_var_by_row(long_stats)
     out['growth_by_row_test_lengths'] = _largest_growth_by_row(long_stats)
@@ -143,20 +168,22 @@ def score(job: tuple[str, int, int, int]) -> dict:
 
 
 def run(steps: Sequence[int], seeds: int, estimate_batches: int, workers: int = 1) -> dict:
-  jobs = [(variant, n, seed, estimate_batches) for n in steps
-          for variant in ('lstm', 'bn_lstm') for seed in range(seeds)]
+  # The longest first, so that the pool's last jobs are short ones.
+  jobs = [(arm, n, seed, estimate_batches) for n in sorted(steps, reverse=True)
+          for arm in ARMS for seed in range(seeds)]
   start = time.time()
   if workers > 1:
     with multiprocessing.get_context('spawn').Pool(workers) as pool:
       scored = pool.map(score, jobs, chunksize=1)
   else:
     scored = [score(job) for job in jobs]
-  runs: dict = {}
-  for (variant, n, seed, _), result in zip(jobs, scored):
-    runs.setdefault(str(n), {}).setdefault(variant, {})[str(seed)] = result
+  runs: dict = {str(n): {} for n in steps}
+  for (arm, n, seed, _), result in zip(jobs, scored):
+    runs[str(n)].setdefault(arm, {})[str(seed)] = result
   return {
-      'what': 'the LSTM and the BN-LSTM trained on lengths 5-50 for several training '
-              'lengths; the BN-LSTM scored with the steady-tail statistics and with '
+      'what': 'the LSTM, the BN-LSTM, the BN-LSTM with a layer-normalised cell and the '
+              'LN-LSTM trained on lengths 5-50 for several training lengths; each '
+              'batch-normalised arm scored with the steady-tail statistics and with '
               'statistics estimated at the test lengths',
       'setup': {'steps': list(steps), 'seeds': seeds, 'hidden': variable_length.HIDDEN,
                 'batch': variable_length.BATCH, 'estimate_batches': estimate_batches,
@@ -165,18 +192,21 @@ def run(steps: Sequence[int], seeds: int, estimate_batches: int, workers: int = 
                 'long_lengths': list(LONG_LENGTHS),
                 'test_lengths': [list(r) for r in variable_length.TEST_LENGTHS],
                 'test_examples': variable_length.TEST_EXAMPLES},
-      'command': 'python -m experiments.analysis.variable_length_cause --vc_workers=2',
+      'command': 'python -m experiments.analysis.variable_length_cause --vc_workers=2 '
+                 f"--vc_steps={','.join(str(n) for n in steps)}",
       'machine': machine_facts.machine(), 'seconds': round(time.time() - start, 1),
       'runs': runs, 'summary': summary(runs),
   }
 
 
 def _arms(runs_at_steps: dict) -> dict[str, dict[str, dict[str, float]]]:
-  """`{arm: {seed: {length range: accuracy}}}` at one training length."""
-  arms = {'lstm': {s: r['accuracy']['none'] for s, r in runs_at_steps['lstm'].items()}}
-  for statistics in next(iter(runs_at_steps['bn_lstm'].values()))['accuracy']:
-    arms[f'bn_lstm, {statistics}'] = {s: r['accuracy'][statistics]
-                                      for s, r in runs_at_steps['bn_lstm'].items()}
+  """`{arm: {seed: {length range: accuracy}}}` at one training length; an arm scored with
+  several statistics is one arm per statistics, named `'<arm>, <statistics>'`."""
+  arms = {}
+  for arm, by_seed in runs_at_steps.items():
+    for statistics in next(iter(by_seed.values()))['accuracy']:
+      name = arm if statistics == 'none' else f'{arm}, {statistics}'
+      arms[name] = {s: r['accuracy'][statistics] for s, r in by_seed.items()}
   return arms
 
 
@@ -219,7 +249,8 @@ def table(result: dict) -> str:
 
 
 def plot(result: dict, path: str) -> None:
-  """Left: accuracy on the longest range by training length, per arm. Right: the
+  """Left: accuracy on the longest range by training length, per arm and statistics
+  (all but the single-site ones). Right: the
   largest growth over the BN-LSTM's cell units of the variance from row 40 (test-length
   estimate, mean over seeds) per training length."""
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -229,6 +260,8 @@ def plot(result: dict, path: str) -> None:
   steps = list(result['summary'])
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
   for arm in result['summary'][steps[0]]['accuracy']:
+    if arm.endswith(' only'):   # the single-site rows are in the table
+      continue
     means = [result['summary'][s]['accuracy'][arm][longest]['mean'] for s in steps]
     sds = [result['summary'][s]['accuracy'][arm][longest]['sd'] for s in steps]
     left.errorbar([int(s) for s in steps], means, yerr=sds, marker='o', capsize=3,
