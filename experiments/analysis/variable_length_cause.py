@@ -39,6 +39,14 @@ row 40's.
 
 Expected: about 50 minutes on 2 CPU cores with 2 workers (the machine and the time are
 in the JSON). Writes `variable_length_cause.json` and `variable_length_cause.png`.
+
+The LN-LSTM starts with γ = 1 and the batch-normalised arms with γ = 0.1 (Cooijmans
+sec. 4). `--vc_gamma` trains `GAMMA_ARMS` instead, the LSTM and the two swapped (the
+BN-LSTM with a layer-normalised cell at γ = 1, the LN-LSTM at γ = 0.1), and writes
+`variable_length_gamma.json`:
+
+  python -m experiments.analysis.variable_length_cause --vc_workers=2 \
+      --vc_steps=10000,30000 --vc_gamma
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ import jax
 import numpy as np
 
 import bn_rnn_jax as br
+from bn_rnn_jax import initializers
 from bn_rnn_jax import normalization
 from experiments import machine_facts
 from experiments.analysis import variable_length
@@ -67,6 +76,8 @@ _SEEDS = flags.DEFINE_integer('vc_seeds', 5, 'Seeds per model and training lengt
 _ESTIMATE = flags.DEFINE_integer('vc_estimate_batches', 50,
                                  'Batches of 64 per estimate.')
 _WORKERS = flags.DEFINE_integer('vc_workers', 1, 'Processes training in parallel.')
+_GAMMA = flags.DEFINE_bool('vc_gamma', False,
+                           'Train GAMMA_ARMS into variable_length_gamma.json instead.')
 
 #: T_max of the copy whose statistics are estimated at the test lengths, and its lengths.
 LONG_MAX = variable_length.TEST_LENGTHS[-1][1]
@@ -81,6 +92,14 @@ ARMS = {
     'bn_lstm': ('bn_lstm', {}, True),
     'bn_lstm, cell layer norm': ('bn_lstm', {'cell_norm': 'layer'}, False),
     'ln_lstm': ('ln_lstm', {}, False),
+}
+#: The LN-LSTM's γ init is 1 and the BN-LSTM's 0.1: these arms swap them.
+GAMMA_ARMS = {
+    'lstm': ARMS['lstm'],
+    'bn_lstm, cell layer norm, γ 1': ('bn_lstm', {'cell_norm': 'layer',
+                                                  'scale_init': initializers.Constant(1.0)},
+                                      False),
+    'ln_lstm, γ 0.1': ('ln_lstm', {'scale_init': initializers.Constant(0.1)}, False),
 }
 
 
@@ -124,13 +143,13 @@ def _hybrids(stats, long_stats, min_support: float) -> dict[str, dict]:
           {'rnn': {'layer_0': {**tails, site: long_layer[site]}}} for site in SITES}
 
 
-def score(job: tuple[str, int, int, int]) -> dict:
-  """One trained model, `job = (arm, steps, seed, estimate_batches)`:
+def score(job: tuple[tuple[str, dict, bool], int, int, int]) -> dict:
+  """One trained model, `job = ((variant, layer fields, by site), steps, seed,
+  estimate_batches)`, an arm of `ARMS` or `GAMMA_ARMS`:
   `{'accuracy': {statistics: {length range: accuracy}}}` (statistics `'none'` for an arm
   that keeps none), with `'var_by_row'` and the test-length variances and growth for a
   batch-normalised arm."""
-  arm, steps, seed, estimate_batches = job
-  variant, fields, by_site = ARMS[arm]
+  (variant, fields, by_site), steps, seed, estimate_batches = job
   width = variable_length.TRAIN_LENGTHS[1]
   model, variables, rng = variable_length.train_arm(
       variant, fields, seed, steps, variable_length.HIDDEN, variable_length.BATCH)
@@ -167,10 +186,14 @@ def score(job: tuple[str, int, int, int]) -> dict:
   return {'accuracy': accuracy, **out}
 
 
-def run(steps: Sequence[int], seeds: int, estimate_batches: int, workers: int = 1) -> dict:
+def run(steps: Sequence[int], seeds: int, estimate_batches: int, workers: int = 1,
+        gamma: bool = False) -> dict:
+  """The result of training and scoring `ARMS` (`GAMMA_ARMS` with `gamma`)."""
+  arms = GAMMA_ARMS if gamma else ARMS
   # The longest first, so that the pool's last jobs are short ones.
-  jobs = [(arm, n, seed, estimate_batches) for n in sorted(steps, reverse=True)
-          for arm in ARMS for seed in range(seeds)]
+  names = [(arm, n, seed) for n in sorted(steps, reverse=True) for arm in arms
+           for seed in range(seeds)]
+  jobs = [(arms[arm], n, seed, estimate_batches) for arm, n, seed in names]
   start = time.time()
   if workers > 1:
     with multiprocessing.get_context('spawn').Pool(workers) as pool:
@@ -178,11 +201,13 @@ def run(steps: Sequence[int], seeds: int, estimate_batches: int, workers: int = 
   else:
     scored = [score(job) for job in jobs]
   runs: dict = {str(n): {} for n in steps}
-  for (arm, n, seed, _), result in zip(jobs, scored):
+  for (arm, n, seed), result in zip(names, scored):
     runs[str(n)].setdefault(arm, {})[str(seed)] = result
   return {
-      'what': 'the LSTM, the BN-LSTM, the BN-LSTM with a layer-normalised cell and the '
-              'LN-LSTM trained on lengths 5-50 for several training lengths; each '
+      'what': ('the LSTM, the BN-LSTM with a layer-normalised cell and gamma init 1, '
+               'and the LN-LSTM with gamma init 0.1' if gamma else
+               'the LSTM, the BN-LSTM, the BN-LSTM with a layer-normalised cell and the '
+               'LN-LSTM') + ' trained on lengths 5-50 for several training lengths; each '
               'batch-normalised arm scored with the steady-tail statistics and with '
               'statistics estimated at the test lengths',
       'setup': {'steps': list(steps), 'seeds': seeds, 'hidden': variable_length.HIDDEN,
@@ -193,7 +218,8 @@ def run(steps: Sequence[int], seeds: int, estimate_batches: int, workers: int = 
                 'test_lengths': [list(r) for r in variable_length.TEST_LENGTHS],
                 'test_examples': variable_length.TEST_EXAMPLES},
       'command': 'python -m experiments.analysis.variable_length_cause --vc_workers=2 '
-                 f"--vc_steps={','.join(str(n) for n in steps)}",
+                 f"--vc_steps={','.join(str(n) for n in steps)}"
+                 + (' --vc_gamma' if gamma else ''),
       'machine': machine_facts.machine(), 'seconds': round(time.time() - start, 1),
       'runs': runs, 'summary': summary(runs),
   }
@@ -286,13 +312,15 @@ def plot(result: dict, path: str) -> None:
 def main(argv) -> None:
   del argv
   result = run([int(s) for s in _STEPS.value], _SEEDS.value, _ESTIMATE.value,
-               _WORKERS.value)
+               _WORKERS.value, _GAMMA.value)
+  name = 'variable_length_gamma' if _GAMMA.value else 'variable_length_cause'
   os.makedirs(_OUTPUT.value, exist_ok=True)
-  path = os.path.join(_OUTPUT.value, 'variable_length_cause.json')
+  path = os.path.join(_OUTPUT.value, f'{name}.json')
   with open(path, 'w') as f:
     json.dump(result, f, indent=1)
     f.write('\n')
-  plot(result, os.path.join(_OUTPUT.value, 'variable_length_cause.png'))
+  if not _GAMMA.value:   # the figure's right panel is the BN-LSTM's
+    plot(result, os.path.join(_OUTPUT.value, f'{name}.png'))
   print(table(result))
   print(f'wrote {path}')
 
