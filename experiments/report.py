@@ -14,11 +14,12 @@ The names:
                     `.json` and a trailing `_cpu` (rnn_speed, rnn_speed_cells,
                     rnn_speed_gpu_a, trainer_overhead, launch_profile_gpu_a, ...),
                     printed by its script's --report
-  variable_length, variable_length_cause, longer_sequences
+  variable_length, variable_length_cause, variable_length_gamma, longer_sequences
                     batch statistics on variable-length data, what the BN-LSTM's gap past
-                    the training length depends on, and population statistics past the
-                    training length (experiments/analysis/<name>.py; their JSONs in
-                    results/)
+                    the training length depends on (and the γ init's part in it), and
+                    population statistics past the training length
+                    (experiments/analysis/<name>.py, variable_length_gamma by
+                    variable_length_cause --vc_gamma; their JSONs in results/)
 An unknown name is a one-line error listing the known ones.
 """
 
@@ -183,8 +184,12 @@ def _speed_campaigns() -> dict:
   return out
 
 
-#: The analyses whose JSON is in experiments/results/ (each module has `table(result)`).
-ANALYSES = ('variable_length', 'variable_length_cause', 'longer_sequences')
+#: `{JSON name in experiments/results/: the analysis module that renders it}` (each module
+#: has `table(result)`; `variable_length_cause --vc_gamma` writes variable_length_gamma).
+ANALYSES = {'variable_length': 'variable_length',
+            'variable_length_cause': 'variable_length_cause',
+            'variable_length_gamma': 'variable_length_cause',
+            'longer_sequences': 'longer_sequences'}
 
 
 def names() -> list[str]:
@@ -205,7 +210,7 @@ def render(name: str) -> str:
   if name == 'figures':
     return f'## figures\n\n{figures()}\n'
   if name in ANALYSES:
-    analysis = importlib.import_module(f'experiments.analysis.{name}')
+    analysis = importlib.import_module(f'experiments.analysis.{ANALYSES[name]}')
     with open(os.path.join(ROOT, 'experiments', 'results', f'{name}.json')) as f:
       return f'## {name}\n\n{analysis.table(json.load(f))}\n'
   commands = benchmarks()
