@@ -363,10 +363,11 @@ def run_time(name: str) -> str:
 def _machine_facts(m: dict) -> str:
   processor = m.get('processor') or m.get('cpu')
   cores = m.get('cores') or m.get('cpu_count')
-  # Most results record the machine when they are written, after the run; the suite
-  # timer records it before.
-  at_start = 'load_average_1_5_15_min_at_start' in m
-  load = m.get('load_average_1_5_15_min') or m.get('load_average_1_5_15_min_at_start')
+  # `machine_facts.machine()` takes the load when a script calls it, for most after the
+  # run; results that name their load `..._at_start` took it before.
+  load, when = m.get('load_average_1_5_15_min'), 'as recorded'
+  if not load:
+    load, when = m.get('load_average_1_5_15_min_at_start'), 'at the start'
   versions = m.get('versions') or {'jax': m.get('jax')}
   backend = m.get('backend', 'cpu')
   device = f" ({m['device_kind']})" if backend != 'cpu' and m.get('device_kind') else ''
@@ -378,7 +379,7 @@ def _machine_facts(m: dict) -> str:
            f"`XLA_FLAGS='{m['xla_flags']}'`" if m.get('xla_flags') else 'XLA flags not recorded',
            ', '.join(f'{k} {v}' for k, v in versions.items() if v)]
   if load:
-    parts.append(f"load average {load[0]:.2f} {'at the start' if at_start else 'as recorded'}")
+    parts.append(f'load average {load[0]:.2f} {when}')
   return '; '.join(parts)
 
 
