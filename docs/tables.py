@@ -480,7 +480,7 @@ def variable_length(path: str = 'experiments/results/variable_length.json') -> s
 def variable_length_cause(
     path: str = 'experiments/results/variable_length_cause.json') -> str:
   """`python -m experiments.analysis.variable_length_cause` (with or without
-  `--vc_gamma`, whose JSON `path` then names): accuracy per training length, arm and test
+  `--vc_arms`, whose JSON `path` then names): accuracy per training length, arm and test
   length range, with the machine it ran on."""
   from experiments.analysis import variable_length_cause as analysis  # pylint: disable=g-import-not-at-top
   return machine(path) + '\n\n' + analysis.table(_load(path))

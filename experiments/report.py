@@ -14,12 +14,13 @@ The names:
                     `.json` and a trailing `_cpu` (rnn_speed, rnn_speed_cells,
                     rnn_speed_gpu_a, trainer_overhead, launch_profile_gpu_a, ...),
                     printed by its script's --report
-  variable_length, variable_length_cause, variable_length_gamma, longer_sequences
+  variable_length, variable_length_cause, variable_length_gamma,
+  variable_length_shared, longer_sequences
                     batch statistics on variable-length data, what the BN-LSTM's gap past
-                    the training length depends on (and the γ init's part in it), and
-                    population statistics past the training length
-                    (experiments/analysis/<name>.py, variable_length_gamma by
-                    variable_length_cause --vc_gamma; their JSONs in results/)
+                    the training length depends on (the γ init's part in it, statistics
+                    not kept per step), and population statistics past the training
+                    length (experiments/analysis/<name>.py, variable_length_gamma and
+                    _shared by variable_length_cause --vc_arms; their JSONs in results/)
 An unknown name is a one-line error listing the known ones.
 """
 
@@ -185,10 +186,12 @@ def _speed_campaigns() -> dict:
 
 
 #: `{JSON name in experiments/results/: the analysis module that renders it}` (each module
-#: has `table(result)`; `variable_length_cause --vc_gamma` writes variable_length_gamma).
+#: has `table(result)`; `variable_length_cause --vc_arms` writes variable_length_gamma and
+#: variable_length_shared).
 ANALYSES = {'variable_length': 'variable_length',
             'variable_length_cause': 'variable_length_cause',
             'variable_length_gamma': 'variable_length_cause',
+            'variable_length_shared': 'variable_length_cause',
             'longer_sequences': 'longer_sequences'}
 
 

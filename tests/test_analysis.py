@@ -588,10 +588,16 @@ def test_variable_length_cause_end_to_end(tmp_path):
   assert set(cell_ln['accuracy']) == {'steady tail', 'test lengths'}
   assert 'cell' not in cell_ln['var_by_row']      # c_t is layer-normalised: no statistics
   assert set(result['runs']['2']['ln_lstm']['0']['accuracy']) == {'none'}
-  gamma = variable_length_cause.run(steps=[2], seeds=1, estimate_batches=1, gamma=True)
+  gamma = variable_length_cause.run(steps=[2], seeds=1, estimate_batches=1,
+                                    arm_set='gamma')
   assert list(gamma['runs']['2']) == list(variable_length_cause.GAMMA_ARMS)
   assert gamma['runs']['2']['lstm'] == result['runs']['2']['lstm']   # the same LSTM
-  assert gamma['command'].endswith('--vc_gamma')
+  assert gamma['command'].endswith('--vc_arms=gamma')
+  shared = variable_length_cause.run(steps=[2], seeds=1, estimate_batches=1,
+                                     arm_set='shared')
+  one_row = shared['runs']['2']['bn_lstm_shared']['0']
+  assert {len(v) for v in one_row['var_by_row_test_lengths'].values()} == {1}
+  assert one_row['growth_by_row_test_lengths'] == {}   # no rows to grow along
   assert len(bn['var_by_row']['cell']) == variable_length.TRAIN_LENGTHS[1]
   assert len(bn['var_by_row_test_lengths']['cell']) == variable_length_cause.LONG_MAX
   growth = bn['growth_by_row_test_lengths']['cell']

@@ -40,13 +40,19 @@ row 40's.
 Expected: about 50 minutes on 2 CPU cores with 2 workers (the machine and the time are
 in the JSON). Writes `variable_length_cause.json` and `variable_length_cause.png`.
 
-The LN-LSTM starts with γ = 1 and the batch-normalised arms with γ = 0.1 (Cooijmans
-sec. 4). `--vc_gamma` trains `GAMMA_ARMS` instead, the LSTM and the two swapped (the
-BN-LSTM with a layer-normalised cell at γ = 1, the LN-LSTM at γ = 0.1), and writes
-`variable_length_gamma.json`:
+`--vc_arms` picks another set of arms (`ARM_SETS`), each beside the same LSTM, into a
+JSON of its own:
+
+  gamma    the LN-LSTM starts with γ = 1 and the batch-normalised arms with γ = 0.1
+           (Cooijmans sec. 4); these swap them: the BN-LSTM with a layer-normalised
+           cell at γ = 1, the LN-LSTM at γ = 0.1 (`variable_length_gamma.json`)
+  shared   the papers' batch-normalised LSTMs whose statistics are not per step:
+           `bn_lstm_shared` (one population row per site, Cooijmans' ablation) and
+           `bn_input_only_seq` (the input term only, sequence-wise: Laurent eq. 20-21)
+           (`variable_length_shared.json`)
 
   python -m experiments.analysis.variable_length_cause --vc_workers=2 \
-      --vc_steps=10000,30000 --vc_gamma
+      --vc_steps=10000,30000 --vc_arms=gamma
 """
 
 from __future__ import annotations
@@ -76,8 +82,8 @@ _SEEDS = flags.DEFINE_integer('vc_seeds', 5, 'Seeds per model and training lengt
 _ESTIMATE = flags.DEFINE_integer('vc_estimate_batches', 50,
                                  'Batches of 64 per estimate.')
 _WORKERS = flags.DEFINE_integer('vc_workers', 1, 'Processes training in parallel.')
-_GAMMA = flags.DEFINE_bool('vc_gamma', False,
-                           'Train GAMMA_ARMS into variable_length_gamma.json instead.')
+_ARM_SET = flags.DEFINE_enum('vc_arms', 'cause', ['cause', 'gamma', 'shared'],
+                             'Which arms to train (ARM_SETS): the JSON is named after it.')
 
 #: T_max of the copy whose statistics are estimated at the test lengths, and its lengths.
 LONG_MAX = variable_length.TEST_LENGTHS[-1][1]
@@ -101,6 +107,22 @@ GAMMA_ARMS = {
                                       False),
     'ln_lstm, γ 0.1': ('ln_lstm', {'scale_init': initializers.Constant(0.1)}, False),
 }
+#: Batch-normalised LSTMs whose statistics are not kept per step, from the papers.
+SHARED_ARMS = {
+    'lstm': ARMS['lstm'],
+    'bn_lstm_shared': ('bn_lstm_shared', {}, False),
+    'bn_input_only_seq': ('bn_input_only_seq', {}, False),
+}
+#: `{--vc_arms: (arms, what they are, the JSON's name)}`.
+ARM_SETS = {
+    'cause': (ARMS, 'the LSTM, the BN-LSTM, the BN-LSTM with a layer-normalised cell and '
+              'the LN-LSTM', 'variable_length_cause'),
+    'gamma': (GAMMA_ARMS, 'the LSTM, the BN-LSTM with a layer-normalised cell and gamma '
+              'init 1, and the LN-LSTM with gamma init 0.1', 'variable_length_gamma'),
+    'shared': (SHARED_ARMS, "the LSTM, the BN-LSTM with statistics shared over time "
+               "(Cooijmans' ablation) and the LSTM with sequence-wise batch norm on the "
+               "input term (Laurent's)", 'variable_length_shared'),
+}
 
 
 def _median_var_by_row(stats) -> dict[str, list[float]]:
@@ -118,6 +140,8 @@ def _largest_growth_by_row(stats) -> dict[str, list[float]]:
   out = {}
   for site in sorted(layer):
     var = np.asarray(layer[site]['var'])
+    if var.shape[0] <= REFERENCE_ROW:   # one row shared by every step
+      continue
     ratio = var / np.maximum(var[REFERENCE_ROW], np.finfo(np.float32).tiny)
     out[site] = np.round(np.max(ratio, axis=1), 4).tolist()
   return out
@@ -145,7 +169,7 @@ def _hybrids(stats, long_stats, min_support: float) -> dict[str, dict]:
 
 def score(job: tuple[tuple[str, dict, bool], int, int, int]) -> dict:
   """One trained model, `job = ((variant, layer fields, by site), steps, seed,
-  estimate_batches)`, an arm of `ARMS` or `GAMMA_ARMS`:
+  estimate_batches)`, an arm of one of `ARM_SETS`:
   `{'accuracy': {statistics: {length range: accuracy}}}` (statistics `'none'` for an arm
   that keeps none), with `'var_by_row'` and the test-length variances and growth for a
   batch-normalised arm."""
@@ -187,9 +211,9 @@ def score(job: tuple[tuple[str, dict, bool], int, int, int]) -> dict:
 
 
 def run(steps: Sequence[int], seeds: int, estimate_batches: int, workers: int = 1,
-        gamma: bool = False) -> dict:
-  """The result of training and scoring `ARMS` (`GAMMA_ARMS` with `gamma`)."""
-  arms = GAMMA_ARMS if gamma else ARMS
+        arm_set: str = 'cause') -> dict:
+  """The result of training and scoring the arms of `ARM_SETS[arm_set]`."""
+  arms, what, _ = ARM_SETS[arm_set]
   # The longest first, so that the pool's last jobs are short ones.
   names = [(arm, n, seed) for n in sorted(steps, reverse=True) for arm in arms
            for seed in range(seeds)]
@@ -204,10 +228,7 @@ def run(steps: Sequence[int], seeds: int, estimate_batches: int, workers: int = 
   for (arm, n, seed), result in zip(names, scored):
     runs[str(n)].setdefault(arm, {})[str(seed)] = result
   return {
-      'what': ('the LSTM, the BN-LSTM with a layer-normalised cell and gamma init 1, '
-               'and the LN-LSTM with gamma init 0.1' if gamma else
-               'the LSTM, the BN-LSTM, the BN-LSTM with a layer-normalised cell and the '
-               'LN-LSTM') + ' trained on lengths 5-50 for several training lengths; each '
+      'what': what + ' trained on lengths 5-50 for several training lengths; each '
               'batch-normalised arm scored with the steady-tail statistics and with '
               'statistics estimated at the test lengths',
       'setup': {'steps': list(steps), 'seeds': seeds, 'hidden': variable_length.HIDDEN,
@@ -219,7 +240,7 @@ def run(steps: Sequence[int], seeds: int, estimate_batches: int, workers: int = 
                 'test_examples': variable_length.TEST_EXAMPLES},
       'command': 'python -m experiments.analysis.variable_length_cause --vc_workers=2 '
                  f"--vc_steps={','.join(str(n) for n in steps)}"
-                 + (' --vc_gamma' if gamma else ''),
+                 + ('' if arm_set == 'cause' else f' --vc_arms={arm_set}'),
       'machine': machine_facts.machine(), 'seconds': round(time.time() - start, 1),
       'runs': runs, 'summary': summary(runs),
   }
@@ -312,14 +333,14 @@ def plot(result: dict, path: str) -> None:
 def main(argv) -> None:
   del argv
   result = run([int(s) for s in _STEPS.value], _SEEDS.value, _ESTIMATE.value,
-               _WORKERS.value, _GAMMA.value)
-  name = 'variable_length_gamma' if _GAMMA.value else 'variable_length_cause'
+               _WORKERS.value, _ARM_SET.value)
+  name = ARM_SETS[_ARM_SET.value][2]
   os.makedirs(_OUTPUT.value, exist_ok=True)
   path = os.path.join(_OUTPUT.value, f'{name}.json')
   with open(path, 'w') as f:
     json.dump(result, f, indent=1)
     f.write('\n')
-  if not _GAMMA.value:   # the figure's right panel is the BN-LSTM's
+  if _ARM_SET.value == 'cause':   # the figure's right panel is the BN-LSTM's
     plot(result, os.path.join(_OUTPUT.value, f'{name}.png'))
   print(table(result))
   print(f'wrote {path}')
