@@ -15,12 +15,13 @@ The names:
                     rnn_speed_gpu_a, trainer_overhead, launch_profile_gpu_a, ...),
                     printed by its script's --report
   variable_length, variable_length_cause, variable_length_gamma,
-  variable_length_shared, longer_sequences
+  variable_length_shared, variable_length_input, longer_sequences
                     batch statistics on variable-length data, what the BN-LSTM's gap past
                     the training length depends on (the γ init's part in it, statistics
-                    not kept per step), and population statistics past the training
-                    length (experiments/analysis/<name>.py, variable_length_gamma and
-                    _shared by variable_length_cause --vc_arms; their JSONs in results/)
+                    not kept per step, which site's batch norm), and population
+                    statistics past the training length (experiments/analysis/<name>.py;
+                    variable_length_gamma, _shared and _input by variable_length_cause
+                    --vc_arms; their JSONs in results/)
 An unknown name is a one-line error listing the known ones.
 """
 
@@ -186,12 +187,13 @@ def _speed_campaigns() -> dict:
 
 
 #: `{JSON name in experiments/results/: the analysis module that renders it}` (each module
-#: has `table(result)`; `variable_length_cause --vc_arms` writes variable_length_gamma and
-#: variable_length_shared).
+#: has `table(result)`; `variable_length_cause --vc_arms` writes variable_length_gamma,
+#: variable_length_shared and variable_length_input).
 ANALYSES = {'variable_length': 'variable_length',
             'variable_length_cause': 'variable_length_cause',
             'variable_length_gamma': 'variable_length_cause',
             'variable_length_shared': 'variable_length_cause',
+            'variable_length_input': 'variable_length_cause',
             'longer_sequences': 'longer_sequences'}
 
 

@@ -50,6 +50,10 @@ JSON of its own:
            `bn_lstm_shared` (one population row per site, Cooijmans' ablation) and
            `bn_input_only_seq` (the input term only, sequence-wise: Laurent eq. 20-21)
            (`variable_length_shared.json`)
+  input    which site's batch norm costs past T_max: the BN-LSTM with batch statistics
+           on W_h h only (the cell layer-normalised, the input term layer-normalised
+           or unnormalised) and the LN-LSTM with its input term unnormalised
+           (`variable_length_input.json`)
 
   python -m experiments.analysis.variable_length_cause --vc_workers=2 \
       --vc_steps=10000,30000 --vc_arms=gamma
@@ -82,7 +86,7 @@ _SEEDS = flags.DEFINE_integer('vc_seeds', 5, 'Seeds per model and training lengt
 _ESTIMATE = flags.DEFINE_integer('vc_estimate_batches', 50,
                                  'Batches of 64 per estimate.')
 _WORKERS = flags.DEFINE_integer('vc_workers', 1, 'Processes training in parallel.')
-_ARM_SET = flags.DEFINE_enum('vc_arms', 'cause', ['cause', 'gamma', 'shared'],
+_ARM_SET = flags.DEFINE_enum('vc_arms', 'cause', ['cause', 'gamma', 'shared', 'input'],
                              'Which arms to train (ARM_SETS): the JSON is named after it.')
 
 #: T_max of the copy whose statistics are estimated at the test lengths, and its lengths.
@@ -113,6 +117,17 @@ SHARED_ARMS = {
     'bn_lstm_shared': ('bn_lstm_shared', {}, False),
     'bn_input_only_seq': ('bn_input_only_seq', {}, False),
 }
+#: With one input feature, layer norm of W_x x keeps only the sign of x (the W_x x of
+#: every step is x times one vector): these arms swap the input term's normalisation.
+INPUT_ARMS = {
+    'lstm': ARMS['lstm'],
+    'ln_lstm, input unnormalised': ('ln_lstm', {'input_norm': None}, False),
+    'bn_lstm, input and cell layer norm': ('bn_lstm', {'input_norm': 'layer',
+                                                       'cell_norm': 'layer'}, False),
+    'bn_lstm, input unnormalised, cell layer norm': ('bn_lstm', {'input_norm': None,
+                                                                 'cell_norm': 'layer'},
+                                                     False),
+}
 #: `{--vc_arms: (arms, what they are, the JSON's name)}`.
 ARM_SETS = {
     'cause': (ARMS, 'the LSTM, the BN-LSTM, the BN-LSTM with a layer-normalised cell and '
@@ -122,6 +137,10 @@ ARM_SETS = {
     'shared': (SHARED_ARMS, "the LSTM, the BN-LSTM with statistics shared over time "
                "(Cooijmans' ablation) and the LSTM with sequence-wise batch norm on the "
                "input term (Laurent's)", 'variable_length_shared'),
+    'input': (INPUT_ARMS, 'the LSTM, the LN-LSTM with the input term unnormalised, and the '
+              'BN-LSTM with batch statistics on the recurrent term only: the cell '
+              'layer-normalised, the input term layer-normalised or unnormalised',
+              'variable_length_input'),
 }
 
 
