@@ -86,8 +86,6 @@ _SEEDS = flags.DEFINE_integer('vc_seeds', 5, 'Seeds per model and training lengt
 _ESTIMATE = flags.DEFINE_integer('vc_estimate_batches', 50,
                                  'Batches of 64 per estimate.')
 _WORKERS = flags.DEFINE_integer('vc_workers', 1, 'Processes training in parallel.')
-_ARM_SET = flags.DEFINE_enum('vc_arms', 'cause', ['cause', 'gamma', 'shared', 'input'],
-                             'Which arms to train (ARM_SETS): the JSON is named after it.')
 
 #: T_max of the copy whose statistics are estimated at the test lengths, and its lengths.
 LONG_MAX = variable_length.TEST_LENGTHS[-1][1]
@@ -142,6 +140,8 @@ ARM_SETS = {
               'layer-normalised, the input term layer-normalised or unnormalised',
               'variable_length_input'),
 }
+_ARM_SET = flags.DEFINE_enum('vc_arms', 'cause', list(ARM_SETS),
+                             'Which arms to train (ARM_SETS): the JSON is named after it.')
 
 
 def _median_var_by_row(stats) -> dict[str, list[float]]:
@@ -353,13 +353,13 @@ def main(argv) -> None:
   del argv
   result = run([int(s) for s in _STEPS.value], _SEEDS.value, _ESTIMATE.value,
                _WORKERS.value, _ARM_SET.value)
-  name = ARM_SETS[_ARM_SET.value][2]
+  arms, _, name = ARM_SETS[_ARM_SET.value]
   os.makedirs(_OUTPUT.value, exist_ok=True)
   path = os.path.join(_OUTPUT.value, f'{name}.json')
   with open(path, 'w') as f:
     json.dump(result, f, indent=1)
     f.write('\n')
-  if _ARM_SET.value == 'cause':   # the figure's right panel is the BN-LSTM's
+  if 'bn_lstm' in arms:   # the figure's right panel is the BN-LSTM's
     plot(result, os.path.join(_OUTPUT.value, f'{name}.png'))
   print(table(result))
   print(f'wrote {path}')
