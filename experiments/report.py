@@ -15,13 +15,15 @@ The names:
                     rnn_speed_gpu_a, trainer_overhead, launch_profile_gpu_a, ...),
                     printed by its script's --report
   variable_length, variable_length_cause, variable_length_gamma,
-  variable_length_shared, variable_length_input, longer_sequences
+  variable_length_shared, variable_length_input, variable_length_rate,
+  longer_sequences
                     batch statistics on variable-length data, what the BN-LSTM's gap past
                     the training length depends on (the γ init's part in it, statistics
-                    not kept per step, which site's batch norm), and population
-                    statistics past the training length (experiments/analysis/<name>.py;
-                    variable_length_gamma, _shared and _input by variable_length_cause
-                    --vc_arms; their JSONs in results/)
+                    not kept per step, which site's batch norm, the learning rate), and
+                    population statistics past the training length
+                    (experiments/analysis/<name>.py; variable_length_gamma, _shared,
+                    _input and _rate by variable_length_cause --vc_arms; their JSONs in
+                    results/)
 An unknown name is a one-line error listing the known ones.
 """
 
@@ -188,12 +190,13 @@ def _speed_campaigns() -> dict:
 
 #: `{JSON name in experiments/results/: the analysis module that renders it}` (each module
 #: has `table(result)`; `variable_length_cause --vc_arms` writes variable_length_gamma,
-#: variable_length_shared and variable_length_input).
+#: variable_length_shared, variable_length_input and variable_length_rate).
 ANALYSES = {'variable_length': 'variable_length',
             'variable_length_cause': 'variable_length_cause',
             'variable_length_gamma': 'variable_length_cause',
             'variable_length_shared': 'variable_length_cause',
             'variable_length_input': 'variable_length_cause',
+            'variable_length_rate': 'variable_length_cause',
             'longer_sequences': 'longer_sequences'}
 
 

@@ -593,6 +593,11 @@ def test_variable_length_cause_end_to_end(tmp_path):
   assert list(gamma['runs']['2']) == list(variable_length_cause.GAMMA_ARMS)
   assert gamma['runs']['2']['lstm'] == result['runs']['2']['lstm']   # the same LSTM
   assert gamma['command'].endswith('--vc_arms=gamma')
+  rate = variable_length_cause.run(steps=[2], seeds=1, estimate_batches=1, arm_set='rate')
+  assert rate['runs']['2']['lstm'] == result['runs']['2']['lstm']
+  assert rate['runs']['2']['lstm, adam 3e-2'] != result['runs']['2']['lstm']
+  assert gamma['setup']['optimizer'] == 'adam 3e-3, clip 1'
+  assert rate['setup']['optimizer'] == "adam at each arm's learning rate, clip 1"
   shared = variable_length_cause.run(steps=[2], seeds=1, estimate_batches=1,
                                      arm_set='shared')
   one_row = shared['runs']['2']['bn_lstm_shared']['0']

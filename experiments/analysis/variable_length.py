@@ -68,6 +68,8 @@ TEST_EXAMPLES = 1000
 HIDDEN = 32
 BATCH = 64
 LARGE_BATCH = 256
+#: Adam's learning rate for every arm.
+LEARNING_RATE = 3e-3
 
 #: `{arm: (variant, layer fields, bucketed, batch size, the LSTM arm it pairs with)}`.
 ARMS = {
@@ -117,7 +119,7 @@ def train_arm(variant: str, fields: dict, seed: int, steps: int, hidden: int,
   x, mask, _ = batch(rng, batch_size, TRAIN_LENGTHS, width, bucketed)
   variables = model.init(jax.random.key(seed), x, mask, use_running_average=True,
                          deterministic=True)
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optimizer or optax.adam(3e-3))
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optimizer or optax.adam(LEARNING_RATE))
   params, stats = variables['params'], variables.get('batch_stats', {})
   opt_state = tx.init(params)
   init, update = track or (lambda stats: {}, lambda tracked, moments: tracked)

@@ -54,6 +54,9 @@ JSON of its own:
            on W_h h only (the cell layer-normalised, the input term layer-normalised
            or unnormalised) and the LN-LSTM with its input term unnormalised
            (`variable_length_input.json`)
+  rate     the LSTM, the BN-LSTM and the BN-LSTM with batch statistics on W_h h only,
+           each at Adam's learning rates 1e-3, 3e-3, 1e-2 and 3e-2
+           (`variable_length_rate.json`)
 
   python -m experiments.analysis.variable_length_cause --vc_workers=2 \
       --vc_steps=10000,30000 --vc_arms=gamma
@@ -65,12 +68,13 @@ import json
 import multiprocessing
 import os
 import time
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from absl import app
 from absl import flags
 import jax
 import numpy as np
+import optax
 
 import bn_rnn_jax as br
 from bn_rnn_jax import initializers
@@ -94,38 +98,57 @@ SITES = ('cell', 'input', 'recurrent')
 #: A row every training batch supports well (T_max = 50), against which growth is measured.
 REFERENCE_ROW = 39
 STATISTICS = ('steady tail', 'test lengths') + tuple(f'test lengths, {s} only' for s in SITES)
-#: `{arm: (variant, layer fields, whether it is scored with one site's rows at a time)}`.
+class Arm(NamedTuple):
+  """One model of an arm set: `variant` with layer `fields`, trained with Adam at
+  `learning_rate`; `by_site`: also scored with one site's rows at a time."""
+  variant: str
+  fields: dict = {}
+  by_site: bool = False
+  learning_rate: float = variable_length.LEARNING_RATE
+
+
 ARMS = {
-    'lstm': ('lstm', {}, False),
-    'bn_lstm': ('bn_lstm', {}, True),
-    'bn_lstm, cell layer norm': ('bn_lstm', {'cell_norm': 'layer'}, False),
-    'ln_lstm': ('ln_lstm', {}, False),
+    'lstm': Arm('lstm'),
+    'bn_lstm': Arm('bn_lstm', by_site=True),
+    'bn_lstm, cell layer norm': Arm('bn_lstm', {'cell_norm': 'layer'}),
+    'ln_lstm': Arm('ln_lstm'),
 }
 #: The LN-LSTM's γ init is 1 and the BN-LSTM's 0.1: these arms swap them.
 GAMMA_ARMS = {
     'lstm': ARMS['lstm'],
-    'bn_lstm, cell layer norm, γ 1': ('bn_lstm', {'cell_norm': 'layer',
-                                                  'scale_init': initializers.Constant(1.0)},
-                                      False),
-    'ln_lstm, γ 0.1': ('ln_lstm', {'scale_init': initializers.Constant(0.1)}, False),
+    'bn_lstm, cell layer norm, γ 1': Arm('bn_lstm', {'cell_norm': 'layer',
+                                                     'scale_init': initializers.Constant(1.0)}),
+    'ln_lstm, γ 0.1': Arm('ln_lstm', {'scale_init': initializers.Constant(0.1)}),
 }
 #: Batch-normalised LSTMs whose statistics are not kept per step, from the papers.
 SHARED_ARMS = {
     'lstm': ARMS['lstm'],
-    'bn_lstm_shared': ('bn_lstm_shared', {}, False),
-    'bn_input_only_seq': ('bn_input_only_seq', {}, False),
+    'bn_lstm_shared': Arm('bn_lstm_shared'),
+    'bn_input_only_seq': Arm('bn_input_only_seq'),
 }
+#: Batch statistics on W_h h only: the cell layer-normalised, the input term unnormalised.
+RECURRENT_ONLY = {'input_norm': None, 'cell_norm': 'layer'}
 #: With one input feature, layer norm of W_x x keeps only the sign of x (the W_x x of
 #: every step is x times one vector): these arms swap the input term's normalisation.
 INPUT_ARMS = {
     'lstm': ARMS['lstm'],
-    'ln_lstm, input unnormalised': ('ln_lstm', {'input_norm': None}, False),
-    'bn_lstm, input and cell layer norm': ('bn_lstm', {'input_norm': 'layer',
-                                                       'cell_norm': 'layer'}, False),
-    'bn_lstm, input unnormalised, cell layer norm': ('bn_lstm', {'input_norm': None,
-                                                                 'cell_norm': 'layer'},
-                                                     False),
+    'ln_lstm, input unnormalised': Arm('ln_lstm', {'input_norm': None}),
+    'bn_lstm, input and cell layer norm': Arm('bn_lstm', {'input_norm': 'layer',
+                                                          'cell_norm': 'layer'}),
+    'bn_lstm, input unnormalised, cell layer norm': Arm('bn_lstm', RECURRENT_ONLY),
 }
+#: Adam's learning rates beside `variable_length.LEARNING_RATE`, by name.
+RATES = {'1e-3': 1e-3, '3e-3': 3e-3, '1e-2': 1e-2, '3e-2': 3e-2}
+#: The LSTM, the BN-LSTM and the BN-LSTM with batch statistics on W_h h only at each of
+#: `RATES`; `'lstm'`, the LSTM every arm is paired with, is the one at 3e-3.
+RATE_ARMS = {
+    ('lstm' if (variant, rate) == ('lstm', '3e-3') else f'{name}, adam {rate}'):
+        Arm(variant, fields, learning_rate=RATES[rate])
+    for name, variant, fields in (
+        ('lstm', 'lstm', {}), ('bn_lstm', 'bn_lstm', {}),
+        ('bn_lstm, input unnormalised, cell layer norm', 'bn_lstm', RECURRENT_ONLY))
+    for rate in RATES}
+
 #: `{--vc_arms: (arms, what they are, the JSON's name)}`.
 ARM_SETS = {
     'cause': (ARMS, 'the LSTM, the BN-LSTM, the BN-LSTM with a layer-normalised cell and '
@@ -139,6 +162,9 @@ ARM_SETS = {
               'BN-LSTM with batch statistics on the recurrent term only: the cell '
               'layer-normalised, the input term layer-normalised or unnormalised',
               'variable_length_input'),
+    'rate': (RATE_ARMS, "the LSTM, the BN-LSTM and the BN-LSTM with batch statistics on the "
+             "recurrent term only, each at Adam's learning rates 1e-3, 3e-3, 1e-2 and 3e-2",
+             'variable_length_rate'),
 }
 _ARM_SET = flags.DEFINE_enum('vc_arms', 'cause', list(ARM_SETS),
                              'Which arms to train (ARM_SETS): the JSON is named after it.')
@@ -186,16 +212,17 @@ def _hybrids(stats, long_stats, min_support: float) -> dict[str, dict]:
           {'rnn': {'layer_0': {**tails, site: long_layer[site]}}} for site in SITES}
 
 
-def score(job: tuple[tuple[str, dict, bool], int, int, int]) -> dict:
-  """One trained model, `job = ((variant, layer fields, by site), steps, seed,
-  estimate_batches)`, an arm of one of `ARM_SETS`:
+def score(job: tuple[Arm, int, int, int]) -> dict:
+  """One trained model, `job = (arm, steps, seed, estimate_batches)`, an arm of one of
+  `ARM_SETS`:
   `{'accuracy': {statistics: {length range: accuracy}}}` (statistics `'none'` for an arm
   that keeps none), with `'var_by_row'` and the test-length variances and growth for a
   batch-normalised arm."""
-  (variant, fields, by_site), steps, seed, estimate_batches = job
+  (variant, fields, by_site, learning_rate), steps, seed, estimate_batches = job
   width = variable_length.TRAIN_LENGTHS[1]
   model, variables, rng = variable_length.train_arm(
-      variant, fields, seed, steps, variable_length.HIDDEN, variable_length.BATCH)
+      variant, fields, seed, steps, variable_length.HIDDEN, variable_length.BATCH,
+      optimizer=optax.adam(learning_rate))
   models = {'none': (model, variables)}
   out = {}
   if variables.get('batch_stats'):
@@ -233,6 +260,7 @@ def run(steps: Sequence[int], seeds: int, estimate_batches: int, workers: int = 
         arm_set: str = 'cause') -> dict:
   """The result of training and scoring the arms of `ARM_SETS[arm_set]`."""
   arms, what, _ = ARM_SETS[arm_set]
+  rates = {arm.learning_rate for arm in arms.values()}
   # The longest first, so that the pool's last jobs are short ones.
   names = [(arm, n, seed) for n in sorted(steps, reverse=True) for arm in arms
            for seed in range(seeds)]
@@ -252,7 +280,8 @@ def run(steps: Sequence[int], seeds: int, estimate_batches: int, workers: int = 
               'statistics estimated at the test lengths',
       'setup': {'steps': list(steps), 'seeds': seeds, 'hidden': variable_length.HIDDEN,
                 'batch': variable_length.BATCH, 'estimate_batches': estimate_batches,
-                'optimizer': 'adam 3e-3, clip 1',
+                'optimizer': ('adam 3e-3, clip 1' if len(rates) == 1 else
+                              "adam at each arm's learning rate, clip 1"),
                 'train_lengths': list(variable_length.TRAIN_LENGTHS),
                 'long_lengths': list(LONG_LENGTHS),
                 'test_lengths': [list(r) for r in variable_length.TEST_LENGTHS],
