@@ -598,6 +598,8 @@ def test_variable_length_cause_end_to_end(tmp_path):
   assert rate['runs']['2']['lstm, adam 3e-2'] != result['runs']['2']['lstm']
   assert gamma['setup']['optimizer'] == 'adam 3e-3, clip 1'
   assert rate['setup']['optimizer'] == "adam at each arm's learning rate, clip 1"
+  variable_length_cause.plot_rates(rate, str(tmp_path / 'rates.png'))
+  assert (tmp_path / 'rates.png').stat().st_size > 0
   shared = variable_length_cause.run(steps=[2], seeds=1, estimate_batches=1,
                                      arm_set='shared')
   one_row = shared['runs']['2']['bn_lstm_shared']['0']

@@ -141,13 +141,18 @@ INPUT_ARMS = {
 RATES = {'1e-3': 1e-3, '3e-3': 3e-3, '1e-2': 1e-2, '3e-2': 3e-2}
 #: The LSTM, the BN-LSTM and the BN-LSTM with batch statistics on W_h h only at each of
 #: `RATES`; `'lstm'`, the LSTM every arm is paired with, is the one at 3e-3.
-RATE_ARMS = {
-    ('lstm' if (variant, rate) == ('lstm', '3e-3') else f'{name}, adam {rate}'):
-        Arm(variant, fields, learning_rate=RATES[rate])
-    for name, variant, fields in (
-        ('lstm', 'lstm', {}), ('bn_lstm', 'bn_lstm', {}),
-        ('bn_lstm, input unnormalised, cell layer norm', 'bn_lstm', RECURRENT_ONLY))
-    for rate in RATES}
+RATE_MODELS = {'lstm': Arm('lstm'), 'bn_lstm': Arm('bn_lstm'),
+               'bn_lstm, input unnormalised, cell layer norm': Arm('bn_lstm',
+                                                                   RECURRENT_ONLY)}
+
+
+def rate_arm(model: str, rate: str) -> str:
+  """The name of `RATE_MODELS[model]` at `RATES[rate]` in `RATE_ARMS`."""
+  return 'lstm' if (model, rate) == ('lstm', '3e-3') else f'{model}, adam {rate}'
+
+
+RATE_ARMS = {rate_arm(model, rate): arm._replace(learning_rate=RATES[rate])
+             for model, arm in RATE_MODELS.items() for rate in RATES}
 
 #: `{--vc_arms: (arms, what they are, the JSON's name)}`.
 ARM_SETS = {
@@ -378,18 +383,50 @@ def plot(result: dict, path: str) -> None:
   plt.close(fig)
 
 
+def plot_rates(result: dict, path: str) -> None:
+  """Accuracy on the longest range against Adam's learning rate, per model of
+  `RATE_MODELS` (batch-normalised ones with the default statistics), one panel per
+  training length."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  longest = '{}-{}'.format(*result['setup']['test_lengths'][-1])
+  steps = list(result['summary'])
+  fig, panels = plt.subplots(1, len(steps), figsize=(4 * len(steps), 3.6), sharey=True,
+                             squeeze=False)
+  for panel, at_steps in zip(panels[0], steps):
+    accuracy = result['summary'][at_steps]['accuracy']
+    for model in RATE_MODELS:
+      names = [rate_arm(model, rate) for rate in RATES]
+      names = [name if name in accuracy else f'{name}, steady tail' for name in names]
+      panel.errorbar(list(RATES.values()), [accuracy[n][longest]['mean'] for n in names],
+                     yerr=[accuracy[n][longest]['sd'] for n in names], marker='o',
+                     capsize=3, label=model)
+    panel.set(xscale='log', xlabel="Adam's learning rate",
+              title=f'{int(at_steps):,} training steps')
+  panels[0][0].set(ylabel=f'accuracy, lengths {longest}')
+  panels[0][-1].legend(fontsize='small')
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+#: `{--vc_arms: the figure drawn from its result}`: the sets without one draw none.
+FIGURES = {'cause': plot, 'rate': plot_rates}
+
+
 def main(argv) -> None:
   del argv
   result = run([int(s) for s in _STEPS.value], _SEEDS.value, _ESTIMATE.value,
                _WORKERS.value, _ARM_SET.value)
-  arms, _, name = ARM_SETS[_ARM_SET.value]
+  _, _, name = ARM_SETS[_ARM_SET.value]
   os.makedirs(_OUTPUT.value, exist_ok=True)
   path = os.path.join(_OUTPUT.value, f'{name}.json')
   with open(path, 'w') as f:
     json.dump(result, f, indent=1)
     f.write('\n')
-  if 'bn_lstm' in arms:   # the figure's right panel is the BN-LSTM's
-    plot(result, os.path.join(_OUTPUT.value, f'{name}.png'))
+  if _ARM_SET.value in FIGURES:
+    FIGURES[_ARM_SET.value](result, os.path.join(_OUTPUT.value, f'{name}.png'))
   print(table(result))
   print(f'wrote {path}')
 
