@@ -199,6 +199,14 @@ def _attentive_reader() -> tuple[str, str]:
           f"{100 * paper['bn_e_star_star']:.1f}")
 
 
+def _variable_length_time() -> str:
+  names = ('longer_sequences', 'variable_length', 'variable_length_cause',
+           'variable_length_gamma', 'variable_length_shared', 'variable_length_input',
+           'variable_length_rate')
+  seconds = sum(_load('experiments', 'results', f'{name}.json')['seconds'] for name in names)
+  return f'{seconds / 60:.0f} min in all on 2 CPU cores'
+
+
 def _figures_time() -> str:
   seconds = sum(_load('experiments', 'results', 'figures', os.path.basename(p))['seconds']
                 for p in glob.glob(os.path.join(RESULTS, 'figures', '*.json')))
@@ -217,6 +225,7 @@ _SOURCES = {
     'brown_cloze': 'cloze questions built from the Brown corpus',
     'wsj': 'WSJ ([LDC93S6B](https://catalog.ldc.upenn.edu/LDC93S6B)) through Kaldi',
     'analysis': 'MNIST, PTB',
+    'synthetic': 'synthetic: signs of Gaussian sums of lengths 5 to 200',
 }
 _EXPERIMENTS = [
     ('Quickstart', 'quickstart.py', 'digits', 'quickstart', 'sequential_mnist', _quickstart),
@@ -250,6 +259,9 @@ _EXPERIMENTS = [
      'tagging', _brown_tagger),
     ('Attentive Reader (Cooijmans 5.4)', 'attentive_reader.py', 'brown_cloze',
      'attentive_reader_long', 'attentive_reader', _attentive_reader),
+    ('Variable lengths, longer than training (Cooijmans 3, Laurent 4.1)',
+     '`experiments/analysis/`', 'synthetic',
+     'python -m experiments.analysis.NAME', 'variable_length', _variable_length_time),
     ('Figures (Cooijmans Figs. 1, 5, 6; Laurent app. A)', '`experiments/analysis/`',
      'analysis', 'python -m experiments.analysis.NAME', 'figures', _figures_time),
 ]

@@ -405,8 +405,9 @@ def plot_rates(result: dict, path: str) -> None:
     panel.set(xscale='log', xlabel="Adam's learning rate",
               title=f'{int(at_steps):,} training steps')
   panels[0][0].set(ylabel=f'accuracy, lengths {longest}')
-  panels[0][-1].legend(fontsize='small')
-  fig.tight_layout()
+  fig.legend(*panels[0][0].get_legend_handles_labels(), loc='lower center',
+             ncol=len(RATE_MODELS), fontsize='small')
+  fig.tight_layout(rect=(0, 0.08, 1, 1))
   fig.savefig(path, dpi=100)
   plt.close(fig)
 
