@@ -409,7 +409,8 @@ def update_running_stats(stats: dict[str, Array], record: dict[str, Array],
 
 #: The layers' `min_row_support`: rows of per-step population statistics that fewer than
 #: this fraction of the best-supported row's sequences reached are the steady state at
-#: inference (`steady_tail`); `docs/experiments/variable_length.md` quotes the measurement behind it.
+#: inference (`steady_tail`); `docs/experiments/variable_length.md` quotes the measurement
+#: behind it.
 DEFAULT_MIN_ROW_SUPPORT = 0.05
 
 
