@@ -57,6 +57,9 @@ JSON of its own:
   rate     the LSTM, the BN-LSTM and the BN-LSTM with batch statistics on W_h h only,
            each at Adam's learning rates 1e-3, 3e-3, 1e-2 and 3e-2
            (`variable_length_rate.json`)
+  rate_long
+           the LSTM and the BN-LSTM with batch statistics on W_h h only at 1e-2, the
+           best of `rate` past T_max, to train longer (`variable_length_rate_long.json`)
 
   python -m experiments.analysis.variable_length_cause --vc_workers=2 \
       --vc_steps=10000,30000 --vc_arms=gamma
@@ -153,6 +156,9 @@ def rate_arm(model: str, rate: str) -> str:
 
 RATE_ARMS = {rate_arm(model, rate): arm._replace(learning_rate=RATES[rate])
              for model, arm in RATE_MODELS.items() for rate in RATES}
+#: The best of `RATE_ARMS` past T_max, for training lengths longer than theirs.
+RATE_LONG_ARMS = {name: RATE_ARMS[name] for name in (
+    'lstm', rate_arm('bn_lstm, input unnormalised, cell layer norm', '1e-2'))}
 
 #: `{--vc_arms: (arms, what they are, the JSON's name)}`.
 ARM_SETS = {
@@ -170,6 +176,9 @@ ARM_SETS = {
     'rate': (RATE_ARMS, "the LSTM, the BN-LSTM and the BN-LSTM with batch statistics on the "
              "recurrent term only, each at Adam's learning rates 1e-3, 3e-3, 1e-2 and 3e-2",
              'variable_length_rate'),
+    'rate_long': (RATE_LONG_ARMS, 'the LSTM and the BN-LSTM with batch statistics on the '
+                  "recurrent term only at Adam's learning rate 1e-2",
+                  'variable_length_rate_long'),
 }
 _ARM_SET = flags.DEFINE_enum('vc_arms', 'cause', list(ARM_SETS),
                              'Which arms to train (ARM_SETS): the JSON is named after it.')
