@@ -16,14 +16,14 @@ The names:
                     printed by its script's --report
   variable_length, variable_length_cause, variable_length_gamma,
   variable_length_shared, variable_length_input, variable_length_rate,
-  longer_sequences
+  variable_length_rate_long, longer_sequences
                     batch statistics on variable-length data, what the BN-LSTM's gap past
                     the training length depends on (the γ init's part in it, statistics
                     not kept per step, which site's batch norm, the learning rate), and
                     population statistics past the training length
                     (experiments/analysis/<name>.py; variable_length_gamma, _shared,
-                    _input and _rate by variable_length_cause --vc_arms; their JSONs in
-                    results/)
+                    _input, _rate and _rate_long by variable_length_cause --vc_arms;
+                    their JSONs in results/)
 An unknown name is a one-line error listing the known ones.
 """
 
@@ -190,13 +190,15 @@ def _speed_campaigns() -> dict:
 
 #: `{JSON name in experiments/results/: the analysis module that renders it}` (each module
 #: has `table(result)`; `variable_length_cause --vc_arms` writes variable_length_gamma,
-#: variable_length_shared, variable_length_input and variable_length_rate).
+#: variable_length_shared, variable_length_input, variable_length_rate and
+#: variable_length_rate_long).
 ANALYSES = {'variable_length': 'variable_length',
             'variable_length_cause': 'variable_length_cause',
             'variable_length_gamma': 'variable_length_cause',
             'variable_length_shared': 'variable_length_cause',
             'variable_length_input': 'variable_length_cause',
             'variable_length_rate': 'variable_length_cause',
+            'variable_length_rate_long': 'variable_length_cause',
             'longer_sequences': 'longer_sequences'}
 
 
