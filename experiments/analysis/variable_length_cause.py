@@ -101,6 +101,8 @@ SITES = ('cell', 'input', 'recurrent')
 #: A row every training batch supports well (T_max = 50), against which growth is measured.
 REFERENCE_ROW = 39
 STATISTICS = ('steady tail', 'test lengths') + tuple(f'test lengths, {s} only' for s in SITES)
+
+
 class Arm(NamedTuple):
   """One model of an arm set: `variant` with layer `fields`, trained with Adam at
   `learning_rate`; `by_site`: also scored with one site's rows at a time."""
@@ -110,6 +112,7 @@ class Arm(NamedTuple):
   learning_rate: float = variable_length.LEARNING_RATE
 
 
+#: `{arm: Arm}`: the LSTM, the BN-LSTM, its cell layer-normalised, and the LN-LSTM.
 ARMS = {
     'lstm': Arm('lstm'),
     'bn_lstm': Arm('bn_lstm', by_site=True),
@@ -140,7 +143,7 @@ INPUT_ARMS = {
                                                           'cell_norm': 'layer'}),
     'bn_lstm, input unnormalised, cell layer norm': Arm('bn_lstm', RECURRENT_ONLY),
 }
-#: Adam's learning rates beside `variable_length.LEARNING_RATE`, by name.
+#: Adam's learning rates, `variable_length.LEARNING_RATE` among them, by name.
 RATES = {'1e-3': 1e-3, '3e-3': 3e-3, '1e-2': 1e-2, '3e-2': 3e-2}
 #: The LSTM, the BN-LSTM and the BN-LSTM with batch statistics on W_h h only at each of
 #: `RATES`; `'lstm'`, the LSTM every arm is paired with, is the one at 3e-3.
@@ -274,7 +277,8 @@ def run(steps: Sequence[int], seeds: int, estimate_batches: int, workers: int = 
         arm_set: str = 'cause') -> dict:
   """The result of training and scoring the arms of `ARM_SETS[arm_set]`."""
   arms, what, _ = ARM_SETS[arm_set]
-  rates = {arm.learning_rate for arm in arms.values()}
+  default_rate = {arm.learning_rate for arm in arms.values()} == {
+      variable_length.LEARNING_RATE}
   # The longest first, so that the pool's last jobs are short ones.
   names = [(arm, n, seed) for n in sorted(steps, reverse=True) for arm in arms
            for seed in range(seeds)]
@@ -294,7 +298,7 @@ def run(steps: Sequence[int], seeds: int, estimate_batches: int, workers: int = 
               'statistics estimated at the test lengths',
       'setup': {'steps': list(steps), 'seeds': seeds, 'hidden': variable_length.HIDDEN,
                 'batch': variable_length.BATCH, 'estimate_batches': estimate_batches,
-                'optimizer': ('adam 3e-3, clip 1' if len(rates) == 1 else
+                'optimizer': ('adam 3e-3, clip 1' if default_rate else
                               "adam at each arm's learning rate, clip 1"),
                 'train_lengths': list(variable_length.TRAIN_LENGTHS),
                 'long_lengths': list(LONG_LENGTHS),
