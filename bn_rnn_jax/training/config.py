@@ -82,7 +82,7 @@ def default_config() -> ml_collections.ConfigDict:
   m.backward = 'auto'            # 'auto' | 'scan' | 'layer' (policy.py)
   m.hoist_input = _placeholder(bool)         # None = the backend's choice (policy.py)
   m.batch_sums = 'auto'          # 'auto' | 'reduce' | 'contraction' (policy.py)
-  m.fused_step = 'none'          # 'none' | 'xla' | 'pallas': the BN-LSTM's fused step
+  m.fused_step = 'none'          # 'none' | 'xla' | 'pallas' | 'persistent' (policy.py)
   m.block_h = _placeholder(int)  # Pallas: hidden units per program (None = the layout's)
   m.num_warps = 8                # Pallas: warps per program on GPUs
 
