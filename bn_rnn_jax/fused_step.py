@@ -378,7 +378,9 @@ def scan(params: dict[str, Array], carry: tuple[Array, Array], input_term: Array
   c0, h0 = carry
   batch, hidden = h0.shape
   steps_ = input_term.shape[0]
-  if kernel != 'xla' and axis_name is not None:
+  if population is not None:
+    axis_name = None  # population rows: no moments to share
+  elif kernel != 'xla' and axis_name is not None:
     if lax.axis_size(axis_name) != 1:
       raise ValueError(f'Execution(fused_step={kernel!r}) computes its moments on one device; '
                        f'axis {axis_name!r} holds {lax.axis_size(axis_name)}: use '

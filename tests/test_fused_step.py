@@ -223,9 +223,19 @@ def test_lowers_for_cuda_at_benchmark_shapes(kernel, batch, steps, inputs, hidde
   assert f'{prefix}_forward' in text and f'{prefix}_backward' in text
 
 
-def test_persistent_refuses_what_one_program_cannot_hold():
+def test_kernels_refuse_what_they_cannot_hold_in_one_line():
+  """The persistent program holds H <= 256; no kernel shares moments across devices (a
+  device axis of one device is fine: the trainer's)."""
   layer = variants.make_layer('bn_lstm', 300, max_length=T,
                               execution=policy.Execution(fused_step='persistent'))
   with pytest.raises(ValueError, match='holds H <= 256 in one program; H=300') as error:
     layer.init(jax.random.key(0), jnp.ones((B, T, I)), use_running_average=True)
+  helpers.one_line(error)
+  layer = variants.make_layer('bn_lstm', H, max_length=T, axis_name='batch',
+                              execution=policy.Execution(fused_step='persistent'))
+  variables = layer.init(jax.random.key(0), jnp.ones((2, T, I)), use_running_average=True)
+  train = jax.pmap(lambda x: layer.apply(variables, x, use_running_average=False,
+                                         mutable=['batch_stats'])[0], axis_name='batch')
+  with pytest.raises(ValueError, match="axis 'batch' holds 2: use fused_step='xla'") as error:
+    train(jnp.ones((2, 2, T, I)))
   helpers.one_line(error)

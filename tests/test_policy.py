@@ -353,14 +353,17 @@ def _trainer_step(forced: dict):
 
 
 @pytest.mark.slow
-def test_trainer_step_with_the_accelerator_policy_matches_the_cpu_policy():
+@pytest.mark.parametrize('forced', ['gpu', 'persistent'])
+def test_trainer_step_with_the_accelerator_policy_matches_the_cpu_policy(forced):
   """The config fields reach the layers, and one training step (SGD, so that the update
   is the gradient times the learning rate) plus a validation pass with population
-  statistics give what the CPU's policy gives."""
+  statistics give what the CPU's policy gives: with the GPU's policy, and with the
+  persistent kernel (the trainer's layers have a device axis of one device)."""
+  fields = GPU if forced == 'gpu' else {'fused_step': 'persistent', 'hoist_input': True}
   policy_cpu, (init_cpu, cpu, metrics_cpu, valid_cpu) = _trainer_step({})
-  policy_acc, (init_acc, acc, metrics_acc, valid_acc) = _trainer_step(GPU)
+  policy_acc, (init_acc, acc, metrics_acc, valid_acc) = _trainer_step(fields)
   assert policy_cpu == policy.ExecutionPolicy(False, 'full', 'layer', 'contraction')
-  assert policy_acc == policy.ExecutionPolicy(**GPU)
+  assert policy_acc.scan == ('scan' if forced == 'gpu' else 'fused')
   for a, b in zip(jax.tree.leaves(init_acc.params), jax.tree.leaves(init_cpu.params)):
     np.testing.assert_array_equal(a, b)
   for name, before, after_acc, after_cpu in zip(
