@@ -47,8 +47,12 @@ from typing import Any, Optional
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
-from absl import logging as absl_logging
+
+from bn_rnn_jax import extras
+
+with extras.needed_by(__name__):
+  import orbax.checkpoint as ocp
+  from absl import logging as absl_logging
 
 
 def _manager(path: str, keep: int, read_only: bool = False) -> ocp.CheckpointManager:

@@ -29,12 +29,12 @@ from typing import Optional
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
-from absl import logging
 
 from bn_rnn_jax import extras
 
 with extras.needed_by(__name__):
   import ml_collections
+  from absl import logging
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from bn_rnn_jax.training import checkpoint as checkpoint_lib

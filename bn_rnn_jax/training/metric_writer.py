@@ -8,9 +8,11 @@ import os
 import time
 from typing import Optional
 
-from absl import logging
-
 from bn_rnn_jax import extras
+
+with extras.needed_by(__name__):
+  from absl import logging
+  from tensorboardX import SummaryWriter
 
 
 #: The split of the record a run writes when a non-finite step stops it: `{'step': the
@@ -64,8 +66,6 @@ class MetricWriter:
       f.write(json.dumps(record) + '\n')
       f.flush()
     if self._tb is None:
-      with extras.needed_by(__name__):
-        from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self._tb = SummaryWriter(self._tb_dir)
     for name, value in metrics.items():
       self._tb.add_scalar(f'{split}/{name}', float(value), step)

@@ -37,11 +37,14 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bn_rnn_jax import extras
 from bn_rnn_jax.training import workdir as workdir_lib
 from bn_rnn_jax.training.config import PARALLEL_BACKENDS as BACKENDS
+
+with extras.needed_by(__name__):
+  from absl import logging
 
 AXIS = 'batch'
 

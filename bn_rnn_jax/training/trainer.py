@@ -20,8 +20,6 @@ from typing import Callable, NamedTuple, Optional
 
 import jax
 import numpy as np
-import optax
-from absl import logging
 
 from bn_rnn_jax import extras
 from bn_rnn_jax import input_pipeline
@@ -35,6 +33,8 @@ from bn_rnn_jax.training.train import TrainState
 
 with extras.needed_by(__name__):
   import ml_collections
+  import optax
+  from absl import logging
 
 _EVAL_LOG_EVERY_S = 10.0  # an evaluation logs its progress at most this often
 
