@@ -215,26 +215,41 @@ def estimate_population_stats(model: nnx.Module, batches: Iterable[Any]) -> None
 
   Give the batches the lengths or mask the model trains with: a batch whose inputs look
   zero-padded and that passes neither warns (`population.padding_without_lengths`). A
-  site no batch reached (a module the call does not run) is set to count 0, with a
-  warning naming it, and evaluation refuses it.
+  concrete `mask` or `seq_lengths` argument of the model's call (of the wrapped Linen
+  module's, for a `FromLinen`) is checked as the layer checks it before the pass is
+  traced, and a batch whose moments are NaN or inf is refused, as in Linen (one-line
+  ValueErrors). A site no batch reached (a module the call does not run), or reached only
+  with empty or all-padding batches, is set to count 0, with a warning naming it, and
+  evaluation refuses it.
   """
   records, padded = [], None
-  for batch in batches:
+  called = model.to_nnx__module if isinstance(model, FromLinen) else model
+  for i, batch in enumerate(batches):
     args, kwargs = population.call_arguments(batch)
+    population.check_concrete_batch(called, args, kwargs,
+                                    f'estimate_population_stats: batch {i}')
     padded = padded or population.padding_warning('estimate_population_stats', batch)
     records.append(_minibatch_moments(model, args, kwargs))
   if not records:
     raise ValueError('estimate_population_stats needs at least one batch.')
+  nonfinite = population.nonfinite_moments(records)
+  if nonfinite:
+    raise population.nonfinite_error('estimate_population_stats', nonfinite)
   if padded:
     warnings.warn(padded, stacklevel=2)
   estimate = population.average_minibatch_moments(records)
-  unreached = []
+  unreached, empty = [], []
   for path, module in _wrapped(model).items():
     stats, missing = population.with_every_site(
         estimate.get(path), module.linen_variables()['batch_stats'])
     unreached += [f'{path}/{site}' if path else site for site in missing]
+    empty += [f'{path}/{site}' if path else site
+              for site in batch_stats.untrained_sites(stats) if site not in missing]
     if stats:
       module.load_linen_variables({'batch_stats': stats})
   if unreached:
     warnings.warn(population.unreached_warning('estimate_population_stats', unreached),
+                  stacklevel=2)
+  if empty:
+    warnings.warn(population.empty_sites_warning('estimate_population_stats', empty),
                   stacklevel=2)

@@ -22,10 +22,13 @@ noise in the estimate's pass as in training (from the 'noise' stream of `rngs`, 
 default keys of `jax.random.key(0)`): population statistics are the moments training
 normalised with, and on inputs that are constant across examples for many steps (the
 black rows of in-order MNIST) the noise-free moments are round-off, which inference
-would divide by sqrt(epsilon) (`docs/experiments/figures.md`). The estimate warns where
-its result would otherwise be wrong without a word: a batch that looks zero-padded and
-passes no lengths or mask (`padding_without_lengths`), a site no batch reached (returned
-with count 0, which evaluation refuses).
+would divide by sqrt(epsilon) (`docs/experiments/figures.md`). The estimate checks a
+batch's concrete mask and lengths as the layer's eager call does before it traces them
+(`check_concrete_batch`), refuses a batch whose moments are NaN or inf
+(`nonfinite_moments`), and warns where its result would otherwise be wrong without a
+word: a batch that looks zero-padded and passes no lengths or mask
+(`padding_without_lengths`), a site no batch reached or none supported in any row
+(returned with count 0, which evaluation refuses).
 
 The trainer maps the two pieces over devices (`train.minibatch_moments_step`); notebooks,
 your own loops and the figure scripts call `estimate_population_stats`. Either way the
@@ -35,6 +38,7 @@ result is a `batch_stats` tree to evaluate with (`use_running_average=True`).
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 from typing import Any, Mapping, Optional, Sequence
 
@@ -44,7 +48,9 @@ import numpy as np
 from flax import linen as nn
 
 from bn_rnn_jax import batch_stats
+from bn_rnn_jax import flax_cells
 from bn_rnn_jax import modes
+from bn_rnn_jax import sequence
 
 MOMENTS = batch_stats.MOMENTS
 
@@ -231,6 +237,77 @@ def padding_warning(function: str, batch) -> Optional[str]:
           "(x, mask) or {'inputs': x, 'seq_lengths': lengths}.")
 
 
+def check_concrete_batch(module, args: tuple, kwargs: dict, where: str) -> None:
+  """The checks a layer makes of a concrete mask and lengths in an eager call, made on one
+  batch before the estimate traces it (traced, they could not be checked).
+
+  The arguments of `module.__call__` named `mask` and `seq_lengths` are checked: a mask
+  `[batch, time]` is 0/1 with the valid steps first (`sequence.check_mask_prefix`), a
+  mask of another rank is 0/1 (`sequence.check_mask_values`), and lengths are integers in
+  `0..T` of the inputs (`flax_cells.check_seq_lengths`; the inputs are the argument
+  `inputs`, else the first). A batch that does not bind to the call's signature is left
+  to the call's own error. Raises the layer's one-line ValueError, after `where`.
+  """
+  try:
+    bound = inspect.signature(module.__call__).bind_partial(*args, **kwargs).arguments
+  except (TypeError, ValueError):
+    return
+  mask, lengths = bound.get('mask'), bound.get('seq_lengths')
+  inputs = bound.get('inputs', args[0] if args else None)
+  try:
+    if mask is not None:
+      check = sequence.check_mask_prefix if np.ndim(mask) == 2 else sequence.check_mask_values
+      check(mask)
+    if lengths is not None and np.ndim(inputs) >= 2:
+      time_major = bound.get('time_major')
+      if time_major is None:
+        time_major = getattr(module, 'time_major', False)
+      shape = np.shape(inputs)
+      batch_shape, length = (shape[1:-1], shape[0]) if time_major else (shape[:-2], shape[-2])
+      flax_cells.check_seq_lengths(lengths, batch_shape, length)
+  except ValueError as e:
+    raise ValueError(f'{where}: {e}') from None
+
+
+def sites(tree) -> list[tuple[str, Any]]:
+  """`[(path, site)]` of the sites (`is_site`) of a `batch_stats` or `MOMENTS` tree."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_site)[0]
+  return [('/'.join(str(getattr(key, 'key', key)) for key in path), node)
+          for path, node in leaves if is_site(node)]
+
+
+def nonfinite_moments(records: Sequence[Any]) -> Optional[str]:
+  """Where the first of `records` (one `minibatch_moments` per batch) holds a mean or
+  variance that is NaN or inf, as `batch i gives ... at site 'p' (rows r)`; None when
+  all are finite. One such record makes the whole estimate NaN there."""
+  for i, record in enumerate(jax.device_get(list(records))):
+    found = []   # (first bad row, path, bad rows): the earliest row is where NaN entered
+    for path, site in sites(record):
+      bad = np.nonzero(~(np.isfinite(site['mean']).all(-1) & np.isfinite(site['var']).all(-1)))[0]
+      if bad.size:
+        found.append((int(bad[0]), path, bad))
+    if found:
+      _, path, bad = min(found, key=lambda entry: entry[:2])
+      return f"batch {i} gives non-finite moments at site '{path}' (rows {_ranges(bad)})"
+  return None
+
+
+def nonfinite_error(function: str, found: str) -> ValueError:
+  """The one-line error `function` raises for non-finite moments (`nonfinite_moments`)."""
+  return ValueError(f'{function}: {found}: the batch\'s inputs at valid steps, or the '
+                    'parameters, hold NaN or inf, and the estimate would be NaN there.')
+
+
+def empty_sites_warning(function: str, empty: Sequence[str]) -> str:
+  """The one-line warning `function` gives for sites the batches ran but supported in no
+  row (count 0 in every row)."""
+  sites_text = ', '.join(repr(path) for path in empty)
+  return (f'{function}: the batches give site(s) {sites_text} no supported row (count 0 in '
+          'every row: the batches are empty, all padding, or thinner than the layer\'s '
+          'min_step_count); evaluation with the estimate refuses them until batches with '
+          'valid steps are estimated.')
+
+
 def _fresh_site(site):
   """Statistics no batch reached, shaped as `site`: mean 0, var 1, count 0."""
   return {'mean': jnp.zeros_like(site['mean']), 'var': jnp.ones_like(site['var']),
@@ -293,7 +370,8 @@ def estimate_population_stats(model: nn.Module, variables, batches, *, rng=None,
       tuple of positional arguments (`(x, mask)`) or a mapping of keyword arguments
       (`{'inputs': x, 'seq_lengths': lengths}`). Give them the lengths or mask the model
       trains with: a batch whose inputs look zero-padded and that passes neither warns
-      (`padding_without_lengths`).
+      (`padding_without_lengths`). A concrete `mask` or `seq_lengths` argument is checked
+      as the layer checks it (`check_concrete_batch`), before the pass is traced.
     rng: the key of the h0 noise (default `jax.random.key(0)`); batch i draws from
       `jax.random.fold_in(rng, i)`.
     **apply_kwargs: keywords that ask `model` for batch statistics without dropout;
@@ -302,8 +380,14 @@ def estimate_population_stats(model: nn.Module, variables, batches, *, rng=None,
 
   Returns:
     A `batch_stats` tree to evaluate with: `{**variables, 'batch_stats': result}`. It
-    holds every site of `variables['batch_stats']`; a site no batch reached has count 0
-    (a warning names it) and evaluation refuses it.
+    holds every site of `variables['batch_stats']`; a site no batch reached, or reached
+    only with empty or all-padding batches, has count 0 (a warning names it) and
+    evaluation refuses it.
+
+  Raises:
+    ValueError: one line, for a batch whose concrete mask or lengths the layer refuses
+      (naming the batch, then the layer's message), or whose moments are NaN or inf
+      (its inputs at valid steps, or the parameters, hold NaN or inf).
 
   Example:
     >>> import bn_rnn_jax as br
@@ -330,11 +414,15 @@ def estimate_population_stats(model: nn.Module, variables, batches, *, rng=None,
   records, padded = [], None
   for i, batch in enumerate(batches):
     args, kwargs = call_arguments(batch)
+    check_concrete_batch(model, args, kwargs, f'estimate_population_stats: batch {i}')
     padded = padded or padding_warning('estimate_population_stats', batch)
     records.append(_minibatch_moments_jit(model, variables, args, kwargs, mode,
                                           jax.random.fold_in(rng, i)))
   if not records:
     raise ValueError('estimate_population_stats needs at least one batch.')
+  nonfinite = nonfinite_moments(records)
+  if nonfinite:
+    raise nonfinite_error('estimate_population_stats', nonfinite)
   if padded:
     warnings.warn(padded, stacklevel=2)
   for line in thin_rows(records):
@@ -343,4 +431,7 @@ def estimate_population_stats(model: nn.Module, variables, batches, *, rng=None,
                                       variables.get('batch_stats', {}))
   if missing:
     warnings.warn(unreached_warning('estimate_population_stats', missing), stacklevel=2)
+  empty = [site for site in batch_stats.untrained_sites(estimate) if site not in missing]
+  if empty:
+    warnings.warn(empty_sites_warning('estimate_population_stats', empty), stacklevel=2)
   return estimate

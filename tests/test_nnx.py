@@ -237,6 +237,23 @@ def test_the_nnx_estimate_warns_of_padding_and_unreached_sites():
   assert not batch_stats.untrained_sites(model.used.cell.linen_variables()['batch_stats'])
 
 
+def test_the_nnx_estimate_checks_lengths_and_warns_of_batches_with_no_valid_step():
+  """As the Linen estimate: concrete lengths outside 0..T are the layer's line before the
+  pass is traced, and batches whose lengths are all 0 leave the sites the call ran with
+  no supported row, named in a warning."""
+  model = TwoCells(nnx.Rngs(0))
+  x, _, _ = VALID
+  with pytest.raises(ValueError) as error:
+    br_nnx.estimate_population_stats(model, [{'inputs': x, 'seq_lengths': np.full(B, T + 1)}])
+  assert helpers.one_line(error) == ('estimate_population_stats: batch 0: seq_lengths[0] = '
+                                     f'{T + 1} is outside 0..{T} (the time steps of the inputs).')
+  with pytest.warns(UserWarning) as record:
+    br_nnx.estimate_population_stats(model, [{'inputs': x, 'seq_lengths': np.zeros(B, int)}])
+  empty = [str(w.message) for w in record if 'no supported row' in str(w.message)]
+  assert len(empty) == 1 and all(f"'used/cell/{site}'" in empty[0]
+                                 for site in ('recurrent', 'input', 'cell')), empty
+
+
 # ----------------------------------------------------------------------------- native cells
 # `nnx_cells.py` in `nnx_cells.RNN` / `nnx.Bidirectional` against the float64 reference
 # (`reference.py`), with the uneven lengths and tolerances of test_flax_cells.py.

@@ -45,10 +45,13 @@ import math
 from typing import Any, Callable, Optional
 
 import jax.numpy as jnp
-import optax
 
+from bn_rnn_jax import extras
 from bn_rnn_jax import models
 from bn_rnn_jax import modes
+
+with extras.needed_by(__name__):
+  import optax
 
 
 @dataclasses.dataclass(frozen=True)

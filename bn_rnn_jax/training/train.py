@@ -28,9 +28,9 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax import lax
 
+from bn_rnn_jax import extras
 from bn_rnn_jax import initializers
 from bn_rnn_jax import modes
 from bn_rnn_jax import policy
@@ -40,6 +40,9 @@ from bn_rnn_jax.training import config as config_lib
 from bn_rnn_jax.training import parallel
 from bn_rnn_jax.training import tasks
 from bn_rnn_jax.training.tasks import Task
+
+with extras.needed_by(__name__):
+  import optax
 
 AXIS = parallel.AXIS
 
