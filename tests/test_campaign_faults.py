@@ -254,6 +254,15 @@ def test_a_second_runner_on_the_campaign_is_told_it_is_busy(tmp_path):
   assert not os.path.exists(os.path.join(tmp_path, 'quickstart', 'lstm_s0'))
 
 
+def test_a_run_whose_turn_comes_too_close_to_train_until_is_not_started(tmp_path, capsys):
+  failed = runner.run(CAMPAIGN, str(tmp_path), 1, [0], None, EXTRA,
+                      train_until=time.time() + runner.MIN_BUDGET_S - 2)
+  assert failed == [] and os.listdir(tmp_path / 'quickstart') == ['runner.lock']
+  assert (f'not started, as fewer than {runner.MIN_BUDGET_S} s were left of the time to '
+          'train until: quickstart/lstm_s0, quickstart/bn_lstm_s0; the same command starts '
+          'them') in capsys.readouterr().err
+
+
 def _training(log: str) -> bool:
   try:
     with open(log) as f:
