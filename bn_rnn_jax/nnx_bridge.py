@@ -23,8 +23,8 @@ batch reached raises, at once in an eager call and when the computation runs und
 `nnx.jit` (`batch_stats.allow_untrained_statistics()` opts out).
 
 Recipe: the sequential-MNIST BN-LSTM classifier (Linen:
-`models.SequenceClassifier(num_classes=10, variant='bn_lstm', hidden_size=100)`; the
-layer guide, docs/guide/layers.md, runs a small one), with `tx = optax.adam(1e-3)`,
+`models.SequenceClassifier(10, make_layer('bn_lstm', 100, max_length=784))`; the layer
+guide, docs/guide/layers.md, runs a small one), with `tx = optax.adam(1e-3)`,
 `cross_entropy(logits, labels)` the mean softmax cross-entropy and `batches` a list of
 `(x [batch, 784, 1], labels [batch])`:
 
@@ -64,7 +64,7 @@ initial values and finds the same parameters, statistics and evaluation outputs.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Optional
 
 import jax
 from flax import linen as nn
@@ -127,7 +127,8 @@ class FromLinen(bridge.ToNNX):
   def __init__(self, module: nn.Module, *example_args, rngs: nnx.Rngs, **example_kwargs):
     super().__init__(module, rngs=rngs)
     keys = {'params': rngs.params(), **{name: rngs[name]() for name in RNG_STREAMS}}
-    variables = module.init(keys, *example_args, **modes.EVAL.kwargs(), **example_kwargs)
+    variables = module.init(keys, *example_args, **modes.flags(module, modes.EVAL),
+                            **example_kwargs)
     for name, value in bridge_variables.linen_vars_to_nnx_attrs(variables).items():
       setattr(self, name, value)
     self.use_running_average = False
@@ -153,19 +154,28 @@ class FromLinen(bridge.ToNNX):
         {k: v for k, v in variables.items() if k in ('params', 'batch_stats')}))
 
   def __call__(self, *args, **kwargs):
+    return self.apply_linen(self.to_nnx__module, *args, **kwargs)
+
+  def apply_linen(self, module: nn.Module, *args, scope: Optional[str] = None, **kwargs):
+    """Apply `module` (the wrapped one, or a Linen module holding it as the child `scope`,
+    such as `flax_cells.RNN(cell)`) to these variables in this wrapper's mode, keeping
+    what it updates: the Linen call behind `__call__`."""
     # The bridge's own call reads every attribute as a variable, `use_running_average`
     # (which `model.train()` / `eval()` set) included: the Linen module is applied here.
-    variables = self.linen_variables()
+    nest = (lambda tree: {k: {scope: v} for k, v in tree.items()}) if scope else (lambda t: t)
+    variables = nest(self.linen_variables())
     if self.use_running_average and not self._estimating:
-      return self.to_nnx__module.apply(variables, *args, **modes.EVAL.kwargs(), **kwargs)
+      return module.apply(variables, *args, **modes.flags(module, modes.EVAL), **kwargs)
     if self._estimating:  # the papers' estimate: batch statistics and h0 noise, no dropout
       collection, mode = batch_stats.MOMENTS, modes.BATCH_STATISTICS
       rngs = {'noise': self.to_nnx__rngs['noise']()}
     else:
       collection, mode = 'batch_stats', modes.TRAIN
       rngs = {name: self.to_nnx__rngs[name]() for name in RNG_STREAMS}
-    outputs, mutated = self.to_nnx__module.apply(
-        variables, *args, **mode.kwargs(), rngs=rngs, mutable=[collection], **kwargs)
+    outputs, mutated = module.apply(variables, *args, **modes.flags(module, mode), rngs=rngs,
+                                    mutable=[collection], **kwargs)
+    if scope:
+      mutated = {k: v.get(scope, {}) for k, v in mutated.items()}
     if self._estimating:
       self.minibatch_moments = MinibatchMoments(mutated.get(collection, {}))
     elif collection in mutated:

@@ -10,8 +10,9 @@ A cell is the Linen cell of the same name wrapped by `nnx_bridge.FromLinen`: the
 parameters (`cell.input_kernel`, ...) are `nnx.Param`s and the per-site statistics
 (`cell.recurrent`, `cell.input`, `cell.cell`: `{'mean': [T_max, F], 'var': [T_max, F],
 'count': [T_max]}`) `nnx.BatchStat`s, with the names and shapes of the matching
-`RecurrentLayer`; every call is the Linen cell's, so the numerics, the masking and the
-recording of statistics are the layer's. `model.train()` / `model.eval()` pick batch or
+`RecurrentLayer`; a step is the Linen cell's, and `RNN` is the Linen `flax_cells.RNN`
+on the same variables, so the numerics, the masking and the recording of statistics are
+the layer's. `model.train()` / `model.eval()` pick batch or
 population statistics, and `nnx_bridge.estimate_population_stats` runs the papers'
 estimate, as for any wrapped module. Training with batch statistics needs the mask:
 `nnx.RNN` cannot pass one, so a cell trains under `RNN` or in one's own loop with
@@ -73,11 +74,10 @@ class NormalizedLSTMCell(nnx_bridge.FromLinen):
     return LSTMCarry(carry_init(stream(), carry.c.shape, carry.c.dtype),
                      carry_init(stream(), carry.h.shape, carry.h.dtype), carry.step)
 
-  def __call__(self, carry, inputs: Array, mask: Optional[Array] = None, *,
-               sequence: bool = False):
-    """The Linen cell's call: `(carry, x_t [*batch, I], mask_t [*batch])` -> `(carry, h_t)`,
-    or with `sequence=True` a whole `[*batch, time, I]` sequence."""
-    return super().__call__(carry, inputs, mask, sequence=sequence)
+  def __call__(self, carry, inputs: Array, mask: Optional[Array] = None):
+    """The Linen cell's step: `(carry, x_t [*batch, I], mask_t [*batch])` -> `(carry,
+    h_t)`."""
+    return super().__call__(carry, inputs, mask)
 
 
 class BNLSTMCell(NormalizedLSTMCell):
@@ -119,9 +119,10 @@ class RNN(nnx.Module):
                rngs=None):
     del rngs  # the cells start from zeros
     pick = lambda value, default: default if value is None else value
-    return flax_cells.run_sequence(
-        lambda carry, xs, mask: self.cell(carry, xs, mask, sequence=True), inputs,
-        initial_carry=initial_carry, seq_lengths=seq_lengths,
-        return_carry=pick(return_carry, self.return_carry),
-        time_major=pick(time_major, self.time_major), reverse=pick(reverse, self.reverse),
-        keep_order=pick(keep_order, self.keep_order))
+    rnn = flax_cells.RNN(self.cell.to_nnx__module, return_carry=pick(return_carry,
+                                                                      self.return_carry),
+                         time_major=pick(time_major, self.time_major),
+                         reverse=pick(reverse, self.reverse),
+                         keep_order=pick(keep_order, self.keep_order))
+    return self.cell.apply_linen(rnn, inputs, scope='cell', initial_carry=initial_carry,
+                                 seq_lengths=seq_lengths)

@@ -48,14 +48,14 @@ _INITIAL_STATES = ('zeros', 'learned', 'noise')
 class RecurrentLayer(nn.Module):
   """One recurrent layer over `[batch, time, features]`, scanned with `lax.scan`.
 
-  Its fields are the model (`hidden_size` to `initial_state_noise`: the cell, its
+  Its fields are the model (`features` to `initial_state_noise`: the cell, its
   normalised sites, how statistics are kept over time, and the initialisers), how the
   statistics are kept and read as `nn.BatchNorm`'s are (`momentum`, `epsilon` and the
   rules for padding and thin rows: `padded_statistics`, `min_step_count`,
   `min_row_support`), and where it runs (`dtype`, `axis_name`, `execution`).
 
   Attributes:
-    hidden_size: H.
+    features: H, the hidden size.
     cell: 'lstm' (gates f, i, o, g) or 'rnn' (tanh).
     recurrent_norm: None | 'batch' | 'layer' on W_h h (on W_h h + W_x x for 'rnn').
     input_norm: None | 'batch' | 'layer' on W_x x.
@@ -112,11 +112,12 @@ class RecurrentLayer(nn.Module):
       jnp.bfloat16); None: float32, or float64 with float64 inputs or weights under x64.
       The state and the statistics stay float32 (or float64).
     axis_name: device axis name (pmap / shard_map) for cross-device batch moments.
-    execution: how the layer runs, never what it computes (`policy.Execution`: hoisted
-      input term, remat, backward pass, batch sums, unroll; 'auto' = the backend's
-      choice, `policy.resolve`).
+    execution: how the layer runs, never what it computes (`policy.Execution`; 'auto' =
+      the target platform's choice, `policy.resolve`).
+    use_running_average, deterministic: Flax's two flags (`modes.py`), here or in the
+      call.
   """
-  hidden_size: int
+  features: int
   cell: str = 'lstm'
   recurrent_norm: Optional[str] = None
   input_norm: Optional[str] = None
@@ -137,6 +138,8 @@ class RecurrentLayer(nn.Module):
   dtype: Optional[Any] = None
   axis_name: Optional[str] = None
   execution: policy_lib.Execution = policy_lib.Execution()
+  use_running_average: Optional[bool] = None
+  deterministic: Optional[bool] = None
 
   # ------------------------------------------------------------------ configuration
   def _validate(self, inputs: Array, mask: Optional[Array]) -> None:
@@ -152,8 +155,8 @@ class RecurrentLayer(nn.Module):
     if self.initial_state not in _INITIAL_STATES:
       raise ValueError(f'initial_state must be one of {_INITIAL_STATES}; got '
                        f'{self.initial_state!r}.')
-    if self.hidden_size <= 0 or (self.max_length is not None and self.max_length <= 0):
-      raise ValueError(f'hidden_size ({self.hidden_size}) and max_length '
+    if self.features <= 0 or (self.max_length is not None and self.max_length <= 0):
+      raise ValueError(f'features ({self.features}) and max_length '
                        f'({self.max_length}) must be positive.')
     if not 0.0 <= self.momentum < 1.0:
       raise ValueError(f'momentum must be in [0, 1); got {self.momentum}.')
@@ -174,7 +177,7 @@ class RecurrentLayer(nn.Module):
   def _sites(self, length: int, bound: bool = True) -> tuple[batch_stats.Site, ...]:
     """The batch-normalised sites, with T_max from `max_length`, the statistics made
     already (a bound layer) or `length`."""
-    features = steps.batch_sites(self.hidden_size, _GATES[self.cell], self.recurrent_norm,
+    features = steps.batch_sites(self.features, _GATES[self.cell], self.recurrent_norm,
                                  self.input_norm, self.cell_norm)
     per_step = [n for n in features if batch_stats.site_kind(n, self.statistics) == 'per_step']
     max_length = (batch_stats.statistics_length(self, self.max_length, per_step, length)
@@ -194,14 +197,14 @@ class RecurrentLayer(nn.Module):
     `policy.target_platforms`) for a per-device `batch` (`scans.policies`)."""
     platform = platform or policy_lib.target_platforms()[0]
     sites = self._sites(1, bound=False)
-    (policy,) = scans.policies(self.execution, self._config(True), self.hidden_size, sites,
+    (policy,) = scans.policies(self.execution, self._config(True), self.features, sites,
                                batch, (policy_lib.platform_name(platform),))
     return policy
 
   # ------------------------------------------------------------------ parameters
   def _params(self, input_size: int) -> dict[str, Array]:
     specs = initializers.layer_parameters(
-        input_size, self.hidden_size, cell=self.cell, recurrent_norm=self.recurrent_norm,
+        input_size, self.features, cell=self.cell, recurrent_norm=self.recurrent_norm,
         input_norm=self.input_norm, cell_norm=self.cell_norm, scale_init=self.scale_init,
         forget_bias=self.forget_bias, recurrent_kernel_init=self.recurrent_kernel_init,
         kernel_init=self.kernel_init)
@@ -212,17 +215,17 @@ class RecurrentLayer(nn.Module):
     `deterministic`: the zeros inference starts from).
 
     `dtype`: of the state (float32, or float64 for a float64 layer under x64)."""
-    shape = (batch_size, self.hidden_size)
+    shape = (batch_size, self.features)
     h = jnp.zeros(shape, dtype)
     c = jnp.zeros(shape, dtype)
     if self.initial_state == 'learned':
-      h = h + self.param('initial_hidden', nn.initializers.zeros, (self.hidden_size,))
+      h = h + self.param('initial_hidden', nn.initializers.zeros, (self.features,))
       if self.cell == 'lstm':
-        c = c + self.param('initial_cell', nn.initializers.zeros, (self.hidden_size,))
+        c = c + self.param('initial_cell', nn.initializers.zeros, (self.features,))
     elif self.initial_state == 'noise' and not deterministic:
       # One key per global example: N devices draw what 1 draws.
       keys = sequence.per_example_keys(self.make_rng('noise'), batch_size, self.axis_name)
-      noise = jax.vmap(lambda k: jax.random.normal(k, (self.hidden_size,), dtype))(keys)
+      noise = jax.vmap(lambda k: jax.random.normal(k, (self.features,), dtype))(keys)
       h = h + self.initial_state_noise * noise
     return (c, h) if self.cell == 'lstm' else h
 
@@ -257,7 +260,7 @@ class RecurrentLayer(nn.Module):
       outputs)`: the state after each row's last valid step.
     """
     self._validate(inputs, mask)
-    mode = modes.resolve(use_running_average, deterministic)
+    mode = modes.resolve(self, use_running_average, deterministic)
     training, (batch, length, _) = mode.batch_statistics, inputs.shape
     sites = self._sites(length)
     full_count = (self._sequences(first_step, mask, batch, length) if training else None)

@@ -30,7 +30,7 @@ import reference as ref
 B, T, I, H, C = 8, 6, 2, 8, 3
 STEPS = 4
 RTOL, ATOL = 1e-5, 1e-6
-OPTIONS = dict(max_length=T)
+LAYER = variants.make_layer('bn_lstm', H, max_length=T)
 
 
 def _batches(count, seed):
@@ -51,10 +51,10 @@ VALID = _batches(1, 2)[0]
 
 
 class Classifier(nnx.Module):
-  """`models.SequenceClassifier(num_classes=C, variant='bn_lstm', hidden_size=H)` in NNX."""
+  """`models.SequenceClassifier(C, LAYER)` in NNX."""
 
   def __init__(self, rngs: nnx.Rngs):
-    rnn = stack.StackedRNN(variant='bn_lstm', hidden_size=H, layer_options=OPTIONS)
+    rnn = stack.StackedRNN(LAYER)
     self.rnn = br_nnx.FromLinen(rnn, jnp.zeros((1, T, I)), rngs=rngs)
     self.head = nnx.Linear(H, C, rngs=rngs)
 
@@ -108,8 +108,7 @@ def _close(got, want, what):
 @pytest.fixture(scope='module')
 def trained():
   """Linen and NNX classifiers trained from the same initial values."""
-  linen = models.SequenceClassifier(num_classes=C, variant='bn_lstm', hidden_size=H,
-                                    layer_options=OPTIONS)
+  linen = models.SequenceClassifier(C, LAYER)
   x, mask, _ = TRAIN[0]
   initial = linen.init(jax.random.key(0), x, mask, use_running_average=True,
                        deterministic=True)

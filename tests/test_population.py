@@ -103,8 +103,7 @@ def test_estimate_population_stats_compiles_once_per_model(data):
   """Repeated estimates (one per evaluation in a training loop) reuse the compiled pass,
   also for a model with an unhashable dict field."""
   x, mask = data
-  model = br.SequenceClassifier(num_classes=2, variant='bn_lstm', hidden_size=H,
-                                layer_options={'max_length': T})
+  model = br.SequenceClassifier(2, br.make_layer('bn_lstm', H, max_length=T))
   variables = model.init(jax.random.key(0), x, mask, use_running_average=True,
                          deterministic=True)
   before = population._minibatch_moments_jit._cache_size()
@@ -123,8 +122,7 @@ def test_the_estimate_draws_the_h0_noise_of_training_and_no_dropout(data):
   x, mask = data
   noise = {'max_length': T, 'initial_state': 'noise'}
   model = lambda rate, options: br.SequenceClassifier(
-      num_classes=2, variant='bn_lstm', hidden_size=H, num_layers=2, dropout_rate=rate,
-      layer_options=options)
+      2, br.make_layer('bn_lstm', H, **options), num_layers=2, dropout_rate=rate)
   plain, noisy, dropout = model(0.0, {'max_length': T}), model(0.0, noise), model(0.5, noise)
   variables = plain.init(jax.random.key(0), x, mask, use_running_average=True,
                          deterministic=True)
@@ -153,13 +151,13 @@ def test_unhashable_model_is_a_clear_error(data):
   class Unhashable(br.StackedRNN):
     __hash__ = None
 
-  model = Unhashable('lstm', H)
+  model = Unhashable(br.make_layer('lstm', H))
   variables = model.init(jax.random.key(0), x, mask, use_running_average=True,
                          deterministic=True)
   with pytest.raises(ValueError, match='the model must be hashable; Unhashable is not'):
     br.estimate_population_stats(model, variables, [(x, mask)])
   with pytest.raises(ValueError, match='needs at least one batch'):
-    br.estimate_population_stats(br.StackedRNN('lstm', H), variables, [])
+    br.estimate_population_stats(br.StackedRNN(br.make_layer('lstm', H)), variables, [])
 
 
 def test_rows_of_one_sequence_are_named_and_fall_back_with_a_threshold():

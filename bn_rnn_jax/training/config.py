@@ -26,7 +26,7 @@ EVAL_STATISTICS = ('estimate', 'running', 'batch')
 
 #: `config.model` fields that are `RecurrentLayer` fields, passed to every layer of the
 #: model (None = the variant's or the layer's default), and the `policy.Execution`
-#: settings, which `train.layer_options` passes as the layers' one `execution`.
+#: settings, which `train.layer_fields` passes as the layers' one `execution`.
 #: `max_length` is resolved against the training length by the trainer.
 LAYER_FIELDS = ('statistics', 'recurrent_init', 'input_init', 'initial_state',
                 'initial_state_noise', 'gamma_init', 'momentum', 'epsilon', 'forget_bias',
