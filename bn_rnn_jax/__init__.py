@@ -46,7 +46,7 @@ _NAMES = {
     'default_config': 'training.config',
     'train_and_evaluate': 'training.loop', 'Trainer': 'training.trainer',
 }
-_MODULES = ('batch_stats', 'checks', 'export', 'extras', 'flax_cells', 'fused_step',
+_MODULES = ('batch_stats', 'checks', 'export', 'extras', 'flax_cells', 'fused', 'fused_step',
             'initializers', 'input_pipeline', 'layer_vjp', 'models', 'modes', 'nnx_bridge',
             'nnx_cells', 'normalization', 'persistent', 'policy', 'population', 'recurrent',
             'scans', 'sequence', 'stack', 'steps', 'training', 'variants')

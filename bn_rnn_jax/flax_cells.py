@@ -1,41 +1,20 @@
 """The papers' LSTM cells in Linen, and `RNN`, the `nn.RNN` that passes them the lengths.
 
-A cell is one step, `cell(carry, x_t, mask_t) -> (carry, h_t)` with `x_t [*batch,
-features]`, as `flax.linen.RNNCellBase` asks:
+A cell is one step, `cell(carry, x_t, mask_t) -> (carry, h_t)` (`nn.RNNCellBase`):
+`BNLSTMCell` (`make_layer('bn_lstm')`), `BNInputLSTMCell` (`'bn_input_only'`) and
+`LNLSTMCell` (`'ln_lstm'`). A cell holds the `RecurrentLayer` with its fields in its own
+scope, so its variables are the layer's; a step is one call of that layer, and
+`RNN(cell)` runs a whole sequence as one call of it (one scan, statistics recorded once).
 
-  BNLSTMCell          BN on W_h h, W_x x and c_t, per-step statistics (Cooijmans et al.;
-                      `make_layer('bn_lstm')`)
-  BNInputLSTMCell     BN on W_x x only, frame-wise (per-step) statistics (Laurent et al.
-                      eq. 18; `make_layer('bn_input_only')`)
-  LNLSTMCell          layer norm on the same three sites as BNLSTMCell (`'ln_lstm'`)
-
-A cell's variables are those of the `RecurrentLayer` with its fields, under the same names
-and shapes (`{site: {'mean': [T_max, F], 'var': [T_max, F], 'count': [T_max]}}`): a step
-is that layer's scan of one step, sharing the cell's scope (`nn.share_scope`). `RNN(cell)`
-runs the whole sequence as one call of that layer in the cell's scope, so the moments of
-every step are folded into `batch_stats` once, after the scan.
-
-Lengths reach a cell as arguments, never by looking around:
-
-  RNN(cell)(x, seq_lengths=lengths)        # x [*batch, time, features], one line
+  RNN(cell)(x, seq_lengths=lengths)        # x [*batch, time, features]
   nn.Bidirectional(RNN(fwd), RNN(bwd))(x, seq_lengths=lengths)
   carry, h = cell(carry, x_t, mask_t)      # a scan or loop of one's own; mask_t [*batch]
 
-`RNN` takes `nn.RNN`'s fields and call. Lengths are relative to the call, as Flax defines
-them. The carry is `LSTMCarry(c, h, step)`: it indexes and unpacks as Flax's LSTM carry
-`(c, h)`, and `step` holds each row's next time step, which picks its statistics row, so a
-carry returned by one call continues the sequence in the next (reading a long sequence
-in pieces). To train in segments (truncated backprop), start each segment from
-`carry.state`, `(c, h)`: the statistics rows restart at step 0, as the papers train.
-
-Training a cell with batch statistics needs the mask. Flax's `nn.RNN` passes none, and
-scans the cell without its `batch_stats`: a cell under it is refused in one line naming
-`RNN` (evaluation works with `nn.RNN(cell, variable_broadcast=['params',
-'batch_stats'])`).
-
-Sequence-wise statistics (Laurent eq. 20-21, `'bn_input_only_seq'`) and statistics
-shared over time reduce over the whole sequence before the first step; no cell sees
-that, so they exist only as layers (`RecurrentLayer`, `make_layer`).
+The carry, `LSTMCarry(c, h, step)`, is Flax's `(c, h)` with each row's next step (its
+statistics row): a returned carry continues the sequence in the next call; its `state`
+starts a new segment (truncated backprop). A training step needs the mask; Flax's
+`nn.RNN` passes none and scans without `batch_stats`, so a cell under it is refused in
+one line naming `RNN`. Statistics per sequence or shared over time exist only as layers.
 """
 
 from __future__ import annotations
@@ -85,8 +64,7 @@ class LSTMCarry:
 
 
 def as_carry(carry, batch_shape: tuple[int, ...]) -> LSTMCarry:
-  """`carry` as an `LSTMCarry`: one as it is, or Flax's `(c, h)` at step 0 (the start of a
-  sequence); anything else is a one-line error saying what to pass."""
+  """`carry` as an `LSTMCarry`: Flax's `(c, h)` starts at step 0; else one line."""
   if isinstance(carry, LSTMCarry):
     return carry
   if isinstance(carry, (tuple, list)) and len(carry) == 2:
@@ -98,8 +76,8 @@ def as_carry(carry, batch_shape: tuple[int, ...]) -> LSTMCarry:
 
 
 def check_seq_lengths(seq_lengths, batch_shape: tuple[int, ...], length: int) -> None:
-  """One line for `seq_lengths` that are not `[*batch]` integers in `0..length`; traced
-  ones are checked for shape and dtype only."""
+  """One line for `seq_lengths` that are not `[*batch]` integers in `0..length` (traced
+  values: inside `checks.checkify`)."""
   shape = tuple(np.shape(seq_lengths))
   if shape != tuple(batch_shape):
     raise ValueError(f'seq_lengths must have the batch shape {tuple(batch_shape)}; got {shape}.')
@@ -121,21 +99,10 @@ def check_seq_lengths(seq_lengths, batch_shape: tuple[int, ...], length: int) ->
 
 
 class NormalizedLSTMCell(nn.RNNCellBase):
-  """An LSTM cell with each of its three sites normalised or not; the subclasses below are
-  the papers' presets. One step of `RecurrentLayer` (cell 'lstm', statistics 'per_step')
-  with the same fields.
-
-  Attributes:
-    features: H, the hidden size.
-    recurrent_norm, input_norm, cell_norm: None | 'batch' | 'layer' on W_h h, W_x x, c_t.
-    max_length: T_max, the rows of the per-step statistics (`[T_max, F]` per site);
-      inference past the last trained row reuses it. Required with batch statistics.
-    use_running_average: population statistics (True) or batch statistics, folded into
-      the running average (False), as in `nn.BatchNorm`; a field, or a call argument.
-    momentum, epsilon, scale_init, forget_bias, recurrent_kernel_init, kernel_init,
-      dtype, axis_name, min_row_support, execution: as `RecurrentLayer` (which checks
-      them).
-  """
+  """An LSTM cell with each of its sites normalised or not (the subclasses: the papers'
+  presets): one step of the `RecurrentLayer` (cell 'lstm', statistics 'per_step') with
+  the same fields, which it checks. `max_length` is required with batch statistics;
+  `use_running_average` is a field or a call argument, as in `nn.BatchNorm`."""
   features: int
   recurrent_norm: Optional[str] = None
   input_norm: Optional[str] = None
@@ -198,13 +165,9 @@ class NormalizedLSTMCell(nn.RNNCellBase):
 
   def __call__(self, carry, inputs: Array, mask: Optional[Array] = None, *,
                use_running_average: Optional[bool] = None):
-    """One step: `(carry, x_t [*batch, features], mask_t [*batch])` -> `(carry, h_t
-    [*batch, H])`, the carry's `step` advanced where `mask_t` is 1.
-
-    `carry`: an `LSTMCarry`, or `(c, h)` (a sequence's start). `mask_t`: 1 on valid rows,
-    0 on padding (the row keeps its state, outputs 0 and counts in no statistic); a
-    training step needs it (ones when nothing is padded), without which it cannot tell
-    padding from data."""
+    """One step: `(carry, x_t [*batch, features], mask_t [*batch])` -> `(carry, h_t)`,
+    the carry's `step` advanced where `mask_t` is 1 (a padded row keeps its state and
+    outputs 0). A training step needs `mask_t` (ones when nothing is padded)."""
     train = self.training(use_running_average)
     if train and mask is None and not self.is_initializing():
       raise ValueError(
@@ -280,25 +243,11 @@ class LNLSTMCell(NormalizedLSTMCell):
 
 
 class RNN(nn.Module):
-  """`nn.RNN` for the cells of this module: the same fields and call, with `seq_lengths`
-  handed to the cell as a mask and the whole sequence run as one call of the cell's layer
-  in the cell's scope (one scan, statistics recorded once). See the module docstring.
-
-  Attributes:
-    cell: a `NormalizedLSTMCell`.
-    return_carry, time_major, reverse, keep_order: as `nn.RNN`.
-    unroll: as `nn.RNN`; the cell's layer unrolls as the cell's `execution` says, so
-      `unroll` must equal its `Execution(unroll=)` (a one-line error otherwise).
-    variable_axes, variable_broadcast, variable_carry, split_rngs: `nn.RNN`'s options of
-      `nn.scan`, which this RNN does not run (the layer scans itself): their defaults
-      only, anything else is refused in one line.
-
-  Call: `(inputs [*batch, time, features], *, initial_carry=None, init_key=None,
-  seq_lengths=None [*batch] int, return_carry=None, time_major=None, reverse=None,
-  keep_order=None, use_running_average=None)` -> outputs `[*batch, time, H]` (0 on
-  padding), or `(carry, outputs)`; the carry is each row's state after its last valid
-  step. `use_running_average` as the cell's field (one or the other).
-  """
+  """`nn.RNN` for the cells of this module: its fields and call (plus
+  `use_running_average`, the cell's flag), `seq_lengths` handed to the cell's layer as a
+  mask, the whole sequence one call of it. `unroll` must equal the cell's
+  `Execution(unroll=)`, and `nn.scan`'s options (`variable_*`, `split_rngs`) stay at their
+  defaults: the layer scans itself (one line otherwise)."""
   cell: NormalizedLSTMCell
   return_carry: bool = False
   time_major: bool = False
@@ -347,9 +296,8 @@ _SCAN_DEFAULTS = {'variable_axes': FrozenDict(), 'variable_broadcast': 'params',
 def run_sequence(run_cell, inputs: Array, *, initial_carry, seq_lengths, return_carry: bool,
                  time_major: bool, reverse: bool, keep_order: bool):
   """`nn.RNN`'s call around `run_cell(carry | None, xs [*batch, time, F], mask | None) ->
-  (carry, outputs [*batch, time, H])`, a cell's run over a whole sequence (the Linen and
-  NNX `RNN`): checks `seq_lengths` and makes them the mask, and handles `time_major`,
-  `reverse` (padding stays at the end) and `keep_order`."""
+  (carry, outputs)`: `seq_lengths` checked and made the mask, `time_major`, `reverse`
+  (padding stays at the end) and `keep_order`."""
   xs = jnp.moveaxis(inputs, 0, -2) if time_major else inputs
   if xs.ndim < 3:
     raise ValueError(f'RNN takes inputs [*batch, time, features]; got {inputs.shape}.')

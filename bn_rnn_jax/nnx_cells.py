@@ -1,22 +1,15 @@
 """The cells of `flax_cells.py` as Flax NNX modules, and `RNN`, the `nnx.RNN` that passes
-them the lengths.
+them the lengths:
 
   cell = BNLSTMCell(in_features, hidden_features, max_length=T, rngs=nnx.Rngs(0))
   outputs = RNN(cell)(x, seq_lengths=lengths)            # x [*batch, time, in_features]
-  nnx.Bidirectional(RNN(fwd), RNN(bwd))(x, seq_lengths=lengths)
   carry, h = cell(carry, x_t, mask_t)                    # a loop of one's own
 
-A cell is the Linen cell of the same name wrapped by `nnx_bridge.FromLinen`: the
-parameters (`cell.input_kernel`, ...) are `nnx.Param`s and the per-site statistics
-(`cell.recurrent`, `cell.input`, `cell.cell`: `{'mean': [T_max, F], 'var': [T_max, F],
-'count': [T_max]}`) `nnx.BatchStat`s, with the names and shapes of the matching
-`RecurrentLayer`; a step is the Linen cell's, and `RNN` is the Linen `flax_cells.RNN`
-on the same variables, so the numerics, the masking and the recording of statistics are
-the layer's. `model.train()` / `model.eval()` pick batch or
-population statistics, and `nnx_bridge.estimate_population_stats` runs the papers'
-estimate, as for any wrapped module. Training with batch statistics needs the mask:
-`nnx.RNN` cannot pass one, so a cell trains under `RNN` or in one's own loop with
-`mask_t` (it evaluates under either).
+A cell is the Linen cell wrapped by `nnx_bridge.FromLinen` (its variables the layer's, as
+`nnx.Param` and `nnx.BatchStat`); `RNN` applies the Linen `flax_cells.RNN` to them.
+`model.train()` / `model.eval()` and `nnx_bridge.estimate_population_stats` work as for
+any wrapped module. Training needs the mask, so a cell trains under `RNN` or in a loop of
+one's own with `mask_t`.
 """
 
 from __future__ import annotations
@@ -35,18 +28,10 @@ LSTMCarry = flax_cells.LSTMCarry
 
 
 class NormalizedLSTMCell(nnx_bridge.FromLinen):
-  """`flax_cells.NormalizedLSTMCell` as an NNX module; the subclasses are the papers'
-  presets.
-
-  Args:
-    in_features: I, the features of `x_t [*batch, I]`.
-    hidden_features: H.
-    rngs: `nnx.Rngs`; its `params` stream initialises the parameters.
-    use_running_average: population (True, `model.eval()`) or batch statistics (False,
-      `model.train()`).
-    **fields: the Linen cell's other fields (`max_length`, `recurrent_norm`,
-      `momentum`, `execution`, ...).
-  """
+  """`flax_cells.NormalizedLSTMCell` as an NNX module (the subclasses: the papers'
+  presets): `in_features` I, `hidden_features` H, `rngs` (its `params` stream
+  initialises it), `use_running_average` (`model.eval()`) and the Linen cell's other
+  fields (`max_length`, `momentum`, `execution`, ...)."""
   linen_cell = flax_cells.NormalizedLSTMCell
 
   def __init__(self, in_features: int, hidden_features: int, *, rngs: nnx.Rngs,
