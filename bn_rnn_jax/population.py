@@ -86,30 +86,49 @@ def is_site(node) -> bool:
   return isinstance(node, Mapping) and set(node) == {'mean', 'var', 'count'}
 
 
-def _average_site(site):
-  """One site's records stacked over N minibatches -> their count-weighted average."""
+#: How the estimate combines the minibatch variances of a row (`average_minibatch_moments`).
+VARIANCES = ('averaged', 'pooled')
+
+
+def check_variance(variance: str) -> None:
+  if variance not in VARIANCES:
+    raise ValueError(f'variance must be one of {VARIANCES}; got {variance!r}.')
+
+
+def _average_site(site, variance: str):
+  """One site's records stacked over N minibatches -> their count-weighted average, the
+  variances averaged or pooled (`average_minibatch_moments`)."""
   weights = jnp.maximum(site['count'], 0.0)
   count = jnp.sum(weights, axis=0)
   denom = jnp.maximum(count, 1e-12)[:, None]
   seen = count[:, None] > 0
   mean = jnp.sum(site['mean'] * weights[..., None], axis=0) / denom
   var = jnp.sum(site['var'] * weights[..., None], axis=0) / denom
+  if variance == 'pooled':
+    spread = jnp.where(weights[..., None] > 0, site['mean'] - mean, 0.0)
+    var = var + jnp.sum(spread * spread * weights[..., None], axis=0) / denom
   return {'mean': jnp.where(seen, mean, 0.0), 'var': jnp.where(seen, var, 1.0),
           'count': count}
 
 
-def average_minibatch_moments(records: Sequence[Any]) -> Any:
+def average_minibatch_moments(records: Sequence[Any], variance: str = 'averaged') -> Any:
   """The estimate from N records of `minibatch_moments`: per site and row r, over the
   minibatches i that supported it (n_ir sequences, at least `min_step_count`),
 
-    mean_r = sum_i n_ir mean_ir / sum_i n_ir,   var_r = sum_i n_ir var_ir / sum_i n_ir,
+    mean_r = sum_i n_ir mean_ir / sum_i n_ir,
+    var_r  = sum_i n_ir var_ir / sum_i n_ir                              ('averaged')
+    var_r  = sum_i n_ir (var_ir + (mean_ir - mean_r)^2) / sum_i n_ir     ('pooled')
 
-  the papers' average when counts are equal; `count` is `sum_i n_ir` (rows none supported
-  keep mean 0, var 1, count 0)."""
+  'averaged' is the papers' average of the minibatch variances (0 on a row one sequence
+  reached in every minibatch); 'pooled' is the variance of every sequence the
+  minibatches hold at row r (the law of total variance: within plus between minibatches;
+  docs/experiments/variable_length.md measures both). `count` is `sum_i n_ir` (rows none
+  supported keep mean 0, var 1, count 0)."""
+  check_variance(variance)
   if not records:
     raise ValueError('The population estimate needs at least one minibatch record.')
   stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *records)
-  return jax.tree.map(_average_site, stacked, is_leaf=is_site)
+  return jax.tree.map(lambda site: _average_site(site, variance), stacked, is_leaf=is_site)
 
 
 def thin_rows(records: Sequence[Any]) -> list[str]:
@@ -125,7 +144,9 @@ def thin_rows(records: Sequence[Any]) -> list[str]:
         lines.append(f"site '{'/'.join(path)}': rows {_ranges(single)} rest on one "
                      'sequence in every batch: their variance is 0; inference reads the '
                      "steady state there where they fall below the layer's min_row_support "
-                     '(the default), and divides by sqrt(epsilon) with min_row_support=0')
+                     '(the default), and divides by sqrt(epsilon) with min_row_support=0. '
+                     'Estimate from larger batches (the same sequences joined), or leave '
+                     'such rows out with min_step_count=2 on the layer')
       thin = np.nonzero((counts < 0).any(axis=0) & ~supported)[0]
       if thin.size:
         examples = -counts[:, thin][counts[:, thin] < 0]
@@ -316,15 +337,17 @@ def _minibatch_moments_jit(model, variables, args, kwargs, apply_kwargs, noise_k
   return _moments(model, variables, args, kwargs, dict(apply_kwargs), {'noise': noise_key})
 
 
-_average_jit = jax.jit(average_minibatch_moments)
+_average_jit = jax.jit(average_minibatch_moments, static_argnames='variance')
 
 
 def estimate_population_stats(model: nn.Module, variables, batches, *, rng=None,
-                              **apply_kwargs):
+                              variance: str = 'averaged', **apply_kwargs):
   """The papers' population statistics of `model` (a layer, stack, model, or module of
   your own holding the library's layers or cells) on one device, from `batches` of
   training data (see the module docstring), compiled once per model, keywords and batch
   shape. Batch i draws its h0 noise from `jax.random.fold_in(rng, i)` (default key 0).
+  `variance`: how each row's minibatch variances combine (`average_minibatch_moments`:
+  'averaged', the papers', or 'pooled').
 
   Returns a `batch_stats` tree holding every site of `variables['batch_stats']`, to
   evaluate with (`{**variables, 'batch_stats': result}`).
@@ -350,9 +373,10 @@ def estimate_population_stats(model: nn.Module, variables, batches, *, rng=None,
       raise ValueError(f'{_FUNCTION} compiles once per model and keywords, so the {what} '
                        f'must be hashable; {name} is not ({e}): give them as tuples or '
                        'frozen dataclasses, not lists or dicts.') from None
+  check_variance(variance)
   rng = jax.random.key(0) if rng is None else rng
   found = records(batches, model, lambda i, args, kwargs: _minibatch_moments_jit(
       model, variables, args, kwargs, mode, jax.random.fold_in(rng, i)))
-  (estimate,) = complete([('', _average_jit(tuple(found)),
+  (estimate,) = complete([('', _average_jit(tuple(found), variance=variance),
                            variables.get('batch_stats', {}))])
   return estimate

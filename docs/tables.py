@@ -498,6 +498,13 @@ def variable_length_cause(
   return machine(path) + '\n\n' + analysis.table(_load(path))
 
 
+def pooled_variance(path: str = 'experiments/results/pooled_variance.json') -> str:
+  """`python -m experiments.analysis.pooled_variance`: the estimate's variances averaged
+  or pooled, from thin batches and from training batches, with the machine it ran on."""
+  from experiments.analysis import pooled_variance as analysis  # pylint: disable=g-import-not-at-top
+  return machine(path) + '\n\n' + analysis.table(_load(path))
+
+
 def longer_sequences(path: str = 'experiments/results/longer_sequences.json') -> str:
   """`python -m experiments.analysis.longer_sequences`: accuracy per arm and test length
   range, with the machine it ran on."""
@@ -583,6 +590,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     'variable_length_cause': variable_length_cause,
     'launch_profile': launch_profile, 'suite_time': suite_time, 'cell_speed': cell_speed,
     'inference_statistics': inference_statistics, 'same_steps': same_steps,
+    'pooled_variance': pooled_variance,
 }
 
 

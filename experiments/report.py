@@ -199,7 +199,8 @@ ANALYSES = {'variable_length': 'variable_length',
             'variable_length_input': 'variable_length_cause',
             'variable_length_rate': 'variable_length_cause',
             'variable_length_rate_long': 'variable_length_cause',
-            'longer_sequences': 'longer_sequences'}
+            'longer_sequences': 'longer_sequences',
+            'pooled_variance': 'pooled_variance'}
 
 
 def names() -> list[str]:

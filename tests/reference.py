@@ -300,10 +300,12 @@ def ema_update(stats, record, momentum):
   return out
 
 
-def average_records(records):
-  """The estimate: per row, the average of the minibatch means and of the minibatch
-  variances over the minibatches that supported that row, each weighted by its valid
-  count (the papers' plain average when the counts are equal); unsupported rows (0, 1)."""
+def average_records(records, variance='averaged'):
+  """The estimate: per row, the average of the minibatch means over the minibatches that
+  supported that row, each weighted by its valid count, and of their variances
+  ('averaged': the papers' plain average when the counts are equal) or of their
+  variances plus their means' squared distance from the row's mean ('pooled': the law of
+  total variance); unsupported rows (0, 1)."""
   num_rows, features = records[0]['mean'].shape
   out = init_population(num_rows, features)
   for r in range(num_rows):
@@ -311,8 +313,11 @@ def average_records(records):
     weights = np.array([rec['count'][r] for rec in seen], np.float64)
     out['count'][r] = weights.sum()
     if seen:
-      out['mean'][r] = np.average([rec['mean'][r] for rec in seen], axis=0, weights=weights)
-      out['var'][r] = np.average([rec['var'][r] for rec in seen], axis=0, weights=weights)
+      mean = np.average([rec['mean'][r] for rec in seen], axis=0, weights=weights)
+      spread = [rec['var'][r] + (variance == 'pooled') * (rec['mean'][r] - mean) ** 2
+                for rec in seen]
+      out['mean'][r] = mean
+      out['var'][r] = np.average(spread, axis=0, weights=weights)
   return out
 
 

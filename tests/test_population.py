@@ -1,6 +1,7 @@
 """`population.py`: the papers' population estimate (the average over training batches of
 each step's minibatch moments) against float64 moments of the parameters' projections and
-the reference's average of records; its compiled pass is reused across calls. A batch is
+the reference's average of records, and its pooled variances against the float64
+variance of every batch's projections together; its compiled pass is reused across calls. A batch is
 positional or keyword arguments, the keywords asking for batch statistics are arguments
 too, and the estimate warns where its result would be wrong without a word: batches that
 look zero-padded but pass no lengths, sites no batch reached or none supported; it checks
@@ -37,17 +38,19 @@ def _record(rng, rows, seen):
           'count': np.asarray(seen, np.float64)}
 
 
-def test_average_minibatch_moments():
+@pytest.mark.parametrize('variance', population.VARIANCES)
+def test_average_minibatch_moments(variance):
   """The estimate over a nested tree of sites, rows reached by some batches only, each
   batch's row weighted by its valid count; thin rows (negative counts) carry no weight."""
   rng = np.random.default_rng(10)
   seen = ([8, 8, 5, 0, 0], [8, 3, -1, 0, 0], [8, 8, 7, 1, 0])
   records = [{'layer_0': {'cell': _record(rng, 5, s)}, 'layer_1': {'input': _record(rng, 5, s)}}
              for s in seen]
-  estimate = jax.jit(population.average_minibatch_moments)(jax.tree.map(jnp.float32, records))
+  estimate = jax.jit(population.average_minibatch_moments, static_argnames='variance')(
+      jax.tree.map(jnp.float32, records), variance=variance)
   got = jax.tree.map(np.asarray, estimate)
   for layer, site in (('layer_0', 'cell'), ('layer_1', 'input')):
-    want = ref.average_records([r[layer][site] for r in records])
+    want = ref.average_records([r[layer][site] for r in records], variance)
     for key in ('mean', 'var', 'count'):
       helpers.assert_close(got[layer][site][key], want[key], what=f'{layer} {site} {key}')
   np.testing.assert_array_equal(got['layer_0']['cell']['count'], [24, 19, 12, 1, 0])
@@ -61,6 +64,40 @@ def test_average_minibatch_moments():
 def test_population_estimate_of_no_records_names_the_problem():
   with pytest.raises(ValueError, match='at least one minibatch record'):
     population.average_minibatch_moments([])
+  with pytest.raises(ValueError, match=r"variance must be one of \('averaged', 'pooled'\); "
+                                       "got 'mean'"):
+    population.average_minibatch_moments([], variance='mean')
+
+
+def _input_terms(batches, variables):
+  """Float64 W_x x `[B, T, 4H]` of each batch."""
+  kernel = np.asarray(variables['params']['input_kernel'], np.float64)
+  return [np.asarray(x, np.float64) @ kernel for x, _ in batches]
+
+
+def test_pooled_estimate_is_the_variance_of_every_sequence_at_a_row(data):
+  """Pooled, the input term's row t is the mean and variance of the valid W_x x of every
+  batch at step t taken together (float64), and differs from the averaged variances by
+  the spread of the batch means: so on rows one sequence reached in every batch, whose
+  averaged variance is 0."""
+  x, mask = data
+  batches = [(x, mask), (np.asarray(x)[::-1] * 1.5 + 0.3, mask[::-1])]
+  layer = br.make_layer('bn_lstm', H, max_length=T)
+  variables = layer.init(jax.random.key(0), x, mask, use_running_average=False,
+                         deterministic=False)
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore')   # the one-sequence rows' warning
+    stats = {v: br.estimate_population_stats(layer, variables, batches, variance=v)['input']
+             for v in population.VARIANCES}
+  z = _input_terms(batches, variables)
+  for t in range(T):
+    rows = np.concatenate([zb[m[:, t] > 0, t] for zb, (_, m) in zip(z, batches)])
+    helpers.assert_close(stats['pooled']['mean'][t], rows.mean(0), what=f'mean {t}')
+    helpers.assert_close(stats['pooled']['var'][t], rows.var(0), what=f'var {t}')
+  single = np.asarray(mask).sum(0) == 1                  # one sequence in each batch
+  assert single.any()
+  np.testing.assert_array_equal(np.asarray(stats['averaged']['var'])[single], 0.0)
+  assert np.all(np.asarray(stats['pooled']['var'])[single] > 0.0)
 
 
 def test_estimate_population_stats_averages_minibatch_moments(data):
