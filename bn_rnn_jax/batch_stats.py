@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import warnings
 from typing import Iterator, Mapping, Optional
 
 import jax
@@ -163,6 +164,46 @@ def _untrained_message(module: nn.Module, site: str) -> str:
           'estimate them first, or call inside batch_stats.allow_untrained_statistics().')
 
 
+# ------------------------------------------------------------------ the running average
+class RunningAverageWarning(UserWarning):
+  """An evaluation whose population statistics may be the running average that training
+  kept (`note_call`)."""
+
+
+@dataclasses.dataclass
+class _Process:
+  """What this process has traced: training passes (`batch_stats` mutable), estimate
+  passes (`MOMENTS` mutable, `batch_stats` not), and whether it has warned."""
+  trained: bool = False
+  estimated: bool = False
+  warned: bool = False
+
+
+_PROCESS = _Process()
+
+
+def note_call(module: nn.Module, site: str, batch_statistics: bool) -> None:
+  """Record a training or estimate pass; warn once a process (`RunningAverageWarning`) at
+  the first evaluation with population statistics after a training pass when no estimate
+  pass was made: its statistics are then the running average, or were made elsewhere."""
+  if batch_statistics:
+    if module.is_mutable_collection('batch_stats'):
+      _PROCESS.trained = True
+    else:
+      _PROCESS.estimated = True
+    return
+  if _PROCESS.trained and not (_PROCESS.estimated or _PROCESS.warned):
+    _PROCESS.warned = True
+    warnings.warn(
+        f'{_where(module, site)}: evaluating with population statistics '
+        '(use_running_average=True) after training in this process with no population '
+        'estimate made. If they are the running average training kept, they lag the '
+        'parameters and can score far below batch statistics: evaluate with '
+        'br.estimate_population_stats(model, variables, training_batches) '
+        '(docs/guide/layers.md, "Population statistics"). Warned once a process.',
+        RunningAverageWarning, stacklevel=2)
+
+
 def site_variable(module: nn.Module, site: Site, *, batch_statistics: bool):
   """The `batch_stats` variable of `site` (fresh: mean 0, var 1, count 0), after the
   misuse checks of the module docstring (none at `init`)."""
@@ -180,6 +221,7 @@ def site_variable(module: nn.Module, site: Site, *, batch_statistics: bool):
           'updated.')
   elif not _UNTRAINED_ALLOWED.get() and is_untrained(variable.value):
     raise ValueError(_untrained_message(module, site.name))
+  note_call(module, site.name, batch_statistics)
   return variable
 
 

@@ -475,6 +475,14 @@ def donation_memory(path: str = 'benchmarks/results/donation_memory_cpu.json') -
                   rows)
 
 
+def evaluation_statistics(path: str = 'benchmarks/results/evaluation_statistics.json') -> str:
+  """`benchmarks/evaluation_statistics.py --report`: each way of making the statistics
+  after training against batch statistics, on three small tasks, with the machine."""
+  saved = _load(path)
+  return (machine(path) + '\n\n' +
+          _benchmark_module('evaluation_statistics').format_table(saved))
+
+
 # ---------------------------------------------------------------------- figures
 def figures() -> str:
   """`python experiments/report.py figures`: the numbers behind each figure."""
@@ -590,7 +598,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     'variable_length_cause': variable_length_cause,
     'launch_profile': launch_profile, 'suite_time': suite_time, 'cell_speed': cell_speed,
     'inference_statistics': inference_statistics, 'same_steps': same_steps,
-    'pooled_variance': pooled_variance,
+    'evaluation_statistics': evaluation_statistics, 'pooled_variance': pooled_variance,
 }
 
 

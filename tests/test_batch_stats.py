@@ -12,7 +12,11 @@ Misuse of the statistics is an error, as in `flax.linen.BatchNorm`:
    arguments (tracers); `untrained_sites` names the sites beforehand, and
    `allow_untrained_statistics` opts out.
 Both for `RecurrentLayer` and `MaskedBatchNorm` (the one statistics-site implementation).
+The first evaluation with population statistics after a training pass, in a process that
+made no estimate pass, warns once (`RunningAverageWarning`).
 """
+
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -245,3 +249,46 @@ def test_statistics_vocabulary_is_checked_and_sets_the_rows():
                      "'sequence'; got 'shared'"):
     batch_stats.MaskedBatchNorm(statistics='shared').init(jax.random.key(0), X, MASK,
                                                           use_running_average=True)
+
+
+# ----------------------------------------------------------------------------- the warning
+def _fresh_process(monkeypatch):
+  """A process that has traced no training, estimate or evaluation yet."""
+  # pylint: disable-next=protected-access
+  monkeypatch.setattr(batch_stats, '_PROCESS', batch_stats._Process())
+
+
+def _trained_layer():
+  layer = variants.make_layer('bn_lstm', H, max_length=T)
+  variables = layer.init(jax.random.key(0), X, MASK, use_running_average=True,
+                         deterministic=True)
+  _, updated = layer.apply(variables, X, MASK, use_running_average=False,
+                           deterministic=False, mutable=['batch_stats'])
+  return layer, {**variables, **updated}
+
+
+def _evaluation_warnings(layer, variables):
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
+    layer.apply(variables, X, MASK, use_running_average=True, deterministic=True)
+  return [w for w in caught if issubclass(w.category, batch_stats.RunningAverageWarning)]
+
+
+def test_evaluation_after_training_without_an_estimate_warns_once(monkeypatch):
+  _fresh_process(monkeypatch)
+  layer, variables = _trained_layer()
+  first = _evaluation_warnings(layer, variables)
+  assert len(first) == 1
+  text = str(first[0].message)
+  assert '\n' not in text and 'estimate_population_stats' in text
+  assert "RecurrentLayer site 'recurrent'" in text
+  assert _evaluation_warnings(layer, variables) == []   # once a process
+
+
+def test_evaluation_after_an_estimate_or_without_training_is_quiet(monkeypatch):
+  _fresh_process(monkeypatch)
+  layer, variables = _trained_layer()
+  stats = population.estimate_population_stats(layer, variables, [(X, MASK)])
+  assert _evaluation_warnings(layer, {**variables, 'batch_stats': stats}) == []
+  _fresh_process(monkeypatch)
+  assert _evaluation_warnings(layer, variables) == []   # statistics trained elsewhere

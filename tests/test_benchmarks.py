@@ -23,6 +23,7 @@ sys.path.insert(0, BENCHMARKS)
 import cudnn_lstm
 import donation_memory
 import environment
+import evaluation_statistics
 import launch_profile
 import program_facts
 import rnn_speed
@@ -366,3 +367,39 @@ def test_launch_profile_traces_and_reads_the_profile_here():
     assert summary == {'device_plane': False}
   else:
     assert summary['device_plane'] and summary['kernels_per_step'] > 0
+
+
+# ------------------------------------------------------------------------ evaluation statistics
+def test_debiased_running_average_is_cumulative_until_the_momentum_takes_over():
+  """`evaluation_statistics.debiased_update` on full rows: the first update takes the
+  batch value, the k-th moves by max(1 - momentum, 1 / k) (the average of every batch so
+  far, then the usual running average); a row no sequence reached does not move."""
+  momentum, values = 0.75, [4.0, 1.0, 7.0, 2.0, 5.0, 3.0]
+  stats = {'mean': np.zeros((2, 1)), 'var': np.ones((2, 1)), 'count': np.zeros(2)}
+  want = 0.0
+  for k, value in enumerate(values, 1):
+    record = {'mean': np.array([[value], [9.0]]), 'var': np.array([[value], [9.0]]),
+              'count': np.array([8.0, 0.0])}
+    stats = jax.tree.map(np.asarray, evaluation_statistics.debiased_update(stats, record,
+                                                                           momentum))
+    want += max(1.0 - momentum, 1.0 / k) * (value - want)
+    if k <= 4:    # 1 / k >= 1 - momentum: the plain average so far
+      np.testing.assert_allclose(want, np.mean(values[:k]))
+    np.testing.assert_allclose(stats['mean'][:, 0], [want, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(stats['var'][:, 0], [want, 1.0], rtol=1e-6)
+  np.testing.assert_allclose(stats['count'], [48.0, 0.0])
+
+
+def test_evaluation_statistics_counts_scores_against_batch_statistics():
+  """Within one standard error of batch statistics, and worse by more than one: for an
+  accuracy higher is better, for bits per character lower."""
+  seed = lambda ours, batch, se: {'scores': {'running': {'value': ours, 'se': 0.0},
+                                             'batch': {'value': batch, 'se': se}}}
+  saved = {'tasks': {
+      'digits': {'metric': 'accuracy', 'seeds': {'0': seed(0.80, 0.85, 0.02),
+                                                 '1': seed(0.90, 0.85, 0.02)}},
+      'ptb_char': {'metric': 'bpc', 'seeds': {'0': seed(2.20, 2.25, 0.01),
+                                              '1': seed(2.26, 2.25, 0.02)}}}}
+  assert evaluation_statistics.against_batch(saved, 'running') == (1, 1, 4)
+  table = evaluation_statistics.format_table(saved)
+  assert '| running | 0.800 / 0.900 | 2.200 / 2.260 | 1 of 4 | 1 of 4 |' in table
