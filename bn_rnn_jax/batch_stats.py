@@ -204,6 +204,21 @@ def note_call(module: nn.Module, site: str, batch_statistics: bool) -> None:
         RunningAverageWarning, stacklevel=2)
 
 
+def check_batch_rows(module: nn.Module, sites, batch: int, axis_name: Optional[str]) -> None:
+  """Refuse batch statistics whose moments average one row: a batch of 1 on one device
+  (as under `jax.vmap` without an axis name) at a site with moments per step or per row
+  (not over time), whose normalised term would be a constant."""
+  if batch != 1 or axis_name is not None or module.is_initializing():
+    return
+  per_row = [site.name for site in sites if not site.over_time]
+  if per_row:
+    raise ValueError(
+        f'{_where(module, per_row[0])}: batch statistics over a batch of 1 with '
+        'axis_name=None average one row (variance 0: the normalised term is a constant). '
+        "Under jax.vmap, name the mapped axis and give the layer that name (jax.vmap(f, "
+        "axis_name='batch') and axis_name='batch'); otherwise use batches of 2 or more.")
+
+
 def site_variable(module: nn.Module, site: Site, *, batch_statistics: bool):
   """The `batch_stats` variable of `site` (fresh: mean 0, var 1, count 0), after the
   misuse checks of the module docstring (none at `init`)."""
@@ -324,6 +339,8 @@ class MaskedBatchNorm(nn.Module):
                              x.shape[1]) if per_step else 1
     site = Site('stats', x.shape[-1], 'per_step' if per_step else 'sequence', rows)
     stats = site_variable(self, site, batch_statistics=batch)
+    if batch:
+      check_batch_rows(self, [site], x.shape[0], self.axis_name)
     scale = self.param('scale', self.scale_init, (site.features,))
     bias = self.param('bias', nn.initializers.zeros, (site.features,))
     if not batch:

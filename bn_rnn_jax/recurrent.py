@@ -204,6 +204,8 @@ class RecurrentLayer(nn.Module):
     params = self._params(inputs.shape[-1])
     stats = {s.name: batch_stats.site_variable(self, s, batch_statistics=training)
              for s in sites}
+    if training:
+      batch_stats.check_batch_rows(self, sites, batch, self.axis_name)
     if initial_carry is None:
       initial_carry = self.initial_carry(batch, self._quiet_h0(mode), jnp.promote_types(
           jnp.result_type(inputs, params['recurrent_kernel']), jnp.float32))

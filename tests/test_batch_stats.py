@@ -11,6 +11,9 @@ Misuse of the statistics is an error, as in `flax.linen.BatchNorm`:
    values, and when the computation runs under `jax.jit` with the statistics as
    arguments (tracers); `untrained_sites` names the sites beforehand, and
    `allow_untrained_statistics` opts out.
+3. Batch statistics over one row (a batch of 1 on one device, as under `jax.vmap` without
+   an axis name) would normalise to a constant: raised naming `axis_name`, and the named
+   vmapped axis gives the whole batch's moments.
 Both for `RecurrentLayer` and `MaskedBatchNorm` (the one statistics-site implementation).
 The first evaluation with population statistics after a training pass, in a process that
 made no estimate pass, warns once (`RunningAverageWarning`).
@@ -249,6 +252,37 @@ def test_statistics_vocabulary_is_checked_and_sets_the_rows():
                      "'sequence'; got 'shared'"):
     batch_stats.MaskedBatchNorm(statistics='shared').init(jax.random.key(0), X, MASK,
                                                           use_running_average=True)
+
+
+# ----------------------------------------------------------------------------- one row
+@pytest.mark.parametrize('name', ['layer', 'masked_batch_norm'])
+def test_batch_statistics_over_one_row_name_axis_name(name):
+  """A batch of one on one device (as under `jax.vmap` without an axis name) is refused
+  in one line naming axis_name, in training and in the estimate's pass; init is not."""
+  module, (x, mask) = MODULES[name]
+  variables = module.init(jax.random.key(0), x[:1], mask[:1], **_mode(module, False))
+  for mutable in (['batch_stats'], [batch_stats.MOMENTS]):
+    with pytest.raises(ValueError, match='batch of 1 with axis_name=None') as error:
+      module.apply(variables, x[:1], mask[:1], **_mode(module, False), mutable=mutable)
+    assert '\n' not in str(error.value) and 'jax.vmap' in str(error.value)
+
+
+def test_vmap_with_the_axis_named_equals_the_whole_batch():
+  """The fix the message names: the vmapped axis named and given to the layer gives the
+  whole batch's moments (outputs and running average)."""
+  layer = variants.make_layer('bn_lstm', H, max_length=T)
+  named = variants.make_layer('bn_lstm', H, max_length=T, axis_name='batch')
+  variables = layer.init(jax.random.key(0), X, MASK, use_running_average=True,
+                         deterministic=True)
+  train = lambda module: lambda x, m: module.apply(
+      variables, x[None], m[None], use_running_average=False, deterministic=True,
+      mutable=['batch_stats'])
+  (y, updated) = jax.vmap(train(named), axis_name='batch')(X, MASK)
+  want_y, want = layer.apply(variables, X, MASK, use_running_average=False,
+                             deterministic=True, mutable=['batch_stats'])
+  helpers.assert_close(np.asarray(y)[:, 0], want_y, what='outputs')
+  for got, expected in zip(jax.tree.leaves(updated), jax.tree.leaves(want)):
+    helpers.assert_close(np.asarray(got)[0], expected, what='running average')
 
 
 # ----------------------------------------------------------------------------- the warning
