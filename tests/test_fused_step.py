@@ -2,8 +2,8 @@
 the same step functions as plain JAX) against the float64 reference (`reference.py`):
 outputs, final state, per-step moments, every gradient (central finite differences),
 inference with population rows; the same through `RecurrentLayer(execution=
-Execution(fused_step=...))`, the statistics it records included; and the Pallas kernels
-lowered for CUDA from this CPU machine at benchmark shapes.
+Execution(fused_step=...))`, the statistics it records included. The Pallas kernels
+lowered for CUDA from this CPU machine: `test_compile_targets.py`.
 
 Shapes are tiny and deliberately not powers of two (B=5, H=6, I=3, T=6), with uneven
 lengths and junk in the padded positions; `block_h=4` splits the hidden units over two
@@ -199,31 +199,3 @@ def test_layout_pads_to_powers_of_two():
     fused_step.layout(B, H, block_h=6)
   with pytest.raises(ValueError, match='kernel must be one of'):
     fused_step.layout(B, H, 'cuda')
-
-
-# The Triton lowering's custom call: jaxlib 0.10.2 passes the Triton IR to XLA
-# ('__gpu$xla.gpu.triton'); later jaxlibs compile it first ('triton_kernel_call_ffi').
-TRITON_CALLS = ('__gpu$xla.gpu.triton', 'triton_kernel_call_ffi')
-
-
-@pytest.mark.parametrize('batch,steps,inputs,hidden', [(64, 784, 1, 100), (64, 100, 50, 1000)],
-                         ids=['a', 'c'])
-def test_lowers_for_cuda_at_benchmark_shapes(batch, steps, inputs, hidden):
-  """Forward and backward of the fused layer lowered for CUDA from this CPU machine
-  (abstract arguments, nothing allocated): one Triton kernel in the forward scan and one
-  in the reverse scan."""
-  s = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-  params = {'input_kernel': s(inputs, 4 * hidden), 'recurrent_kernel': s(hidden, 4 * hidden),
-            'bias': s(4 * hidden), 'input_scale': s(4 * hidden),
-            'recurrent_scale': s(4 * hidden), 'cell_scale': s(hidden),
-            'cell_bias': s(hidden)}
-
-  def loss(params, x, mask):
-    _, out, _ = fused_step.fused_bn_lstm(params, x, mask)
-    return jnp.mean(out ** 2)
-
-  lowered = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(
-      params, s(batch, steps, inputs), s(batch, steps)).lower(lowering_platforms=('cuda',))
-  text = lowered.as_text()
-  assert sum(text.count(f'@{name}(') for name in TRITON_CALLS) == 2, 'two Triton kernels'
-  assert 'bn_lstm_step_forward' in text and 'bn_lstm_step_backward' in text
