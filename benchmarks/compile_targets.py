@@ -54,7 +54,8 @@ class Form:
 FORMS = {
     'default': Form({}, ('gpu', 'tpu')),
     'cpu_policy': Form({}, ('tpu',), policy_of='cpu'),
-    'fused_xla': Form({'fused_step': 'xla'}, ('gpu', 'tpu')),
+    'remat_dots': Form({'remat': 'dots'}, ('tpu',)),
+    'fused_xla': Form({'fused_step': 'xla'}, ('gpu',)),
     'fused_pallas': Form({'fused_step': 'pallas'}, ('gpu',)),
     'persistent': Form({'fused_step': 'persistent'}, ('gpu',)),
 }

@@ -3,17 +3,18 @@ beside it, and the trainer's train step on four chips, compiled for TPUs by libt
 machine without one.
 
 For each chip of `CHIPS` (a compile-only device of its topology), shape and dtype: the
-layer's forms of `compile_targets.FORMS` that TPUs run ('default': the TPU's execution
-policy; 'cpu_policy': the CPU's, compiled for the TPU beside it; 'fused_xla') and
-`compile_targets.FLAX`. Then `TRAIN_CONFIG`'s compiled train step (the trainer's own,
-mapped over the four chips of `TRAIN_TOPOLOGY` with its data-parallel axis: the
-cross-device batch moments are compiled for TPU too). Per row the JSON records the
-compile time, `memory_analysis()` (bytes; temporaries are those in HBM) and, per while
-loop of the optimised HLO (forward, then backward; each runs once per time step),
-`program_facts.while_loops`: ops, fusions, matmuls and the stashes a step writes, with
-their memory space (HBM, or S(1): on-chip). `cost_analysis()` is not used: it does not
-count loops. Every row is isolated (a failure is recorded, the rest go on) and the JSON
-is written after each.
+layer's forms of `compile_targets.FORMS` compiled for TPUs ('default': the TPU's
+execution policy; 'cpu_policy': the CPU's, compiled for the TPU beside it;
+'remat_dots': the TPU's with `remat='dots'`) and `compile_targets.FLAX`. Then
+`TRAIN_CONFIG`'s compiled train step (the trainer's own, mapped over the four chips of
+`TRAIN_TOPOLOGY` with its data-parallel axis: the cross-device batch moments are
+compiled for TPU too). Per row the JSON records the compile time, `memory_analysis()`
+(bytes; temporaries are those in HBM) and, per while loop of the optimised HLO
+(forward, then backward; each runs once per time step), `program_facts.while_loops`:
+ops, fusions, matmuls, all-reduces and the stashes a step writes, with their memory
+space (HBM, or S(1): on-chip). `cost_analysis()` is not used: it does not count loops.
+Every row is isolated (a failure is recorded, the rest go on) and the JSON is written
+after each.
 
 Nothing here is timed on a TPU: compiling proves the programs build for the chip, with
 the memory and per-step work XLA plans; not their speed.

@@ -5,6 +5,7 @@ sequences, ptxas reports and optimised HLO, and the checks' tables and script us
 The compiles themselves need the GPU and TPU compiler stacks: CI runs them
 (`benchmarks/offline_compile.sh`)."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -44,9 +45,6 @@ def test_forms_take_the_targets_policy_or_say_why_not():
   """Each form runs with the target's policy (or the CPU's, compiled for a TPU beside
   it), its own settings kept; a form this version does not have is skipped in one line
   that names it."""
-  def resolved(backend):
-    return policy.resolve(cell='lstm', hidden_size=100, batch=64, batch_norm=True,
-                          sequence_input=False, backend=backend)
   for name, form in compile_targets.FORMS.items():
     reason = compile_targets.form_unavailable(name)
     if reason:
@@ -54,9 +52,10 @@ def test_forms_take_the_targets_policy_or_say_why_not():
       continue
     for target in form.platforms:
       execution = compile_targets.execution(name, 'a', target)
-      want = resolved(form.policy_of or target)
-      assert (execution.remat, execution.batch_sums) == (want.remat, want.batch_sums), name
-      assert execution.fused_step == form.settings.get('fused_step', 'none')
+      resolved = policy.resolve(cell='lstm', hidden_size=100, batch=64, batch_norm=True,
+                                sequence_input=False, backend=form.policy_of or target)
+      want = {**dataclasses.asdict(resolved), 'fused_step': 'none', **form.settings}
+      assert {key: getattr(execution, key) for key in want} == want, (name, target)
 
 
 THUNKS = """\
