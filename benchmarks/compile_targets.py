@@ -1,8 +1,8 @@
 """What the offline compile checks build, and for which target, without the target's
-hardware: the BN-LSTM layer's execution forms (a table, one entry per form), the
-target's execution policy, compile-only devices for an H100 and for TPU topologies, and
-the programs (the layer's and Flax's LSTM's forward+backward) as jitted functions of
-abstract arguments.
+hardware: the BN-LSTM layer's execution forms (a table, one entry per form), traced for
+the target (`policy.targets`: the layer resolves its policy for it), compile-only
+devices for an H100 and for TPU topologies, and the programs (the layer's and Flax's
+LSTM's forward+backward) as jitted functions of abstract arguments.
 
 `gpu_compile.py` and `tpu_compile.py` compile these programs; the CUDA cross-lowering
 test (`tests/test_fused_step.py`) lowers under `cuda_lowering()`. Nothing here allocates
@@ -17,7 +17,6 @@ import dataclasses
 import os
 import sys
 from typing import Any, Callable, Mapping, Optional
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -41,12 +40,14 @@ DTYPES = rnn_speed.DTYPES
 
 @dataclasses.dataclass(frozen=True)
 class Form:
-  """One way to run the `bn_lstm` layer: `Execution` settings, the platforms it is
-  compiled for, and whose 'auto' policy fills the settings not given (None: the target
-  platform's; 'cpu': the CPU's, compiled for the target beside it)."""
+  """One way to run the `bn_lstm` layer: `Execution` settings, the platforms and shapes
+  it is compiled for, and whose policy resolves the settings left 'auto' (None: the
+  target platform's, as the layer resolves them under `policy.targets`; 'cpu': the
+  CPU's, given explicitly, to compile it for the target beside the target's own)."""
   settings: Mapping[str, Any]
   platforms: tuple[str, ...]
   policy_of: Optional[str] = None
+  shapes: tuple[str, ...] = SHAPES
 
 
 #: The layer's execution forms, by name. A new form (a `fused_step` value, Pallas block
@@ -57,19 +58,11 @@ FORMS = {
     'remat_dots': Form({'remat': 'dots'}, ('tpu',)),
     'fused_xla': Form({'fused_step': 'xla'}, ('gpu',)),
     'fused_pallas': Form({'fused_step': 'pallas'}, ('gpu',)),
-    'persistent': Form({'fused_step': 'persistent'}, ('gpu',)),
+    # One program holds the whole recurrence: H up to `persistent.MAX_HIDDEN` (256).
+    'persistent': Form({'fused_step': 'persistent'}, ('gpu',), shapes=('a',)),
 }
 #: Flax's `nn.RNN(nn.OptimizedLSTMCell)` (`rnn_speed.FlaxLSTM`), compiled beside the forms.
 FLAX = 'flax_lstm'
-
-# The layer resolves 'auto' with `jax.default_backend()`, the host's backend, whatever
-# platform the program is lowered for. Until it resolves for the lowering's platform,
-# the checks give it the target's policy: explicit settings from
-# `policy.resolve(backend=target)`, and `jax.default_backend()` answering the target
-# while tracing (the Pallas `interpret=` choice and `batch_stats.py` ask it too). When
-# the layer resolves for the target itself, set this True: the forms then keep their
-# 'auto' settings, and the checks compile what a user's program gets.
-LAYER_RESOLVES_FOR_TARGET = False
 
 
 def form_unavailable(name: str) -> Optional[str]:
@@ -81,29 +74,36 @@ def form_unavailable(name: str) -> Optional[str]:
   return None
 
 
-def execution(name: str, shape: str, target: str) -> br.Execution:
-  """The `Execution` the form `name` runs with at `shape` when compiled for `target`
-  ('gpu', 'tpu' or 'cpu')."""
-  form = FORMS[name]
-  if LAYER_RESOLVES_FOR_TARGET and form.policy_of is None:
-    return br.Execution(**form.settings)
+def _layer_facts(shape: str) -> dict:
   s = rnn_speed.SHAPES[shape]
-  resolved = br.policy.resolve(
-      cell='lstm', hidden_size=s['hidden'], batch=s['batch'], batch_norm=True,
-      sequence_input=False, execution=br.Execution(**form.settings),
-      backend=form.policy_of or target)
-  return br.Execution(**{**dataclasses.asdict(resolved), **form.settings})
+  return dict(cell='lstm', hidden_size=s['hidden'], batch=s['batch'], batch_norm=True,
+              sequence_input=False)
 
 
-@contextlib.contextmanager
+def execution(name: str, shape: str) -> br.Execution:
+  """The `Execution` the layer of form `name` is given at `shape`: the form's settings,
+  and for a form of another platform's policy (`policy_of`), that policy's choices."""
+  form = FORMS[name]
+  if form.policy_of is None:
+    return br.Execution(**form.settings)
+  resolved = br.policy.resolve(**_layer_facts(shape), platform=form.policy_of,
+                               execution=br.Execution(**form.settings))
+  return br.Execution(**{**form.settings,
+                         **{key: getattr(resolved, key) for key in
+                            ('hoist_input', 'remat', 'backward', 'batch_sums')}})
+
+
+def resolved_policy(name: str, shape: str, target: str) -> dict:
+  """The policy the layer of form `name` runs with at `shape` when traced for `target`
+  (`policy.resolve`, what the layer calls), as a dict for the results."""
+  return dataclasses.asdict(br.policy.resolve(
+      **_layer_facts(shape), platform=target, execution=execution(name, shape)))
+
+
 def tracing_for(target: str):
-  """While tracing for `target`: `jax.default_backend()` answers `target` until the
-  layer resolves its choices for the lowering's platform (`LAYER_RESOLVES_FOR_TARGET`)."""
-  if LAYER_RESOLVES_FOR_TARGET:
-    yield
-    return
-  with mock.patch.object(jax, 'default_backend', lambda: target):
-    yield
+  """A context in which programs are traced for `target` ('gpu' or 'tpu'): the layer
+  resolves its 'auto' choices (and runs Pallas compiled, not interpreted) for it."""
+  return br.policy.targets(target)
 
 
 def cuda_lowering():
@@ -143,8 +143,9 @@ def _loss(apply: Callable) -> Callable:
 
 def program(name: str, shape: str, dtype: str, target: str):
   """`(fn, args)`: the jitted forward+backward (`value_and_grad` w.r.t. the parameters)
-  of the form `name` (or `FLAX`) at `shape` in compute dtype `dtype` for `target`, and
-  its abstract arguments `(params, batch_stats, x)` (no sharding)."""
+  of the form `name` (or `FLAX`) at `shape` in compute dtype `dtype`, to be traced for
+  `target` (`lower`), and its abstract arguments `(params, batch_stats, x)` (no
+  sharding)."""
   s = rnn_speed.SHAPES[shape]
   x = jax.ShapeDtypeStruct((s['batch'], s['time'], s['features']), jnp.float32)
   key = jax.random.key(0)
@@ -154,9 +155,10 @@ def program(name: str, shape: str, dtype: str, target: str):
     apply = lambda params, _, x: model.apply({'params': params}, x)
   else:
     layer = br.make_layer('bn_lstm', s['hidden'], max_length=s['time'], dtype=DTYPES[dtype],
-                          execution=execution(name, shape, target))
+                          execution=execution(name, shape))
     mode = dict(use_running_average=False, deterministic=False)
-    variables = jax.eval_shape(lambda k, x: layer.init(k, x, **mode), key, x)
+    with tracing_for(target):
+      variables = jax.eval_shape(lambda k, x: layer.init(k, x, **mode), key, x)
 
     def apply(params, batch_stats, x):
       y, _ = layer.apply({'params': params, 'batch_stats': batch_stats}, x, **mode,

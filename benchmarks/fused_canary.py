@@ -4,8 +4,8 @@ against its pure-JAX fused path (`fused_step='xla'`), before anything is timed.
 For each shape, the layer's loss and every parameter gradient (one jitted
 `value_and_grad`, lengths spread over [T/2, T] so that masks count) with
 `Execution(fused_step='xla')`, then with each Pallas form of `compile_targets.FORMS`
-(every form whose `fused_step` is neither 'none' nor 'xla') and each `--configs` entry
-(`block_h` x `num_warps`, where `Execution` has those fields): a row passes when every
+(every form whose `fused_step` is neither 'none' nor 'xla', at the shapes it holds)
+and each `--configs` entry (`block_h` x `num_warps`): a row passes when every
 value is within `--rtol` of the largest entry of the 'xla' path's (matmuls at full
 float32 precision, so only the kernels' pointwise math differs). Each row is isolated (a
 failure is recorded, the others run) and the JSON is written after each. Times are
@@ -51,8 +51,8 @@ CONFIG_FIELDS = ('block_h', 'num_warps')
 # `--shapes`, `--repeats` (timed calls per row, after the first) and `--json` are
 # rnn_speed.py's flags.
 _SHAPES, _REPEATS, _JSON = (rnn_speed._SHAPES, rnn_speed._REPEATS, rnn_speed._JSON)  # pylint: disable=protected-access
-_CONFIGS = flags.DEFINE_list('configs', ['default'], "'default' (the form's own settings) or "
-                             'BLOCK_HxNUM_WARPS, e.g. 32x4,8x4.')
+_CONFIGS = flags.DEFINE_list('configs', ['default'], "'default' (the layer's own block_h and "
+                             "num_warps) or BLOCK_HxNUM_WARPS, e.g. 32x4,8x8.")
 _STEPS = flags.DEFINE_integer('steps', None, 'Override T (CPU checks of the script).')
 _RTOL = flags.DEFINE_float('rtol', 1e-3, 'Largest difference, relative to the largest '
                            'entry of each value of the xla path.')
@@ -61,14 +61,6 @@ _RTOL = flags.DEFINE_float('rtol', 1e-3, 'Largest difference, relative to the la
 def config_settings(config: str) -> dict:
   """`Execution` settings of a `--configs` entry."""
   return {} if config == 'default' else dict(zip(CONFIG_FIELDS, map(int, config.split('x'))))
-
-
-def config_unavailable(config: str):
-  """None where this version's `Execution` takes the entry's fields; else one line."""
-  missing = [f for f in CONFIG_FIELDS if f not in br.policy.EXECUTION_FIELDS]
-  if config != 'default' and missing:
-    return f'{config}: skipped, this version\'s Execution has no {", ".join(missing)}'
-  return None
 
 
 def inputs(shape: dict, steps: int):
@@ -153,10 +145,10 @@ def main(argv):
       traceback.print_exc()
       record({**base, 'form': REFERENCE, 'ok': False, 'error': error_line(e)})
       continue
-    for form in CHECKED:
+    for form in [f for f in CHECKED if shape_name in compile_targets.FORMS[f].shapes]:
       for config in _CONFIGS.value:
         row = {**base, 'form': form, 'config': config}
-        reason = compile_targets.form_unavailable(form) or config_unavailable(config)
+        reason = compile_targets.form_unavailable(form)
         if reason:
           record({**row, 'ok': True, 'skipped': reason})
           continue

@@ -5,7 +5,8 @@ each time step launches and what each Pallas kernel costs in registers.
 Each (form, shape, dtype) of `compile_targets.FORMS` (the GPU ones) is compiled in a
 process of its own (a failure or a timeout loses that row only; the JSON is written
 after every row) for a compile-only H100 (`compile_targets.h100_device`), with the
-GPU's execution policy. Per row the JSON records the compile time, XLA's memory
+GPU's execution policy (traced under `policy.targets('gpu')`; the row records it). Per
+row the JSON records the compile time, XLA's memory
 analysis, and per while loop of the program (forward, then backward: each runs once per
 time step):
 
@@ -32,7 +33,6 @@ Exit status 1 if any row failed to compile.
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import json
 import os
@@ -88,7 +88,7 @@ def compile_row(form: str, shape: str, dtype: str, row_dir: str) -> dict:
   (the parent process sets both)."""
   device = compile_targets.h100_device()
   row = {'form': form, 'shape': shape, 'dtype': dtype,
-         'execution': dataclasses.asdict(compile_targets.execution(form, shape, TARGET))}
+         'policy': compile_targets.resolved_policy(form, shape, TARGET)}
   fn, args = compile_targets.program(form, shape, dtype, TARGET)
   start = time.perf_counter()
   lowered = compile_targets.lower(
@@ -216,7 +216,6 @@ def main(argv):
            'target': {'device': compile_targets.H100_KIND, 'compute_capability': '9.0',
                       'compile_only': True, 'ptxas': ptxas_version(ptxas),
                       'jax_cuda_plugin': machine_facts._version('jax-cuda13-plugin')},  # pylint: disable=protected-access
-           'policy_given_explicitly': not compile_targets.LAYER_RESOLVES_FOR_TARGET,
            'skipped': [], 'rows': []}
 
   def write():
@@ -231,7 +230,7 @@ def main(argv):
       print(reason, flush=True)
       write()
       continue
-    for shape in _SHAPES.value:
+    for shape in [s for s in _SHAPES.value if s in compile_targets.FORMS[form].shapes]:
       for dtype in _DTYPES.value:
         row = run_row(form, shape, dtype, ptxas)
         saved['rows'].append(row)

@@ -38,8 +38,9 @@ line elsewhere; its row records `max_abs_diff_to_lstm_ref`, the largest differen
 outputs from JAX's pure-JAX version of the same LSTM); and `VARIANT[:BACKWARD[:REMAT]]`
 for our layer, e.g. `bn_lstm:layer` (whole-layer backward pass) or `bn_lstm:scan:dots`
 (autodiff of the scan, storing matmul outputs); without a backward, the layer's 'auto'
-(`policy.py`); `bn_lstm:fused:xla` and `bn_lstm:fused:pallas` run the BN-LSTM with
-`Execution(fused_step=...)` (`fused_step.py`; Pallas on accelerators only). And a
+(`policy.py`); `bn_lstm:fused:xla`, `bn_lstm:fused:pallas` and `bn_lstm:fused:persistent`
+run the BN-LSTM with `Execution(fused_step=...)` (`fused_step.py`, `persistent.py`; Pallas
+on accelerators only). And a
 float32 floor, not an LSTM: `products_only:scan` and
 `products_only:layer` run the matrix products of Flax's fwd+bwd with no gate math
 (`products_only`): all of them inside the steps, or only the two the recurrence forces
@@ -104,9 +105,9 @@ FLOORS = (f'{PRODUCTS_ONLY}:scan', f'{PRODUCTS_ONLY}:layer')
 ANCHORS = (REFERENCE, CUDNN)
 # Our BN-LSTM as a cell of Flax's `nn.RNN`: its products are Flax's cell's too.
 CELL = 'bn_lstm_cell'
-# The BN-LSTM with `Execution(fused_step=...)` (`fused_step.py`): plain JAX, and Pallas
-# (interpreted on CPU, where its time means nothing, so it runs on accelerators only).
-FUSED = ('bn_lstm:fused:xla', 'bn_lstm:fused:pallas')
+# The BN-LSTM with `Execution(fused_step=...)`: plain JAX, and Pallas per step or
+# persistent (interpreted on CPU, where its time means nothing: accelerators only).
+FUSED = ('bn_lstm:fused:xla', 'bn_lstm:fused:pallas', 'bn_lstm:fused:persistent')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 IMPLS = (*ANCHORS, *FLOORS, 'lstm', 'lstm:scan', 'lstm:layer', 'bn_lstm', 'bn_lstm:scan',
          'bn_lstm:scan:dots', 'bn_lstm:scan:full', 'bn_lstm:layer', CELL, *FUSED)
@@ -331,8 +332,7 @@ def skip_reason(impl: str, dtype: str, cudnn_unavailable: Optional[str]) -> Opti
     return cudnn_unavailable
   if impl in (CUDNN, *FLOORS) and dtype != 'float32':
     return f'{impl} {dtype}: skipped, it runs float32 only.'
-  if impl.startswith('bn_lstm:fused:') and not impl.endswith(':xla') and (
-      jax.default_backend() == 'cpu'):
+  if impl.endswith((':pallas', ':persistent')) and jax.default_backend() == 'cpu':
     return f'{impl}: skipped, Pallas runs interpreted on CPU (time it on an accelerator).'
   return None
 

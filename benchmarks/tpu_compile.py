@@ -28,7 +28,6 @@ failed to compile.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -84,7 +83,7 @@ def layer_row(chip: str, program: str, shape: str, dtype: str) -> dict:
   row = {'chip': chip, 'device_kind': device.device_kind, 'program': program,
          'shape': shape, 'dtype': dtype}
   if program != compile_targets.FLAX:
-    row['execution'] = dataclasses.asdict(compile_targets.execution(program, shape, TARGET))
+    row['policy'] = compile_targets.resolved_policy(program, shape, TARGET)
   fn, args = compile_targets.program(program, shape, dtype, TARGET)
   placed = compile_targets.placed(args, jax.sharding.SingleDeviceSharding(device))
   # Mosaic (Pallas on TPU) looks the default device up while tracing rank-1 blocks.
@@ -188,7 +187,6 @@ def main(argv):
                          f'{", ".join(CHIPS)}, programs: {", ".join(TPU_PROGRAMS)}.')
   saved = {'machine': machine_facts.machine(),
            'libtpu': machine_facts._version('libtpu'),  # pylint: disable=protected-access
-           'policy_given_explicitly': not compile_targets.LAYER_RESOLVES_FOR_TARGET,
            'skipped': [], 'rows': []}
 
   def record(row):
@@ -204,8 +202,10 @@ def main(argv):
       saved['skipped'].append(reason)
       print(reason, flush=True)
       continue
+    shapes = compile_targets.SHAPES if program == compile_targets.FLAX else (
+        compile_targets.FORMS[program].shapes)
     for chip in _CHIPS.value:
-      for shape in _SHAPES.value:
+      for shape in [s for s in _SHAPES.value if s in shapes]:
         for dtype in _DTYPES.value:
           record(run_row(layer_row, chip, program, shape, dtype))
   if _TRAIN_STEP.value:

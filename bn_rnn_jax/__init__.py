@@ -18,8 +18,10 @@ import) does not import JAX.
   Statistics estimate_population_stats, batch_norm, batch_moments, layer_norm, normalize
   Training   default_config, train_and_evaluate, Trainer (from `bn_rnn_jax.training`)
   Modules    nnx_cells (the cells and RNN in Flax NNX), nnx_bridge (any layer or model
-             as an NNX module, the estimate in NNX), export (`jax.export` of a trained model), batch_stats
-             (statistics sites and their misuse checks), ...
+             as an NNX module, the estimate in NNX), export (`jax.export` of a trained
+             model), batch_stats (statistics sites and their misuse checks), checks
+             (`checks.checkify`: the checks of traced values), policy (`Execution`,
+             `policy.targets`), ...
   Packages   input_pipeline (the datasets), training (the trainer)
 """
 
@@ -44,10 +46,10 @@ _NAMES = {
     'default_config': 'training.config',
     'train_and_evaluate': 'training.loop', 'Trainer': 'training.trainer',
 }
-_MODULES = ('batch_stats', 'export', 'extras', 'flax_cells', 'fused_step', 'initializers',
-            'input_pipeline', 'layer_vjp', 'models', 'modes', 'nnx_bridge', 'nnx_cells',
-            'normalization', 'policy', 'population', 'recurrent', 'sequence', 'stack', 'steps',
-            'training', 'variants')
+_MODULES = ('batch_stats', 'checks', 'export', 'extras', 'flax_cells', 'fused_step',
+            'initializers', 'input_pipeline', 'layer_vjp', 'models', 'modes', 'nnx_bridge',
+            'nnx_cells', 'normalization', 'persistent', 'policy', 'population', 'recurrent',
+            'scans', 'sequence', 'stack', 'steps', 'training', 'variants')
 
 __all__ = sorted(_NAMES) + list(_MODULES)
 

@@ -49,6 +49,7 @@ from flax import struct
 from flax.linen.recurrent import flip_sequences
 
 from bn_rnn_jax import batch_stats
+from bn_rnn_jax import checks
 from bn_rnn_jax import initializers
 from bn_rnn_jax import normalization
 from bn_rnn_jax import policy
@@ -93,6 +94,9 @@ def check_seq_lengths(seq_lengths, batch_shape: tuple[int, ...], length: int) ->
     raise ValueError(f'seq_lengths must be integers (the valid steps of each row); got '
                      f'dtype {dtype}.')
   if isinstance(seq_lengths, jax.core.Tracer):
+    checks.check((seq_lengths >= 0) & (seq_lengths <= length), 'seq_lengths holds {} or {}, '
+                 f'outside 0..{length} (the time steps of the inputs).',
+                 jnp.min(seq_lengths), jnp.max(seq_lengths))
     return
   values = np.asarray(seq_lengths)
   bad = np.argwhere((values < 0) | (values > length))

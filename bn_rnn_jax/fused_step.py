@@ -1,57 +1,23 @@
-"""A fused BN-LSTM time step (Pallas kernels) and its scan over time, with a
-whole-sequence backward pass.
+"""The BN-LSTM step fused into one kernel per step and direction, and its scan over time.
 
-One step of the BN-LSTM (Cooijmans et al. eq. 14-16), given the recurrent product
-`Z = h_{t-1} W_h [B, 4H]` and the input term `U [B, 4H]` (`W_x x_t`, already batch
-normalised with its gamma, as the layer's hoisted path computes it for all steps):
+One step (Cooijmans et al. eq. 14-16) given `Z = h_{t-1} W_h [B, 4H]` and the hoisted,
+normalised input term `U [B, 4H]`:
 
     gates = gamma_h * BN(Z) + U + b                      gate order (f, i, o, g)
     c     = sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(g)
     h     = sigmoid(o) * tanh(gamma_c * BN(c) + beta_c)
 
-BN uses the mean and biased variance of the valid rows (mask 1) of the step, divided by
-their count (at least 1), or the step's population rows in inference. A padded row keeps
-its state `(c_{t-1}, h_{t-1})`, outputs 0 and counts in no statistic: the equations of
-`steps.lstm_step` with a hoisted input term.
+with `normalization`'s masked moments and batch-norm backward pass (or the step's
+population rows). The matmuls run between the kernels: `h_{t-1} W_h` forward, `dZ W_h^T`
+backward, and `dW_h = sum_t H_{t-1}^T dZ_t` as one product after the reverse scan. The
+backward kernel recomputes the step's pointwise forward from the stored `Z`, `c_{t-1}`.
 
-What runs where:
-  * `h_{t-1} W_h` (forward) and `dZ W_h^T` (backward) are XLA matmuls between the
-    kernels, once per step; `dW_h = sum_t H_{t-1}^T dZ_t` is one product over all
-    `T * B` rows after the reverse scan (as `layer_vjp`).
-  * one kernel call per step forward (BN of Z, gates, c, BN of c, h, the masks, the step's
-    moments) and one backward (the pointwise backward pass, batch norm's included, and the
-    column sums of the pointwise parameters' gradients). The backward kernel recomputes
-    the step's pointwise forward from what the forward scan stores: `Z`, `c_{t-1}`,
-    `h_{t-1}` per step (`U` and the mask are inputs already).
-
-Tiling: the hidden units are split into blocks of `block_h`; one program holds the whole
-(padded) batch and the four gate columns of its units, so every per-feature mean and
-variance, and every column sum of the backward pass, stays inside one program. Programs
-share nothing within a step; only `h_t` (through the matmul) links steps. For GPU
-lowerings that need power-of-two blocks (Triton), the batch is padded to a power of two
-(padded rows carry mask 0, so they change no statistic) and H to a multiple of `block_h`,
-a power of two (padded units have zero weights, gammas and biases, and stay 0).
-
-`kernel='xla'` runs the same step functions as plain JAX on whole arrays (no Pallas, no
-padding) under the same scan and backward pass: the pure-JAX fused path, for backends
-without a Pallas lowering. `interpret=True` runs the Pallas kernels with Pallas's
-interpreter (CPU tests). `_pallas_step` is the one place that knows the Pallas lowering
-(Triton compiler parameters, block specs); the step math (`_forward_math`,
-`_backward_math`) works on loaded values only.
-
-GPU lowerings: the kernels name Triton's compiler parameters, so they lower through
-Pallas's Triton path (a `jax.jit(...).lower(lowering_platforms=('cuda',))` works without
-a GPU). The Triton lowering refuses arrays whose sizes are not powers of two, hence the
-padding. Pallas's default GPU lowering, Mosaic GPU, does not take these kernels as they
-are: it stages every block in shared memory through TMA copies, which need global strides
-of multiples of 16 bytes and copies of multiples of 128 bytes, and loads a 1-D block only
-when it holds a multiple of 128 elements; with `block_h >= 128` and the whole batch of 64
-rows in a program, the forward step's blocks alone exceed the 227 KiB of shared memory.
-A Mosaic GPU step needs a block layout of its own, behind `_pallas_step`.
-
-Not covered (the layer keeps its other paths for these): cross-device batch moments
-(`axis_name`, which need a psum between the moments and their use inside a step),
-`padded_statistics`, `min_step_count > 1`, layer norm, and the tanh RNN.
+Tiling (Pallas): one program holds the whole padded batch and the four gate columns of
+`block_h` hidden units, so every per-feature moment and column sum stays inside it. The
+batch is padded to a power of two (rows with mask 0) and H to a multiple of `block_h`
+(units with zero weights), as Triton's lowering needs. `kernel='xla'` runs the same math
+on whole arrays as plain JAX; it also takes cross-device moments (`axis_name`), which a
+kernel cannot (it runs only where the axis holds one device).
 """
 
 from __future__ import annotations
@@ -65,31 +31,36 @@ import jax.numpy as jnp
 from jax import lax
 
 from bn_rnn_jax import normalization
+from bn_rnn_jax import steps
 
 Array = jax.Array
 
 GATES = 4
-KERNELS = ('pallas', 'xla')
-#: Elements per gate column block (batch rows times units) that the default `block_h`
-#: aims at: small enough for one GPU program's registers.
+KERNELS = ('pallas', 'xla', 'persistent')
+#: Elements per `[batch, block_h]` block that the default `block_h` aims at.
 _BLOCK_ELEMENTS = 2048
 
 
-# ----------------------------------------------------------------------------- layout
-
-
-def _next_pow2(n: int) -> int:
-  return 1 << max(int(n) - 1, 0).bit_length()
-
-
-def _prev_pow2(n: int) -> int:
-  return 1 << (max(int(n), 1).bit_length() - 1)
+def check_fits(cell: str, norms: tuple, statistics: str, padded_statistics: bool,
+               min_step_count: int) -> None:
+  """One line for a layer the fused step does not run: it runs the BN-LSTM (cell 'lstm',
+  batch norm on W_h h, W_x x and c_t) with per-step statistics of the valid rows."""
+  why = (f'this layer is cell={cell!r} with (recurrent, input, cell) norms {norms}'
+         if (cell, norms) != ('lstm', ('batch',) * 3)
+         else f'this layer keeps statistics={statistics!r}' if statistics != 'per_step'
+         else 'this layer counts padding in its moments (padded_statistics=True)'
+         if padded_statistics
+         else f'this layer falls back on population rows (min_step_count={min_step_count})'
+         if min_step_count > 1 else None)
+  if why:
+    raise ValueError('Execution(fused_step=...) runs the BN-LSTM only (batch norm on all '
+                     "three sites, statistics='per_step', counting valid rows); " + why +
+                     ": use fused_step='none'.")
 
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-  """Padded sizes of the kernels' arrays: `batch` rows (B or more), `hidden` units (H or
-  more, a multiple of `block_h`), `block_h` units per program."""
+  """Padded sizes: `batch` rows, `hidden` units (a multiple of `block_h`)."""
   batch: int
   hidden: int
   block_h: int
@@ -99,239 +70,160 @@ class Layout:
     return self.hidden // self.block_h
 
 
+def _pow2(n: int, up: bool) -> int:
+  n = max(int(n), 1)
+  return 1 << ((n - 1).bit_length() if up else n.bit_length() - 1)
+
+
 def layout(batch: int, hidden: int, kernel: str = 'pallas',
            block_h: Optional[int] = None) -> Layout:
-  """The padded sizes a fused scan of `[batch, hidden]` states runs at.
-
-  'pallas': the batch padded to a power of two; `block_h` (a power of two; default the
-  largest with at most 2048 elements per `[batch, block_h]` block, capped at H rounded up
-  to a power of two) units per program, H padded to a multiple of it. 'xla': no padding,
-  one block.
-  """
+  """'pallas': the batch padded to a power of two; `block_h` (a power of two; default the
+  largest with at most 2048 elements per `[batch, block_h]` block, at most H rounded up)
+  units per program. 'persistent': the batch padded to a power of two of at least 16,
+  H to a multiple of `block_h` (default `persistent.default_block`), at most
+  `persistent.MAX_HIDDEN`. 'xla': no padding, one block."""
   if kernel not in KERNELS:
     raise ValueError(f'kernel must be one of {KERNELS}; got {kernel!r}.')
   if kernel == 'xla':
     return Layout(batch, hidden, hidden)
-  rows = _next_pow2(batch)
-  if block_h is None:
-    block_h = min(_next_pow2(hidden), _prev_pow2(max(1, _BLOCK_ELEMENTS // rows)))
+  rows = _pow2(batch, up=True)
+  if kernel == 'persistent':
+    from bn_rnn_jax import persistent  # pylint: disable=g-import-not-at-top
+    rows = max(rows, persistent.MIN_TILE)
+    block_h = block_h or persistent.default_block(_pow2(hidden, up=True))
+  elif block_h is None:
+    block_h = min(_pow2(hidden, up=True), _pow2(_BLOCK_ELEMENTS // rows, up=False))
   if block_h < 1 or block_h & (block_h - 1):
     raise ValueError(f'block_h must be a positive power of two; got {block_h}.')
-  return Layout(rows, -(-hidden // block_h) * block_h, block_h)
+  lay = Layout(rows, -(-hidden // block_h) * block_h, block_h)
+  if kernel == 'persistent' and lay.hidden > persistent.MAX_HIDDEN:
+    raise ValueError(f"Execution(fused_step='persistent') holds H <= {persistent.MAX_HIDDEN} "
+                     f"in one program; H={hidden} pads to {lay.hidden}: use "
+                     "fused_step='pallas'.")
+  return lay
 
 
 def _pad_to(a: Array, shape, value=0.0) -> Array:
   return jnp.pad(a, [(0, n - m) for m, n in zip(a.shape, shape)], constant_values=value)
 
 
-def _gate_view(a: Array, hidden: int) -> Array:
-  """`[..., 4H]` -> `[..., 4, H]` (gate-blocked columns, order f, i, o, g)."""
-  return a.reshape(a.shape[:-1] + (GATES, hidden))
-
-
 # ----------------------------------------------------------------------------- step math
-# Values, not arrays in memory: `gates`-kind inputs are 4-tuples of `[B, F]` (one per
-# gate), `gate_vec`-kind ones 4-tuples of `[F]`; `state` `[B, F]`, `vec` `[F]`,
-# `mask` `[B, 1]`. F is the block's units (H under `kernel='xla'`).
+# On values: 'gates' are 4-tuples of `[B, F]`, 'gate_vec' 4-tuples of `[F]`, 'state'
+# `[B, F]`, 'vec' `[F]`, 'mask' `[B, 1]`; F is a block's units (H for 'xla').
 
 
-def _sum_rows(x: Array) -> Array:
-  return jnp.sum(x, axis=0)
+def _normalized(x, mask, population, epsilon, axis_name):
+  """`(x_hat, inv_std, mean, var)` of `x [B, F]`: batch moments of the valid rows, or the
+  `(mean, var)` given."""
+  if population is None:
+    mean, var, _ = normalization.batch_moments(x, mask, axis_name=axis_name)
+  else:
+    mean, var = population
+  inv = lax.rsqrt(var + epsilon)
+  return (x - mean) * inv, inv, mean, var
 
 
-def _moments(x: Array, valid: Array, count: Array):
-  """Mean and biased variance of the valid rows of `x [B, F]` (two passes)."""
-  mean = _sum_rows(jnp.where(valid, x, 0.0)) / count
-  centred = x - mean
-  return mean, _sum_rows(jnp.where(valid, centred * centred, 0.0)) / count
-
-
-def _forward_parts(v: dict, epsilon: float, population: bool) -> dict:
+def _forward_parts(v: dict, epsilon: float, population: bool, axis_name) -> dict:
   """The step's pointwise forward pass and the intermediates its backward pass reads."""
-  valid = v['mask'] > 0
-  count = jnp.maximum(jnp.sum(v['mask']), 1.0)
-  p = {'valid': valid, 'count': count, 'z_hat': [], 'inv_h': [], 'mean_h': [], 'var_h': []}
+  def pop(name, g=None):  # the population rows of Z's gate g or of c, or None
+    if not population:
+      return None
+    mean, var = v[f'mean_{name}'], v[f'var_{name}']
+    return (mean, var) if g is None else (mean[g], var[g])
+
+  p = {'z_hat': [], 'inv_h': [], 'mean_h': [], 'var_h': []}
   pre = []
   for g in range(GATES):
-    if population:
-      mean, var = v['mean_h'][g], v['var_h'][g]
-    else:
-      mean, var = _moments(v['z'][g], valid, count)
-    inv = lax.rsqrt(var + epsilon)
-    z_hat = (v['z'][g] - mean) * inv
-    pre.append(z_hat * v['gamma_h'][g] + v['u'][g] + v['bias'][g])
-    for key, value in (('z_hat', z_hat), ('inv_h', inv), ('mean_h', mean), ('var_h', var)):
+    parts = _normalized(v['z'][g], v['mask'], pop('h', g), epsilon, axis_name)
+    for key, value in zip(('z_hat', 'inv_h', 'mean_h', 'var_h'), parts):
       p[key].append(value)
+    pre.append(p['z_hat'][g] * v['gamma_h'][g] + v['u'][g] + v['bias'][g])
   p['sf'], p['si'], p['so'] = (jax.nn.sigmoid(a) for a in pre[:3])
   p['tg'] = jnp.tanh(pre[3])
-  c = p['sf'] * v['c_prev'] + p['si'] * p['tg']
-  if population:
-    p['mean_c'], p['var_c'] = v['mean_c'], v['var_c']
-  else:
-    p['mean_c'], p['var_c'] = _moments(c, valid, count)
-  p['inv_c'] = lax.rsqrt(p['var_c'] + epsilon)
-  p['c_hat'] = (c - p['mean_c']) * p['inv_c']
+  p['c'] = p['sf'] * v['c_prev'] + p['si'] * p['tg']
+  p['c_hat'], p['inv_c'], p['mean_c'], p['var_c'] = _normalized(
+      p['c'], v['mask'], pop('c'), epsilon, axis_name)
   p['tanh_c'] = jnp.tanh(p['c_hat'] * v['gamma_c'] + v['beta_c'])
-  p['c'] = c
   p['h'] = p['so'] * p['tanh_c']
   return p
 
 
-def _forward_math(v: dict, *, epsilon: float, population: bool) -> dict:
+def _forward_math(v: dict, *, epsilon: float, population: bool, axis_name) -> dict:
   """One step forward: the new carry, the output (0 on padded rows) and, with batch
   statistics, the step's moments of Z (per gate) and of c."""
-  p = _forward_parts(v, epsilon, population)
-  valid = p['valid']
+  p = _forward_parts(v, epsilon, population, axis_name)
+  valid = v['mask'] > 0
   out = {'c_new': jnp.where(valid, p['c'], v['c_prev']),
-         'h_new': jnp.where(valid, p['h'], v['h_prev']),
-         'out': jnp.where(valid, p['h'], 0.0)}
+         'h_new': jnp.where(valid, p['h'], v['h_prev']), 'out': jnp.where(valid, p['h'], 0.0)}
   if not population:
     out.update(mean_h=tuple(p['mean_h']), var_h=tuple(p['var_h']), mean_c=p['mean_c'],
                var_c=p['var_c'])
   return out
 
 
-def _bn_backward(d_hat: Array, x_hat: Array, inv: Array, valid: Array, count,
-                 population: bool) -> Array:
-  """`dx` of `x_hat = (x - mean) * inv` given `d_hat = dL/dx_hat` (0 on padded rows):
-  batch moments (their own gradients through mean and var, over the valid rows) or
-  fixed population rows. The moments themselves get no cotangent."""
-  if population:
-    return d_hat * inv
-  mean_d = _sum_rows(d_hat) / count
-  mean_dx = _sum_rows(d_hat * x_hat) / count
-  return inv * (d_hat - jnp.where(valid, mean_d + x_hat * mean_dx, 0.0))
+def _backward_math(v: dict, *, epsilon: float, population: bool, axis_name) -> dict:
+  """One step backward from the cotangents of the new carry (`dc`, `dh`) and the output
+  (`d_out`): those of Z (`dz`), of the gate pre-activations and U (`d_pre`), of
+  `c_{t-1}` and of the part of `h_{t-1}`'s that skips the matmul (`dh_keep`), and the
+  step's sums for `gamma_h`, `b`, `gamma_c`, `beta_c` (local to the device)."""
+  p = _forward_parts(v, epsilon, population, axis_name)
+  valid, mask = v['mask'] > 0, v['mask']
+  count = jnp.maximum(lax.psum(jnp.sum(mask), axis_name) if axis_name else jnp.sum(mask), 1.0)
 
+  def bn_grad(dy, scale, x_hat, inv):  # (dx, sum(dy x_hat), sum(dy))
+    if population:
+      return dy * scale * inv, jnp.sum(dy * x_hat, 0), jnp.sum(dy, 0)
+    return normalization.batch_norm_backward(dy, x_hat, inv, scale, mask, count,
+                                             axis_name=axis_name)
 
-def _backward_math(v: dict, *, epsilon: float, population: bool) -> dict:
-  """One step backward from the cotangents of the new carry (`dc`, `dh`) and of the
-  output (`d_out`): the cotangents of Z (`dz`), of the gate pre-activations (`d_pre`,
-  also that of U), of `c_{t-1}` and the part of `h_{t-1}`'s that skips the matmul
-  (`dh_keep`: padded rows pass `dh` through), and the step's column sums for
-  `gamma_h`, `b`, `gamma_c`, `beta_c`."""
-  p = _forward_parts(v, epsilon, population)
-  valid, count = p['valid'], p['count']
   dh = jnp.where(valid, v['dh'] + v['d_out'], 0.0)
   sf, si, so, tg, tanh_c = p['sf'], p['si'], p['so'], p['tg'], p['tanh_c']
-  d_o = dh * tanh_c * so * (1.0 - so)
   d_c_out = dh * so * (1.0 - tanh_c * tanh_c)           # d (gamma_c c_hat + beta_c)
-  d_c = jnp.where(valid, v['dc'], 0.0) + _bn_backward(
-      d_c_out * v['gamma_c'], p['c_hat'], p['inv_c'], valid, count, population)
+  dx_c, d_gamma_c, d_beta_c = bn_grad(d_c_out, v['gamma_c'], p['c_hat'], p['inv_c'])
+  d_c = jnp.where(valid, v['dc'], 0.0) + dx_c
   d_pre = (d_c * v['c_prev'] * sf * (1.0 - sf),          # f
            d_c * tg * si * (1.0 - si),                   # i
-           d_o,                                          # o
+           dh * tanh_c * so * (1.0 - so),                # o
            d_c * si * (1.0 - tg * tg))                   # g
-  dz = tuple(_bn_backward(d_pre[g] * v['gamma_h'][g], p['z_hat'][g], p['inv_h'][g], valid,
-                          count, population) for g in range(GATES))
-  return {
-      'dz': dz, 'd_pre': d_pre,
-      'dc_prev': d_c * sf + jnp.where(valid, 0.0, v['dc']),
-      'dh_keep': jnp.where(valid, 0.0, v['dh']),
-      'd_gamma_h': tuple(_sum_rows(d_pre[g] * p['z_hat'][g]) for g in range(GATES)),
-      'd_bias': tuple(_sum_rows(d) for d in d_pre),
-      'd_gamma_c': _sum_rows(d_c_out * p['c_hat']),
-      'd_beta_c': _sum_rows(d_c_out),
-  }
+  grads = [bn_grad(d_pre[g], v['gamma_h'][g], p['z_hat'][g], p['inv_h'][g])
+           for g in range(GATES)]
+  return {'dz': tuple(g[0] for g in grads), 'd_pre': d_pre,
+          'dc_prev': d_c * sf + jnp.where(valid, 0.0, v['dc']),
+          'dh_keep': jnp.where(valid, 0.0, v['dh']),
+          'd_gamma_h': tuple(g[1] for g in grads), 'd_bias': tuple(g[2] for g in grads),
+          'd_gamma_c': d_gamma_c, 'd_beta_c': d_beta_c}
 
 
 # ----------------------------------------------------------------------------- kernels
-# Array kinds of the step's inputs and outputs, by name.
 _KINDS = {
-    'z': 'gates', 'u': 'gates', 'dz': 'gates', 'd_pre': 'gates',
-    'c_prev': 'state', 'h_prev': 'state', 'c_new': 'state', 'h_new': 'state',
-    'out': 'state', 'dc': 'state', 'dh': 'state', 'd_out': 'state', 'dc_prev': 'state',
-    'dh_keep': 'state',
+    **dict.fromkeys(('z', 'u', 'dz', 'd_pre'), 'gates'),
+    **dict.fromkeys(('c_prev', 'h_prev', 'c_new', 'h_new', 'out', 'dc', 'dh', 'd_out',
+                     'dc_prev', 'dh_keep'), 'state'),
     'mask': 'mask',
-    'gamma_h': 'gate_vec', 'bias': 'gate_vec', 'mean_h': 'gate_vec', 'var_h': 'gate_vec',
-    'd_gamma_h': 'gate_vec', 'd_bias': 'gate_vec',
-    'gamma_c': 'vec', 'beta_c': 'vec', 'mean_c': 'vec', 'var_c': 'vec',
-    'd_gamma_c': 'vec', 'd_beta_c': 'vec',
+    **dict.fromkeys(('gamma_h', 'bias', 'mean_h', 'var_h', 'd_gamma_h', 'd_bias'),
+                    'gate_vec'),
+    **dict.fromkeys(('gamma_c', 'beta_c', 'mean_c', 'var_c', 'd_gamma_c', 'd_beta_c'), 'vec'),
 }
 _OUTPUTS = {
     ('forward', False): ('c_new', 'h_new', 'out', 'mean_h', 'var_h', 'mean_c', 'var_c'),
     ('forward', True): ('c_new', 'h_new', 'out'),
-    ('backward', False): ('dz', 'd_pre', 'dc_prev', 'dh_keep', 'd_gamma_h', 'd_bias',
-                          'd_gamma_c', 'd_beta_c'),
+    'backward': ('dz', 'd_pre', 'dc_prev', 'dh_keep', 'd_gamma_h', 'd_bias', 'd_gamma_c',
+                 'd_beta_c'),
 }
-_OUTPUTS[('backward', True)] = _OUTPUTS[('backward', False)]
-
-
-def _shape(kind: str, lay: Layout) -> tuple[int, ...]:
-  return {'gates': (lay.batch, GATES, lay.hidden), 'state': (lay.batch, lay.hidden),
-          'mask': (lay.batch,), 'gate_vec': (GATES, lay.hidden),
-          'vec': (lay.hidden,)}[kind]
 
 
 def _split(kind: str, a):
-  """An array (or a kernel's ref) as the step math's value: per-gate tuples for the
-  gate-blocked kinds."""
+  """An array (or a kernel's ref) as the step math's value."""
   if kind == 'gates':
     return tuple(a[:, g, :] for g in range(GATES))
   if kind == 'gate_vec':
     return tuple(a[g, :] for g in range(GATES))
-  if kind == 'mask':
-    return a[...][:, None]
-  return a[...]
+  return a[...][:, None] if kind == 'mask' else a[...]
 
 
 def _join(kind: str, value) -> Array:
-  if kind == 'gates':
-    return jnp.stack(value, axis=1)
-  if kind == 'gate_vec':
-    return jnp.stack(value, axis=0)
-  return value
-
-
-def _xla_step(math, inputs: dict[str, Array], outputs: tuple[str, ...]) -> dict:
-  """The step math on whole arrays, as plain JAX."""
-  result = math({name: _split(_KINDS[name], a) for name, a in inputs.items()})
-  return {name: _join(_KINDS[name], result[name]) for name in outputs}
-
-
-def _pallas_step(math, inputs: dict[str, Array], outputs: tuple[str, ...], lay: Layout,
-                 dtype, interpret: bool, name: str) -> dict:
-  """The step math as one `pallas_call` over a grid of `lay.grid` blocks of hidden units.
-
-  The only function that knows the Pallas lowering: block specs (every block holds the
-  whole padded batch) and the GPU compiler parameters (Triton's).
-  """
-  from jax.experimental import pallas as pl  # pylint: disable=g-import-not-at-top
-  from jax.experimental.pallas import triton as pltriton  # pylint: disable=g-import-not-at-top
-
-  rows, width = lay.batch, lay.block_h
-  specs = {
-      'gates': pl.BlockSpec((rows, GATES, width), lambda j: (0, 0, j)),
-      'state': pl.BlockSpec((rows, width), lambda j: (0, j)),
-      'mask': pl.BlockSpec((rows,), lambda j: (0,)),
-      'gate_vec': pl.BlockSpec((GATES, width), lambda j: (0, j)),
-      'vec': pl.BlockSpec((width,), lambda j: (j,)),
-  }
-  names = tuple(inputs)
-
-  def kernel(*refs):
-    values = {name: _split(_KINDS[name], ref) for name, ref in zip(names, refs)}
-    result = math(values)
-    for name, ref in zip(outputs, refs[len(names):]):
-      value = result[name]
-      if _KINDS[name] == 'gates':
-        for g in range(GATES):
-          ref[:, g, :] = value[g]
-      elif _KINDS[name] == 'gate_vec':
-        for g in range(GATES):
-          ref[g, :] = value[g]
-      else:
-        ref[...] = value
-
-  call = pl.pallas_call(
-      kernel,
-      out_shape=[jax.ShapeDtypeStruct(_shape(_KINDS[name], lay), dtype) for name in outputs],
-      grid=(lay.grid,),
-      in_specs=[specs[_KINDS[name]] for name in names],
-      out_specs=[specs[_KINDS[name]] for name in outputs],
-      interpret=interpret,
-      compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
-      name=name)
-  return dict(zip(outputs, call(*(inputs[name] for name in names))))
+  return jnp.stack(value, axis={'gates': 1, 'gate_vec': 0}[kind]) if isinstance(
+      value, tuple) else value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,59 +235,66 @@ class _Static:
   interpret: bool
   population: bool
   compute_dtype: Any
+  num_warps: int
+  axis_name: Optional[str]
 
 
 def _step(static: _Static, direction: str, inputs: dict[str, Array]) -> dict:
-  """The forward or backward kernel of one step (`_pallas_step` or `_xla_step`)."""
+  """The forward or backward step: plain JAX ('xla') or one `pallas_call` over a grid of
+  `block_h`-unit blocks, each holding the whole padded batch."""
   math = functools.partial(_forward_math if direction == 'forward' else _backward_math,
-                           epsilon=static.epsilon, population=static.population)
-  outputs = _OUTPUTS[(direction, static.population)]
+                           epsilon=static.epsilon, population=static.population,
+                           axis_name=static.axis_name)
+  outputs = _OUTPUTS[direction if direction == 'backward' else (direction, static.population)]
   if static.kernel == 'xla':
-    return _xla_step(math, inputs, outputs)
-  return _pallas_step(math, inputs, outputs, static.layout, inputs['c_prev'].dtype,
-                      static.interpret, f'bn_lstm_step_{direction}')
+    result = math({name: _split(_KINDS[name], a) for name, a in inputs.items()})
+    return {name: _join(_KINDS[name], result[name]) for name in outputs}
+  from jax.experimental import pallas as pl  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas import triton as pltriton  # pylint: disable=g-import-not-at-top
+  lay, names = static.layout, tuple(inputs)
+  rows, width = lay.batch, lay.block_h
+  specs = {'gates': pl.BlockSpec((rows, GATES, width), lambda j: (0, 0, j)),
+           'state': pl.BlockSpec((rows, width), lambda j: (0, j)),
+           'mask': pl.BlockSpec((rows,), lambda j: (0,)),
+           'gate_vec': pl.BlockSpec((GATES, width), lambda j: (0, j)),
+           'vec': pl.BlockSpec((width,), lambda j: (j,))}
+  shapes = {'gates': (rows, GATES, lay.hidden), 'state': (rows, lay.hidden), 'mask': (rows,),
+            'gate_vec': (GATES, lay.hidden), 'vec': (lay.hidden,)}
 
+  def kernel(*refs):
+    result = math({name: _split(_KINDS[name], ref) for name, ref in zip(names, refs)})
+    for name, ref in zip(outputs, refs[len(names):]):
+      value = result[name]
+      if isinstance(value, tuple):  # per gate: no stacking inside a kernel
+        for g in range(GATES):
+          ref[(slice(None), g) if _KINDS[name] == 'gates' else g] = value[g]
+      else:
+        ref[...] = value
 
-# ----------------------------------------------------------------------------- matmuls
-
-
-def _wide(*arrays):
-  return jnp.promote_types(jnp.result_type(*arrays), jnp.float32)
-
-
-def _matmul(a: Array, b: Array, compute_dtype, contract=((1,), (0,))) -> Array:
-  """`a . b` over `contract` in `compute_dtype` (None: the operands' dtype, at least
-  float32), accumulated and returned in at least float32."""
-  wide = _wide(a, b)
-  dtype = wide if compute_dtype is None else compute_dtype
-  return lax.dot_general(a.astype(dtype), b.astype(dtype), (contract, ((), ())),
-                         preferred_element_type=wide).astype(wide)
+  call = pl.pallas_call(
+      kernel, grid=(lay.grid,),
+      out_shape=[jax.ShapeDtypeStruct(shapes[_KINDS[n]], inputs['c_prev'].dtype)
+                 for n in outputs],
+      in_specs=[specs[_KINDS[n]] for n in names], out_specs=[specs[_KINDS[n]] for n in outputs],
+      interpret=static.interpret, name=f'bn_lstm_step_{direction}',
+      compiler_params=pltriton.CompilerParams(num_warps=static.num_warps, num_stages=1))
+  return dict(zip(outputs, call(*(inputs[name] for name in names))))
 
 
 # ----------------------------------------------------------------------------- scan
 
 
-def _pointwise_inputs(vec: dict, pop_t) -> dict:
-  inputs = dict(vec)
-  if pop_t is not None:
-    inputs.update(pop_t)
-  return inputs
-
-
 def _forward_scan(static: _Static, w, vec, carry, u, mask, pop, save: bool):
-  """`lax.scan` of the forward kernel; with `save`, also what the backward pass reads."""
-  rows = static.layout.batch
-
+  """`lax.scan` of the forward step; with `save`, also what the backward pass reads."""
   def body(carry, xs):
     c_prev, h_prev = carry
     u_t, m_t, pop_t = xs
-    z = _matmul(h_prev, w, static.compute_dtype).astype(c_prev.dtype)
-    z = z.reshape(rows, GATES, -1)
-    inputs = dict(_pointwise_inputs(vec, pop_t), z=z, u=u_t, c_prev=c_prev, h_prev=h_prev,
-                  mask=m_t)
-    out = _step(static, 'forward', inputs)
-    moments = {k: out[k] for k in ('mean_h', 'var_h', 'mean_c', 'var_c') if k in out}
-    ys = {'out': out['out'], 'moments': moments}
+    z = steps.matmul(h_prev, w, static.compute_dtype).astype(c_prev.dtype)
+    z = z.reshape(static.layout.batch, GATES, -1)
+    out = _step(static, 'forward', {**vec, **(pop_t or {}), 'z': z, 'u': u_t,
+                                    'c_prev': c_prev, 'h_prev': h_prev, 'mask': m_t})
+    ys = {'out': out['out'],
+          'moments': {k: out[k] for k in ('mean_h', 'var_h', 'mean_c', 'var_c') if k in out}}
     if save:
       ys['saved'] = {'z': z, 'c_prev': c_prev, 'h_prev': h_prev}
     return (out['c_new'], out['h_new']), ys
@@ -406,13 +305,10 @@ def _forward_scan(static: _Static, w, vec, carry, u, mask, pop, save: bool):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _scan(static: _Static, w, vec, carry, u, mask, pop):
-  """The fused scan on padded arrays: `w [Hp, 4 Hp]`, `vec` the pointwise parameters
-  (`gamma_h`, `bias` `[4, Hp]`, `gamma_c`, `beta_c` `[Hp]`), `carry (c, h) [Bp, Hp]`,
-  `u [T, Bp, 4, Hp]`, `mask [T, Bp]`, `pop` None or the population rows
-  (`mean_h`, `var_h` `[T, 4, Hp]`, `mean_c`, `var_c` `[T, Hp]`).
-
-  Returns `(final carry, out [T, Bp, Hp], moments)`; moments (no gradient) are
-  `{'mean_h', 'var_h': [T, 4, Hp], 'mean_c', 'var_c': [T, Hp]}` ({} with `pop`)."""
+  """The scan on padded arrays: `w [Hp, 4 Hp]`, `vec` (`gamma_h`, `bias` `[4, Hp]`,
+  `gamma_c`, `beta_c` `[Hp]`), `carry (c, h) [Bp, Hp]`, `u [T, Bp, 4, Hp]`, `mask
+  [T, Bp]`, `pop` None or the rows (`mean_h`, `var_h` `[T, 4, Hp]`, `mean_c`, `var_c`
+  `[T, Hp]`) -> `(final carry, out [T, Bp, Hp], moments)`."""
   return _forward_scan(static, w, vec, carry, u, mask, pop, save=False)[0]
 
 
@@ -429,159 +325,101 @@ def _scan_bwd(static, residuals, cotangents):
   def body(state, xs):
     dc, dh, d_vec = state
     saved_t, u_t, m_t, pop_t, d_out_t = xs
-    inputs = dict(_pointwise_inputs(vec, pop_t), z=saved_t['z'], u=u_t,
-                  c_prev=saved_t['c_prev'], mask=m_t, dc=dc, dh=dh, d_out=d_out_t)
-    grads = _step(static, 'backward', inputs)
+    grads = _step(static, 'backward', {**vec, **(pop_t or {}), 'z': saved_t['z'], 'u': u_t,
+                                       'c_prev': saved_t['c_prev'], 'mask': m_t, 'dc': dc,
+                                       'dh': dh, 'd_out': d_out_t})
     dz = grads['dz']
-    dh_prev = grads['dh_keep'] + _matmul(dz.reshape(rows, -1), w, static.compute_dtype,
-                                         ((1,), (1,))).astype(dh.dtype)
-    d_vec = {'gamma_h': d_vec['gamma_h'] + grads['d_gamma_h'],
-             'bias': d_vec['bias'] + grads['d_bias'],
-             'gamma_c': d_vec['gamma_c'] + grads['d_gamma_c'],
-             'beta_c': d_vec['beta_c'] + grads['d_beta_c']}
+    dh_prev = grads['dh_keep'] + steps.matmul(dz.reshape(rows, -1), w, static.compute_dtype,
+                                              ((1,), (1,))).astype(dh.dtype)
+    d_vec = {k: d_vec[k] + grads[f'd_{k}'] for k in d_vec}
     return (grads['dc_prev'], dh_prev, d_vec), (dz, grads['d_pre'])
 
-  zeros = jax.tree.map(jnp.zeros_like, vec)
   (dc0, dh0, d_vec), (dz, d_u) = lax.scan(
-      body, (dc_final, dh_final, zeros), (saved, u, mask, pop, d_out), reverse=True)
+      body, (dc_final, dh_final, jax.tree.map(jnp.zeros_like, vec)),
+      (saved, u, mask, pop, d_out), reverse=True)
   # dW_h = sum_t h_{t-1}^T dZ_t: one [Hp, T*Bp] x [T*Bp, 4Hp] product.
-  steps = dz.shape[0]
-  d_w = _matmul(saved['h_prev'].reshape(steps * rows, -1), dz.reshape(steps * rows, -1),
-                static.compute_dtype, ((0,), (0,))).astype(w.dtype)
-  return (d_w, d_vec, (dc0, dh0), d_u.astype(u.dtype), jnp.zeros_like(mask),
+  units = static.layout.hidden
+  d_w = steps.matmul(saved['h_prev'].reshape(-1, units), dz.reshape(-1, GATES * units),
+                     static.compute_dtype, ((0,), (0,)))
+  return (d_w.astype(w.dtype), d_vec, (dc0, dh0), d_u.astype(u.dtype), jnp.zeros_like(mask),
           jax.tree.map(jnp.zeros_like, pop))
 
 
 _scan.defvjp(_scan_fwd, _scan_bwd)
 
 
-def fused_bn_lstm_scan(params: dict[str, Array], carry: tuple[Array, Array],
-                       input_term: Array, mask: Optional[Array] = None, *,
-                       population: Optional[dict] = None,
-                       epsilon: float = normalization.DEFAULT_EPSILON,
-                       kernel: str = 'pallas', interpret: bool = False,
-                       block_h: Optional[int] = None, compute_dtype=None):
-  """The BN-LSTM recurrence over time, one fused kernel per step forward and backward.
+def scan(params: dict[str, Array], carry: tuple[Array, Array], input_term: Array,
+         mask: Optional[Array] = None, population: Optional[dict] = None, *,
+         epsilon: float = normalization.DEFAULT_EPSILON, kernel: str = 'pallas',
+         interpret: bool = False, block_h: Optional[int] = None, num_warps: int = 8,
+         compute_dtype=None, axis_name: Optional[str] = None):
+  """The BN-LSTM recurrence over time, one fused step per time step and direction.
 
-  Differentiable (`jax.custom_vjp`) in `params`, `carry` and `input_term`; the moments
-  are outputs without a gradient. Forward-mode derivatives are not defined.
+  Differentiable (`jax.custom_vjp`) in `params`, `carry` and `input_term`; no
+  forward-mode derivative.
 
   Args:
-    params: the layer's parameters (`steps.py` names): `recurrent_kernel [H, 4H]`,
-      `recurrent_scale [4H]`, `bias [4H]`, `cell_scale [H]`, `cell_bias [H]`; other
-      entries (`input_kernel`, `input_scale`) are not read.
+    params: `recurrent_kernel [H, 4H]`, `recurrent_scale`, `bias [4H]`, `cell_scale`,
+      `cell_bias [H]` (other entries are not read).
     carry: `(c, h)`, each `[B, H]`.
-    input_term: `[T, B, 4H]`, time-major: the batch-normalised input term
-      `gamma_x * BN(W_x x_t)` of every step (no bias).
-    mask: `[T, B, 1]` or `[T, B]`, 1 on valid steps, 0 on padding; None: all valid.
-    population: None (training: batch statistics) or, in inference, the population
-      rows of each step: `{'recurrent': (mean [T, 4H], var [T, 4H]),
-      'cell': (mean [T, H], var [T, H])}` (no gradient flows into them).
-    epsilon: variance epsilon of both batch norms.
-    kernel: 'pallas' (one `pallas_call` per step and direction) or 'xla' (the same step
-      functions as plain JAX).
-    interpret: run the Pallas kernels in Pallas's interpreter (CPU).
-    block_h: hidden units per Pallas program (a power of two); default from `layout`.
-    compute_dtype: dtype of the matmuls (e.g. bfloat16); None: the operands' (float32).
+    input_term: `[T, B, 4H]`: `gamma_x * BN(W_x x_t)` of every step (no bias).
+    mask: `[T, B, 1]` or `[T, B]`, 1 on valid steps; None: all valid.
+    population: None (batch statistics) or the rows of each step, `{'recurrent': (mean,
+      var) [T, 4H], 'cell': (mean, var) [T, H]}` (no gradient).
+    kernel: 'pallas' or 'xla'; interpret: Pallas's interpreter (CPU); block_h, num_warps:
+      the Pallas tiling (`policy.Execution`); compute_dtype: of the matmuls.
+    axis_name: the device axis of the batch moments ('pallas': one device on it).
 
   Returns:
-    `(final_carry, h, moments)`: `(c, h)` after each row's last valid step `[B, H]`;
-    `h [T, B, H]` (0 at padded steps); with batch statistics `{'recurrent': (mean
-    [T, 4H], var [T, 4H], count [T]), 'cell': (mean [T, H], var [T, H], count [T])}`
-    (mean and biased variance over the valid rows, `count` the valid rows), else {}.
+    `(final_carry, h [T, B, H], moments)`: `(c, h)` after each row's last valid step; h 0
+    at padded steps; with batch statistics `{'recurrent': (mean, var) [T, 4H], 'cell':
+    (mean, var) [T, H]}` over the valid rows, else {}.
   """
   c0, h0 = carry
   batch, hidden = h0.shape
-  steps = input_term.shape[0]
+  steps_ = input_term.shape[0]
+  if population is not None:
+    axis_name = None  # population rows: no moments to share
+  elif kernel != 'xla' and axis_name is not None:
+    if lax.axis_size(axis_name) != 1:
+      raise ValueError(f'Execution(fused_step={kernel!r}) computes its moments on one device; '
+                       f'axis {axis_name!r} holds {lax.axis_size(axis_name)}: use '
+                       "fused_step='xla'.")
+    axis_name = None
   lay = layout(batch, hidden, kernel, block_h)
-  dtype = jnp.promote_types(jnp.result_type(c0, h0, params['recurrent_kernel']),
-                            jnp.float32)
-  if mask is None:
-    mask = jnp.ones((steps, batch, 1), dtype)
-  mask = mask.reshape(steps, batch).astype(dtype)
+  dtype = jnp.promote_types(jnp.result_type(c0, h0, params['recurrent_kernel']), jnp.float32)
+  mask = (jnp.ones((steps_, batch), dtype) if mask is None
+          else mask.reshape(steps_, batch).astype(dtype))
   rows, units = lay.batch, lay.hidden
-
-  w = _pad_to(params['recurrent_kernel'].reshape(hidden, GATES, hidden),
-              (units, GATES, units)).reshape(units, GATES * units)
-  vec = {'gamma_h': _pad_to(_gate_view(params['recurrent_scale'], hidden), (GATES, units)),
-         'bias': _pad_to(_gate_view(params['bias'], hidden), (GATES, units)),
-         'gamma_c': _pad_to(params['cell_scale'], (units,)),
-         'beta_c': _pad_to(params['cell_bias'], (units,))}
-  vec = jax.tree.map(lambda a: a.astype(dtype), vec)
-  state = tuple(_pad_to(a.astype(dtype), (rows, units)) for a in (c0, h0))
-  u = _pad_to(_gate_view(input_term.astype(dtype), hidden), (steps, rows, GATES, units))
-  padded_mask = _pad_to(mask, (steps, rows))
+  gates = lambda a, lead, fill=0.0: _pad_to(a.astype(dtype).reshape(lead + (GATES, hidden)),
+                                            lead + (GATES, units), fill)
+  w = gates(params['recurrent_kernel'], (hidden,)).reshape(hidden, GATES * units)
+  vec = {'gamma_h': gates(params['recurrent_scale'], ()), 'bias': gates(params['bias'], ()),
+         'gamma_c': _pad_to(params['cell_scale'].astype(dtype), (units,)),
+         'beta_c': _pad_to(params['cell_bias'].astype(dtype), (units,))}
   pop = None
   if population is not None:
-    (mean_h, var_h), (mean_c, var_c) = jax.lax.stop_gradient(
+    (mean_h, var_h), (mean_c, var_c) = lax.stop_gradient(
         (population['recurrent'], population['cell']))
-    gate_rows = lambda a, fill: _pad_to(_gate_view(a.astype(dtype), hidden),
-                                        (steps, GATES, units), fill)
-    pop = {'mean_h': gate_rows(mean_h, 0.0), 'var_h': gate_rows(var_h, 1.0),
-           'mean_c': _pad_to(mean_c.astype(dtype), (steps, units)),
-           'var_c': _pad_to(var_c.astype(dtype), (steps, units), 1.0)}
-
+    pop = {'mean_h': gates(mean_h, (steps_,)), 'var_h': gates(var_h, (steps_,), 1.0),
+           'mean_c': _pad_to(mean_c.astype(dtype), (steps_, units)),
+           'var_c': _pad_to(var_c.astype(dtype), (steps_, units), 1.0)}
   static = _Static(lay, float(epsilon), kernel, bool(interpret), population is not None,
-                   None if compute_dtype is None else jnp.dtype(compute_dtype))
-  (c, h), out, moments = _scan(static, w, vec, state, u, padded_mask, pop)
-  final = (c[:batch, :hidden], h[:batch, :hidden])
-  out = out[:, :batch, :hidden]
+                   None if compute_dtype is None else jnp.dtype(compute_dtype), num_warps,
+                   axis_name)
+  if kernel == 'persistent':
+    from bn_rnn_jax import persistent  # pylint: disable=g-import-not-at-top
+    recurrence = persistent.scan
+  else:
+    recurrence = _scan
+  (c, h), out, moments = recurrence(
+      static, _pad_to(w, (units, GATES * units)), vec,
+      tuple(_pad_to(a.astype(dtype), (rows, units)) for a in (c0, h0)),
+      _pad_to(gates(input_term, (steps_, batch)), (steps_, rows, GATES, units)),
+      _pad_to(mask, (steps_, rows)), pop)
+  final, out = (c[:batch, :hidden], h[:batch, :hidden]), out[:, :batch, :hidden]
   if population is not None:
     return final, out, {}
-  count = jnp.sum(mask, axis=1)
-  gate_moment = lambda a: a[:, :, :hidden].reshape(steps, GATES * hidden)
-  return final, out, {
-      'recurrent': (gate_moment(moments['mean_h']), gate_moment(moments['var_h']), count),
-      'cell': (moments['mean_c'][:, :hidden], moments['var_c'][:, :hidden], count)}
-
-
-def fused_bn_lstm(params: dict[str, Array], x: Array, mask: Optional[Array] = None, *,
-                  initial_carry: Optional[tuple[Array, Array]] = None,
-                  population: Optional[dict] = None,
-                  epsilon: float = normalization.DEFAULT_EPSILON, **scan_options):
-  """A BN-LSTM layer with per-step statistics over `[batch, time, features]`: the input
-  term for all steps first (one product, batch-normalised per step over the valid rows,
-  as the layer's hoisted path), then `fused_bn_lstm_scan`.
-
-  Args:
-    params: `steps.py` names: `input_kernel [I, 4H]`, `input_scale [4H]` and those of
-      `fused_bn_lstm_scan`.
-    x: `[batch, time, features]`; padded positions are ignored (zeroed first).
-    mask: `[batch, time]`, 1 on valid steps (a prefix of each row); None: all valid.
-    initial_carry: `(c, h)` `[batch, hidden]`; None: zeros.
-    population: None (batch statistics) or `{site: (mean [T, F], var [T, F])}` for the
-      sites 'input', 'recurrent', 'cell' (inference).
-    epsilon: variance epsilon.
-    **scan_options: `kernel`, `interpret`, `block_h`, `compute_dtype` of
-      `fused_bn_lstm_scan`.
-
-  Returns:
-    `(final_carry, outputs [batch, time, hidden], moments)`, moments as
-    `fused_bn_lstm_scan`'s plus `'input'` in training.
-  """
-  batch, steps, _ = x.shape
-  hidden = params['recurrent_kernel'].shape[0]
-  compute_dtype = scan_options.get('compute_dtype')
-  mask_tm = None
-  if mask is not None:
-    x = jnp.where(mask[..., None] > 0, x, jnp.zeros_like(x))
-    mask_tm = jnp.swapaxes(mask, 0, 1)[..., None].astype(jnp.float32)
-  z = _matmul(jnp.swapaxes(x, 0, 1), params['input_kernel'], compute_dtype,
-              ((2,), (0,)))                                              # [T, B, 4H]
-  if population is None:
-    input_term, mean, var, count = normalization.batch_norm(
-        z, params['input_scale'], None, mask=mask_tm, reduce_axes=(1,), epsilon=epsilon)
-    input_moments = jax.lax.stop_gradient((mean, var, count))
-  else:
-    mean, var = jax.lax.stop_gradient(population['input'])
-    input_term = normalization.normalize(z, mean[:, None], var[:, None],
-                                         params['input_scale'], None, epsilon)
-  if initial_carry is None:
-    zeros = jnp.zeros((batch, hidden), z.dtype)
-    initial_carry = (zeros, zeros)
-  carry, h, moments = fused_bn_lstm_scan(
-      params, initial_carry, input_term, mask_tm, population=population, epsilon=epsilon,
-      **scan_options)
-  if population is None:
-    moments = {'input': input_moments, **moments}
-  return carry, jnp.swapaxes(h, 0, 1), moments
+  per_gate = lambda a: a[:, :, :hidden].reshape(steps_, GATES * hidden)
+  return final, out, {'recurrent': (per_gate(moments['mean_h']), per_gate(moments['var_h'])),
+                      'cell': (moments['mean_c'][:, :hidden], moments['var_c'][:, :hidden])}

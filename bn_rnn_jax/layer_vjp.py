@@ -42,6 +42,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from bn_rnn_jax import steps
+
 KERNELS = ('input_kernel', 'recurrent_kernel')
 MODES = ('none', 'dots', 'full')
 
@@ -55,21 +57,14 @@ def _with_h(carry, h):
   return (carry[0], h) if isinstance(carry, tuple) else h
 
 
-def _sequence_matmul(a: jax.Array, b: jax.Array, compute_dtype, out_dtype) -> jax.Array:
+def _sequence_matmul(a: jax.Array, b: jax.Array, compute_dtype) -> jax.Array:
   """`sum_{t, b} a[t, b, :]^T b[t, b, :]`: `[T, B, M] x [T, B, N] -> [M, N]`, one product."""
-  wide = jnp.promote_types(jnp.result_type(a, b), jnp.float32)
-  compute_dtype = wide if compute_dtype is None else compute_dtype
-  out = lax.dot_general(a.astype(compute_dtype), b.astype(compute_dtype),
-                        (((0, 1), (0, 1)), ((), ())), preferred_element_type=wide)
-  return out.astype(out_dtype)
+  return steps.matmul(a, b, compute_dtype, ((0, 1), (0, 1)))
 
 
 def _times_transpose(d: jax.Array, kernel: jax.Array, compute_dtype) -> jax.Array:
   """`d @ kernel^T` for `d [..., G*H]`, `kernel [F, G*H]` -> `[..., F]`."""
-  wide = jnp.promote_types(jnp.result_type(d, kernel), jnp.float32)
-  compute_dtype = wide if compute_dtype is None else compute_dtype
-  return lax.dot_general(d.astype(compute_dtype), kernel.astype(compute_dtype),
-                         (((d.ndim - 1,), (1,)), ((), ())), preferred_element_type=wide)
+  return steps.matmul(d, kernel, compute_dtype, ((d.ndim - 1,), (1,)))
 
 
 def scan_layer(cell: Callable, terms_fn: Callable, params: dict[str, jax.Array], carry: Any,
@@ -192,18 +187,18 @@ def scan_layer(cell: Callable, terms_fn: Callable, params: dict[str, jax.Array],
       # One product for both kernels: [x_t, h_{t-1}]^T dZ.
       w_x = kernels['input_kernel']
       both = _sequence_matmul(jnp.concatenate([xs['x'].astype(h_prev.dtype), h_prev], -1),
-                              d_terms['recurrent'], compute_dtype, w_h.dtype)
+                              d_terms['recurrent'], compute_dtype).astype(w_h.dtype)
       d_params['input_kernel'] = both[:w_x.shape[0]].astype(w_x.dtype)
       d_params['recurrent_kernel'] = both[w_x.shape[0]:]
       d_xs['x'] = _times_transpose(d_terms['recurrent'], w_x, compute_dtype).astype(
           xs['x'].dtype)
       return d_params, d_carry0, d_xs
     d_params['recurrent_kernel'] = _sequence_matmul(h_prev, d_terms['recurrent'],
-                                                    compute_dtype, w_h.dtype)
+                                                    compute_dtype).astype(w_h.dtype)
     if 'input' in d_terms:
       w_x = kernels['input_kernel']
       d_params['input_kernel'] = _sequence_matmul(xs['x'], d_terms['input'],
-                                                  compute_dtype, w_x.dtype)
+                                                  compute_dtype).astype(w_x.dtype)
       d_xs['x'] = _times_transpose(d_terms['input'], w_x, compute_dtype).astype(
           xs['x'].dtype)
     else:

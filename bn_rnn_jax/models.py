@@ -301,7 +301,9 @@ class AttentiveReader(nn.Module):
                               'scale_init', 'min_row_support') if o.get(k) is not None}
     if 'execution' in o:
       keep['batch_sums'] = o['execution'].batch_sums
-    return batch_stats.MaskedBatchNorm(statistics=statistics, name=name, **keep)
+    norm = batch_stats.MaskedBatchNorm(statistics=statistics, name=name, **keep)
+    return lambda x, mask, use_running_average, deterministic: norm(
+        x, mask, use_running_average=use_running_average)
 
   @nn.compact
   def __call__(self, inputs: Mapping[str, Array], mask: Optional[Array] = None, *,

@@ -21,6 +21,7 @@ A flag not given follows the other one (the usual pairs above); a call must give
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Optional
 
 
@@ -58,3 +59,12 @@ def resolve(use_running_average: Optional[bool] = None,
   elif deterministic is None:
     deterministic = use_running_average
   return Mode(bool(use_running_average), bool(deterministic))
+
+
+def batch_statistics_kwargs(module) -> dict[str, bool]:
+  """The flags that ask `module` for batch statistics without noise or dropout:
+  `use_running_average=False`, and `deterministic=True` where its call takes it (a
+  module that draws nothing, such as a cell or `MaskedBatchNorm`, does not)."""
+  takes = inspect.signature(type(module).__call__).parameters
+  return {k: v for k, v in BATCH_STATISTICS.kwargs().items()
+          if k == 'use_running_average' or k in takes}

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from bn_rnn_jax import checks
 from bn_rnn_jax import sequence
 
 Array = jax.Array
@@ -51,12 +52,9 @@ BATCH_SUMS = ('reduce', 'contraction')
 
 def batch_sum(v: Array, reduce_axes: Axes, batch_sums: str = 'reduce') -> Array:
   """`jnp.sum(v, axis=reduce_axes)`, for the sums over batch (and time) of the moments
-  and of their backward pass.
-
-  `batch_sums`: 'reduce' (`jnp.sum`) or 'contraction' (a contraction with ones, at the
-  highest precision): the same sums, computed differently (which is faster depends on
-  the backend: `policy.batch_sums_for`).
-  """
+  and of their backward pass: 'reduce' (`jnp.sum`) or 'contraction' (with ones, at the
+  highest precision); the same sums either way (which is faster depends on the platform:
+  `policy.batch_sums_for`)."""
   if batch_sums not in BATCH_SUMS:
     raise ValueError(f'batch_sums must be one of {BATCH_SUMS}; got {batch_sums!r}.')
   if batch_sums == 'reduce':
@@ -183,49 +181,62 @@ def _is_zero(cotangent) -> bool:
   return cotangent is None or isinstance(cotangent, jax.custom_derivatives.SymbolicZero)
 
 
-def _batch_norm_bwd(reduce_axes, axis_name, epsilon, batch_sums, residuals, cotangents):
-  """Closed-form backward pass of batch norm (Ioffe & Szegedy 2015, sec. 3).
+def batch_norm_backward(dy: Array, x_hat: Array, inv_std: Array, scale: Optional[Array],
+                        mask: Optional[Array], count: Array, *, reduce_axes: Axes = (0,),
+                        axis_name: Optional[str] = None, batch_sums: str = 'reduce',
+                        d_mean=None, d_var=None):
+  """Closed-form backward pass of `y = scale * x_hat + bias`, `x_hat = (x - mean) *
+  inv_std` with batch moments (Ioffe & Szegedy 2015, sec. 3).
 
-  With g = dL/dx_hat, N the global valid count, m the mask and sums over all entries
-  of the global batch (padding included: padded outputs also depend on the statistics),
+  With g = dy * scale, N the global valid count (`count`, at least 1), m the mask and
+  sums over all entries of the global batch (padded outputs depend on the statistics too):
+
     dx = inv_std * (g - m * sum(g)/N - m * x_hat * sum(g * x_hat)/N)
-         + m * d_mean / N + m * 2 (x - mean) * d_var / N.
-  One psum carries the per-feature sums. Writing this out instead of letting autodiff
-  trace the moments halves the ops of the scanned backward pass; the moment terms are
-  skipped when their cotangents are symbolic zeros (the layers stop their gradient).
-  Parameter gradients are the local (per-device) sums, like every other parameter
-  gradient inside pmap: the trainer averages them across devices.
-  """
-  del epsilon
-  x_hat, inv_std, scale, bias, mask, count, x_dtype = residuals
-  dy, d_mean, d_var, _ = cotangents
-  if _is_zero(dy):
-    dy = jnp.zeros_like(x_hat)
-  # The two sums over the batch serve both the parameter gradients and dx: scale is
-  # constant along the reduced axes (checked in `batch_norm`), so sum(g) = scale * sum(dy).
+         + m * d_mean / N + m * 2 (x - mean) * d_var / N
+
+  (the moment terms only where their cotangents are given). One psum carries the sums.
+
+  Returns `(dx, sum(dy * x_hat), sum(dy))`: the sums over `reduce_axes`, before the
+  psum (the local parts of d_scale and d_bias)."""
   sum_dy = batch_sum(dy, reduce_axes, batch_sums)
   sum_dy_x_hat = batch_sum(dy * x_hat, reduce_axes, batch_sums)
-  expand = lambda s: jnp.expand_dims(s, reduce_axes)
-  d_scale = None if scale is None else _sum_to_shape(expand(sum_dy_x_hat), scale)
-  d_bias = None if bias is None else _sum_to_shape(expand(sum_dy), bias)
-  g = dy if scale is None else dy * scale
-  terms = [sum_dy, sum_dy_x_hat] if scale is None else [sum_dy * scale,
-                                                         sum_dy_x_hat * scale]
+  # scale is constant along the reduced axes, so sum(g) = scale * sum(dy).
+  g, terms = dy, [sum_dy, sum_dy_x_hat]
+  if scale is not None:
+    g, terms = dy * scale, [sum_dy * scale, sum_dy_x_hat * scale]
   with_moments = not (_is_zero(d_mean) and _is_zero(d_var))
   if with_moments:
     d_mean = jnp.zeros_like(terms[0]) if _is_zero(d_mean) else d_mean
     d_var = jnp.zeros_like(terms[0]) if _is_zero(d_var) else d_var
     terms += [d_mean, d_var * 2.0 / inv_std]  # d_var * 2 (x - mean) = d_var * 2 x_hat / inv_std
-  sums = _psum(jnp.stack(terms), axis_name)
-  count_f = count[..., None] if jnp.ndim(count) else count
-  sums = sums / count_f
+  count = count[..., None] if jnp.ndim(count) else count
+  sums = [total / count for total in _psum(terms, axis_name)]  # one psum of all the sums
+  expand = lambda s: jnp.expand_dims(s, reduce_axes)
   inv = expand(inv_std)
   correction = (expand(sums[0]) + x_hat * expand(sums[1])) * inv
   if with_moments:
     correction = correction - expand(sums[2]) - x_hat * expand(sums[3])
   if mask is not None:
     correction = jnp.where(mask > 0, correction, 0)  # not `* mask`: NaN * 0 is NaN
-  dx = g * inv - correction
+  return g * inv - correction, sum_dy_x_hat, sum_dy
+
+
+def _batch_norm_bwd(reduce_axes, axis_name, epsilon, batch_sums, residuals, cotangents):
+  """`batch_norm_backward` for `_batch_norm`'s custom_vjp. Writing the backward pass out
+  instead of letting autodiff trace the moments halves the ops of the scanned backward
+  pass. Parameter gradients are the local (per-device) sums, like every other parameter
+  gradient inside pmap: the trainer averages them across devices."""
+  del epsilon
+  x_hat, inv_std, scale, bias, mask, count, x_dtype = residuals
+  dy, d_mean, d_var, _ = cotangents
+  if _is_zero(dy):
+    dy = jnp.zeros_like(x_hat)
+  dx, sum_dy_x_hat, sum_dy = batch_norm_backward(
+      dy, x_hat, inv_std, scale, mask, count, reduce_axes=reduce_axes, axis_name=axis_name,
+      batch_sums=batch_sums, d_mean=d_mean, d_var=d_var)
+  expand = lambda s: jnp.expand_dims(s, reduce_axes)
+  d_scale = None if scale is None else _sum_to_shape(expand(sum_dy_x_hat), scale)
+  d_bias = None if bias is None else _sum_to_shape(expand(sum_dy), bias)
   d_mask = None if mask is None else jnp.zeros_like(mask)
   return dx.astype(x_dtype.dtype), d_scale, d_bias, d_mask
 
@@ -355,23 +366,22 @@ def minibatch_moments_record(mean: Array, var: Array, count: Array, num_rows: in
   }
 
 
-def check_rows(first_row, length: int, num_rows: int) -> None:
+def check_rows(first_row, length: int, num_rows: int):
   """Training steps `first_row .. first_row + length - 1` must have statistics rows (an
-  error, never a clamp): `check_length` for a sequence run in one call, else checked
-  when the values are there (`sequence.check_when_run`: a step counter carried under
-  `jit` is traced). `first_row`: an int, or an int array of rows' steps."""
+  error, never a clamp): at trace time for a sequence run in one call (`check_length`),
+  else as `checks.check` (whose result it returns) for `first_row`, an int or an int
+  array of rows' steps."""
   if sequence.starts_at_zero(first_row):
     check_length(length, num_rows)
-    return
-
-  def check(first):
-    last = int(np.max(first)) + length
-    if last > num_rows:
-      raise ValueError(
-          f'Training steps {last - length}..{last - 1} need per-step statistics rows, but '
-          f'max_length={num_rows}: raise max_length to at least {last} (population '
-          'statistics past the training length are reused at inference only).')
-  sequence.check_when_run(check, first_row)
+    return True
+  first = jnp.max(jnp.asarray(first_row))
+  return checks.check(
+      first + length <= num_rows,
+      'Training steps {}..{} need per-step statistics rows, but max_length='
+      f'{num_rows}. To train in segments (truncated backprop), start each from '
+      'initial_carry=(c, h): a new segment restarts the statistics rows at step 0; to '
+      'train on sequences this long, raise max_length to at least {}.',
+      first, first + length - 1, first + length)
 
 
 def record_weights(record: dict[str, Array]) -> Array:

@@ -1,10 +1,9 @@
-"""How a recurrent layer runs on a backend: the execution policy, resolved in one place.
+"""How a recurrent layer runs: `Execution` (what the user sets) and `ExecutionPolicy` (what
+`resolve` makes of it for one platform and layer).
 
-Four choices change how `RecurrentLayer` computes, never what: every combination gives the
+Every choice changes how `RecurrentLayer` computes, never what: every combination gives the
 same outputs, statistics and gradients (the tests force each one on CPU and compare).
-A layer holds them as one value, `Execution` (`RecurrentLayer(execution=...)`), each a
-value or 'auto'; `resolve` turns 'auto' into the backend's choice once per call, for the
-layer's size and per-device batch:
+'auto' is the platform's choice, for the layer's size and per-device batch:
 
   | choice | CPU | GPU | TPU |
   |---|---|---|---|
@@ -13,36 +12,36 @@ layer's size and per-device batch:
   | `backward` | 'layer' for LSTMs with H >= 8 B; else 'scan' | 'layer' for LSTMs without batch norm; else 'scan' | 'scan' |
   | `batch_sums` | 'contraction' | 'reduce' | 'reduce' |
 
-The CPU and GPU columns are set from `benchmarks/rnn_speed.py` runs (docs/speed.md has
-the tables and the measured ratios); the TPU column is reasoned, not measured.
+The CPU and GPU columns follow `benchmarks/rnn_speed.py` (docs/speed.md); the TPU column is
+reasoned, not timed. The platform is the program's target: the default backend's, or
+those named by `targets` while the program is traced (`with policy.targets('tpu'):` to
+compile for a TPU on another machine). With several targets each gets its own policy and
+`jax.lax.platform_dependent` keeps, when the program is lowered, the one of the platform
+it is lowered for; that traces the layer once per distinct policy (docs/speed.md gives the
+cost), so one target is the default.
 
 Why, per choice:
 - `hoist_input`: W_x x for all steps as one large product before the scan (as cuDNN
-  does) or inside each step. On CPU the hoisted `[T, B, G*H]` block costs memory traffic
-  that the in-step product avoids; on a GPU the one large product wins. Sequence-wise
-  input statistics need every step's input term before the scan, so those layers always
-  hoist.
-- `remat` (what the backward pass recomputes instead of storing per step): on CPU a
-  small batch-normalised step is cheaper to recompute whole ('full': one more
-  `[B, H] x [H, G*H]` product) than to store and reload its pointwise intermediates;
-  larger ones store the matmul outputs ('dots'). On a GPU 'dots' is as fast as storing
-  everything and holds less memory; TPUs keep everything ('none') until measured.
-- `backward`: the autodiff of `lax.scan` ('scan') adds `h^T dz` into the `[H, G*H]`
-  weight gradient at every step; the whole-layer pass of `layer_vjp` ('layer') stores
-  `[B, G*H]` cotangents and forms the weight gradients in one product after the reverse
-  scan, so it gains as H / B grows (CPU) and saves launches (GPU, plain LSTMs), at the
-  cost of memory. It defines no forward-mode derivative (`jax.jvp`): a layer that needs
-  one takes `backward='scan'`. The tanh RNN and TPUs keep 'scan'.
-- `batch_sums` (the sums over the batch of the moments and of batch norm's backward
-  pass): XLA's CPU reduction over the batch axis slows sharply once the kept part is
-  large, where a contraction with ones does not, so CPU contracts; other backends
-  reduce.
+  does) or inside each step. On CPU the `[T, B, G*H]` block costs memory traffic the
+  in-step product avoids; on accelerators the one large product wins. Sequence-wise input
+  statistics need the whole input term before the scan, so those layers always hoist.
+- `remat`: on CPU a small batch-normalised step is cheaper to recompute ('full') than to
+  store and reload; larger ones store the matmul outputs ('dots'). On a GPU 'dots' is as
+  fast as storing everything and holds less memory.
+- `backward`: the autodiff of `lax.scan` ('scan') adds `h^T dz` into the weight gradient
+  at every step; the whole-layer pass ('layer', `layer_vjp`) forms it in one product after
+  the reverse scan: it gains as H / B grows, at the cost of memory, and defines no
+  forward-mode derivative.
+- `batch_sums`: XLA's CPU reduction over the batch axis slows sharply once the kept part
+  is large, where a contraction with ones does not.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 import jax
 
@@ -52,7 +51,9 @@ AUTO = 'auto'
 REMAT_MODES = ('none', 'dots', 'full')
 BACKWARD_PASSES = ('scan', 'layer')
 BATCH_SUMS = normalization.BATCH_SUMS
-FUSED_STEPS = ('none', 'xla', 'pallas')
+FUSED_STEPS = ('none', 'xla', 'pallas', 'persistent')
+#: The platforms a policy is resolved for (`jax.lax.platform_dependent`'s names).
+PLATFORMS = ('cpu', 'cuda', 'rocm', 'tpu')
 
 #: remat 'auto' on CPU: the largest hidden size whose batch-normalised layers recompute the
 #: whole step in the backward pass.
@@ -62,51 +63,38 @@ FULL_REMAT_MAX_HIDDEN = 128
 LAYER_BACKWARD_MIN_HIDDEN_PER_EXAMPLE = 8
 
 
-@dataclasses.dataclass(frozen=True)
-class ExecutionPolicy:
-  """The resolved choices (no 'auto' left). See the module docstring for each."""
-  hoist_input: bool
-  remat: str
-  backward: str
-  batch_sums: str
-
-
 def _choice(name: str, value, allowed: tuple) -> None:
   if value != AUTO and value not in allowed:
     raise ValueError(f'{name} must be {AUTO!r} or one of {allowed}; got {value!r}.')
 
 
+def _power_of_two(name: str, value) -> None:
+  if value is not None and (not isinstance(value, int) or value < 1 or value & (value - 1)):
+    raise ValueError(f'{name} must be a positive power of two; got {value!r}.')
+
+
 @dataclasses.dataclass(frozen=True)
 class Execution:
-  """How a `RecurrentLayer` runs, never what it computes: the settings `resolve` turns
-  into an `ExecutionPolicy`, each 'auto' (the backend's choice; the module docstring says
-  why) or a value that forces it. Frozen and hashable, so that a layer holding one can
-  be a static argument of `jax.jit`.
+  """How a `RecurrentLayer` runs, never what it computes. Frozen and hashable, so that a
+  layer holding one can be a static argument of `jax.jit`.
 
   Attributes:
-    hoist_input: True: W_x x (and its normalisation) for all steps before the scan, one
-      large product; False: inside each step. Sequence-wise input statistics always
-      hoist (False is then an error).
-    remat: what the backward pass recomputes instead of storing per step: 'none';
-      'dots' (store the matmul outputs, recompute the pointwise math and
-      normalisations); 'full' (store only the carry: least memory, for long
-      sequences). The same for both backward passes (with 'layer', what its forward
-      scan stores).
-    unroll: steps per scan iteration (`lax.scan(unroll=)`), a positive int; no backend
-      chooses it, so it has no 'auto'.
-    backward: how the gradient of the scan is formed: 'scan' (the autodiff of
-      `lax.scan`) or 'layer' (the whole-layer backward pass of `layer_vjp`: a reverse
-      scan of the per-step cotangents, then one product per weight gradient). Both
-      compute the same gradients; 'layer' defines no forward-mode derivative
-      (`jax.jvp`, `jax.hessian`): pass 'scan' for those.
-    batch_sums: how the sums over the batch run: 'reduce' or 'contraction' (with ones).
-      The same values either way.
-    fused_step: 'none' (the step functions under `lax.scan`), or the BN-LSTM step of
-      `fused_step.py` with its whole-sequence backward pass: 'xla' (plain JAX) or
-      'pallas' (one Pallas kernel per step and direction; Pallas's interpreter on CPU).
-      For BN-LSTM layers with per-step statistics on one device only; the input term is
-      then hoisted, and `remat` and `backward` do not apply. No backend chooses it until
-      it is measured there, so it has no 'auto'.
+    hoist_input: True: W_x x (and its normalisation) for all steps before the scan; False:
+      inside each step.
+    remat: what the backward pass recomputes instead of storing per step: 'none', 'dots'
+      (store the matmul outputs) or 'full' (store only the carry).
+    unroll: steps per scan iteration (`lax.scan(unroll=)`).
+    backward: 'scan' (the autodiff of `lax.scan`) or 'layer' (`layer_vjp`'s whole-layer
+      backward pass; no forward-mode derivative: pass 'scan' for `jax.jvp`).
+    batch_sums: 'reduce' or 'contraction' (with ones): how the sums over the batch run.
+    fused_step: 'none', or `fused_step.py`'s BN-LSTM step with its whole-sequence backward
+      pass: as plain JAX ('xla'), one Pallas kernel per step and direction ('pallas'), or
+      one Pallas kernel per pass with the time loop inside ('persistent',
+      `persistent.py`; H up to `persistent.MAX_HIDDEN`). For BN-LSTM layers with
+      per-step statistics (the kernels: on one device); `remat` and `backward` do not
+      apply, and the input term is hoisted.
+    block_h: hidden units per Pallas program (a power of two); None: `fused_step.layout`'s.
+    num_warps: warps per Pallas program on GPUs (a power of two).
 
   Example:
     >>> from bn_rnn_jax import policy
@@ -122,6 +110,8 @@ class Execution:
   backward: str = AUTO
   batch_sums: str = AUTO
   fused_step: str = 'none'
+  block_h: Optional[int] = None
+  num_warps: int = 8
 
   def __post_init__(self):
     if self.hoist_input != AUTO and not isinstance(self.hoist_input, bool):
@@ -134,62 +124,102 @@ class Execution:
       raise ValueError(f'fused_step must be one of {FUSED_STEPS}; got {self.fused_step!r}.')
     if not isinstance(self.unroll, int) or self.unroll < 1:
       raise ValueError(f'unroll must be a positive int; got {self.unroll!r}.')
+    _power_of_two('block_h', self.block_h)
+    _power_of_two('num_warps', self.num_warps)
 
 
 #: The settings of `Execution`, by name.
 EXECUTION_FIELDS = tuple(field.name for field in dataclasses.fields(Execution))
 
 
-def batch_sums_for(backend: str, batch_sums: str = AUTO) -> str:
-  """'reduce' or 'contraction', with 'auto' resolved for `backend`."""
+@dataclasses.dataclass(frozen=True)
+class ExecutionPolicy:
+  """An `Execution` resolved for one platform and layer call: no 'auto' left.
+
+  `scan` names the `scans.SCANS` entry that runs the recurrence: 'scan', 'layer' or
+  'fused'; `interpret` runs Pallas kernels in Pallas's interpreter (on CPU)."""
+  hoist_input: bool
+  remat: str
+  backward: str
+  batch_sums: str
+  fused_step: str = 'none'
+  unroll: int = 1
+  block_h: Optional[int] = None
+  num_warps: int = 8
+  interpret: bool = False
+
+  @property
+  def scan(self) -> str:
+    return 'fused' if self.fused_step != 'none' else self.backward
+
+
+def platform_name(platform: str) -> str:
+  """`platform` as `PLATFORMS` names it ('gpu' is 'cuda')."""
+  name = 'cuda' if platform == 'gpu' else platform
+  if name not in PLATFORMS:
+    raise ValueError(f'Unknown platform {platform!r}; one of {PLATFORMS} (or gpu).')
+  return name
+
+
+_TARGETS = contextvars.ContextVar('bn_rnn_jax_targets', default=())
+
+
+@contextlib.contextmanager
+def targets(*platforms: str) -> Iterator[None]:
+  """Programs traced inside this context run the policies of `platforms` (e.g. 'tpu'),
+  whatever the host's backend; with several, the one of the platform each program is
+  lowered for (`jax.lax.platform_dependent`)."""
+  token = _TARGETS.set(tuple(dict.fromkeys(platform_name(p) for p in platforms)))
+  try:
+    yield
+  finally:
+    _TARGETS.reset(token)
+
+
+def target_platforms() -> tuple[str, ...]:
+  """The platforms programs traced now are made for: `targets`', or the default backend."""
+  return _TARGETS.get() or (platform_name(jax.default_backend()),)
+
+
+def batch_sums_for(platform: str, batch_sums: str = AUTO) -> str:
+  """'reduce' or 'contraction', with 'auto' resolved for `platform`."""
   _choice('batch_sums', batch_sums, BATCH_SUMS)
   if batch_sums != AUTO:
     return batch_sums
-  return 'contraction' if backend == 'cpu' else 'reduce'
+  return 'contraction' if platform == 'cpu' else 'reduce'
 
 
 def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
             sequence_input: bool, execution: Execution = Execution(),
-            backend: Optional[str] = None) -> ExecutionPolicy:
-  """The policy of one layer call.
+            platform: str = 'cpu') -> ExecutionPolicy:
+  """The policy of one layer call on `platform` ('cpu', 'gpu', 'cuda', 'rocm', 'tpu').
 
-  Args:
-    cell: 'lstm' or 'rnn'.
-    hidden_size: H.
-    batch: the per-device batch of this call.
-    batch_norm: whether any site of the layer is batch-normalised.
-    sequence_input: whether the input term has sequence-wise statistics (must hoist).
-    execution: the layer's settings (`Execution`; each 'auto' is decided here).
-    backend: `jax.default_backend()` when None.
-
-  Returns:
-    An `ExecutionPolicy`. Raises ValueError for `hoist_input=False` with sequence-wise
-    input statistics (which need the whole input term before the scan); an unknown
-    value is refused when the `Execution` is made.
+  `batch` is the per-device batch, `batch_norm` whether any site is batch-normalised,
+  `sequence_input` whether the input term has sequence-wise statistics (it must hoist:
+  `hoist_input=False` is then a ValueError).
 
   Example: a BN-LSTM layer of 1000 units at batch 64 (the character-PTB config).
 
-    >>> import dataclasses
     >>> from bn_rnn_jax import policy
-    >>> for backend in ('cpu', 'gpu', 'tpu'):
+    >>> for platform in ('cpu', 'cuda', 'tpu'):
     ...   choices = policy.resolve(
     ...       cell='lstm', hidden_size=1000, batch=64, batch_norm=True, sequence_input=False,
-    ...       execution=policy.Execution(), backend=backend)
-    ...   print(backend, dataclasses.astuple(choices))
-    cpu (False, 'dots', 'layer', 'contraction')
-    gpu (True, 'dots', 'scan', 'reduce')
-    tpu (True, 'none', 'scan', 'reduce')
+    ...       platform=platform)
+    ...   print(platform, choices.hoist_input, choices.remat, choices.backward,
+    ...         choices.batch_sums)
+    cpu False dots layer contraction
+    cuda True dots scan reduce
+    tpu True none scan reduce
   """
-  backend = backend or jax.default_backend()
-  cpu = backend == 'cpu'
-  gpu = backend in ('gpu', 'cuda', 'rocm')
-  # `Execution` checked every value when it was made.
+  cpu = platform == 'cpu'
+  gpu = platform in ('gpu', 'cuda', 'rocm')
+  fused = execution.fused_step != 'none'
   hoist, remat, backward = execution.hoist_input, execution.remat, execution.backward
   if hoist == AUTO:
-    hoist = sequence_input or not cpu
-  elif sequence_input and not hoist:
-    raise ValueError('hoist_input=False cannot hold with sequence-wise input statistics: '
-                     'they need every step\'s input term before the scan.')
+    hoist = sequence_input or fused or not cpu
+  elif (sequence_input or fused) and not hoist:
+    raise ValueError('hoist_input=False cannot hold with sequence-wise input statistics or '
+                     'a fused step: they need every step\'s input term before the scan.')
   if remat == AUTO:
     if cpu and batch_norm:
       remat = 'full' if hidden_size <= FULL_REMAT_MAX_HIDDEN else 'dots'
@@ -199,5 +229,9 @@ def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
     wide = hidden_size >= LAYER_BACKWARD_MIN_HIDDEN_PER_EXAMPLE * batch
     layer = (cpu and wide) or (gpu and not batch_norm)
     backward = 'layer' if cell == 'lstm' and layer else 'scan'
-  return ExecutionPolicy(hoist_input=hoist, remat=remat, backward=backward,
-                         batch_sums=batch_sums_for(backend, execution.batch_sums))
+  return ExecutionPolicy(
+      hoist_input=hoist, remat=remat, backward=backward,
+      batch_sums=batch_sums_for(platform, execution.batch_sums),
+      fused_step=execution.fused_step, unroll=execution.unroll, block_h=execution.block_h,
+      num_warps=execution.num_warps,
+      interpret=cpu and execution.fused_step in ('pallas', 'persistent'))

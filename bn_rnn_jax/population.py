@@ -61,11 +61,11 @@ def call_arguments(batch) -> tuple[tuple, dict]:
                   f'{f" of shape {batch.shape}" if hasattr(batch, "shape") else ""}.')
 
 
-def _mode_kwargs(apply_kwargs: Mapping[str, Any], batch_kwargs: Mapping[str, Any]
+def _mode_kwargs(model, apply_kwargs: Mapping[str, Any], batch_kwargs: Mapping[str, Any]
                  ) -> dict[str, Any]:
-  """The keywords that ask for batch statistics (`apply_kwargs`, default Flax's two
-  flags), which a batch's keywords must not repeat."""
-  mode = dict(apply_kwargs) or modes.BATCH_STATISTICS.kwargs()
+  """The keywords that ask for batch statistics (`apply_kwargs`, default Flax's flags:
+  `modes.batch_statistics_kwargs`), which a batch's keywords must not repeat."""
+  mode = dict(apply_kwargs) or modes.batch_statistics_kwargs(model)
   both = sorted(set(mode) & set(batch_kwargs))
   if both:
     raise ValueError(f'The batch passes {", ".join(map(repr, both))}, which the estimate '
@@ -101,7 +101,7 @@ def minibatch_moments(model: nn.Module, variables, batch, rngs=None, **apply_kwa
 def _moments(model, variables, args: tuple, kwargs: dict, apply_kwargs, rngs=None):
   """`minibatch_moments` of the call `(*args, **kwargs)`."""
   rngs = {'noise': jax.random.key(0), **(rngs or {})}
-  _, mutated = model.apply(variables, *args, **kwargs, **_mode_kwargs(apply_kwargs, kwargs),
+  _, mutated = model.apply(variables, *args, **kwargs, **_mode_kwargs(model, apply_kwargs, kwargs),
                            mutable=[MOMENTS], rngs=rngs)
   return mutated.get(MOMENTS, {})
 

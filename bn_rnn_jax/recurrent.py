@@ -30,12 +30,12 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bn_rnn_jax import batch_stats
-from bn_rnn_jax import fused_step
+from bn_rnn_jax import checks
 from bn_rnn_jax import initializers
-from bn_rnn_jax import layer_vjp
 from bn_rnn_jax import modes
 from bn_rnn_jax import normalization
 from bn_rnn_jax import policy as policy_lib
+from bn_rnn_jax import scans
 from bn_rnn_jax import sequence
 from bn_rnn_jax import steps
 
@@ -171,40 +171,32 @@ class RecurrentLayer(nn.Module):
       raise ValueError('min_step_count guards masked per-step statistics; with '
                        'padded_statistics=True every step averages the whole batch.')
 
-  def execution_policy(self, batch, backend: Optional[str] = None
+  def _sites(self, length: int, bound: bool = True) -> tuple[batch_stats.Site, ...]:
+    """The batch-normalised sites, with T_max from `max_length`, the statistics made
+    already (a bound layer) or `length`."""
+    features = steps.batch_sites(self.hidden_size, _GATES[self.cell], self.recurrent_norm,
+                                 self.input_norm, self.cell_norm)
+    per_step = [n for n in features if batch_stats.site_kind(n, self.statistics) == 'per_step']
+    max_length = (batch_stats.statistics_length(self, self.max_length, per_step, length)
+                  if bound else self.max_length or length)
+    return batch_stats.layer_sites(features, self.statistics, max_length)
+
+  def _config(self, batch_statistics: bool) -> steps.StepConfig:
+    return steps.StepConfig(
+        cell=self.cell, recurrent_norm=self.recurrent_norm, input_norm=self.input_norm,
+        cell_norm=self.cell_norm, batch_statistics=batch_statistics, epsilon=self.epsilon,
+        axis_name=self.axis_name, compute_dtype=self.dtype,
+        padded_statistics=self.padded_statistics, min_step_count=self.min_step_count)
+
+  def execution_policy(self, batch, platform: Optional[str] = None
                        ) -> policy_lib.ExecutionPolicy:
-    """How this layer runs on `backend` (default the current one) for a per-device `batch`
-    (`policy.resolve` of `execution`); a symbolic batch (`jax.export`) cannot be compared
-    with H, so `backward='auto'` is the autodiff of the scan there."""
-    execution = self.execution
-    if not isinstance(batch, int):
-      batch = 1
-      if execution.backward == policy_lib.AUTO:
-        execution = dataclasses.replace(execution, backward='scan')
-    return policy_lib.resolve(
-        cell=self.cell, hidden_size=self.hidden_size, batch=batch,
-        batch_norm=bool(self._batch_sites()), sequence_input=self._sequence_input(),
-        execution=execution, backend=backend)
-
-  def _sequence_input(self) -> bool:
-    """Whether the input term is batch-normalised with sequence-wise statistics."""
-    return self.input_norm == 'batch' and batch_stats.sequence_wise_input(self.statistics)
-
-  def _max_length(self, length: int) -> int:
-    """T_max: `max_length`, or the rows the statistics were made with (`length`, the
-    input's, when they are being made)."""
-    return batch_stats.statistics_length(self, self.max_length, self._per_step_sites(),
-                                         length)
-
-  def _per_step_sites(self) -> list[str]:
-    """The batch-norm sites that keep one population row per step."""
-    return [site for site in self._batch_sites()
-            if batch_stats.per_step_rows(site, self.statistics)]
-
-  def _batch_sites(self) -> dict[str, int]:
-    """`{site: features}` of the batch-normalised terms (`steps.batch_sites`)."""
-    return steps.batch_sites(self.hidden_size, _GATES[self.cell], self.recurrent_norm,
-                             self.input_norm, self.cell_norm)
+    """How this layer runs on `platform` (default the first target,
+    `policy.target_platforms`) for a per-device `batch` (`scans.policies`)."""
+    platform = platform or policy_lib.target_platforms()[0]
+    sites = self._sites(1, bound=False)
+    (policy,) = scans.policies(self.execution, self._config(True), self.hidden_size, sites,
+                               batch, (policy_lib.platform_name(platform),))
+    return policy
 
   # ------------------------------------------------------------------ parameters
   def _params(self, input_size: int) -> dict[str, Array]:
@@ -251,100 +243,83 @@ class RecurrentLayer(nn.Module):
         `mutable=['batch_stats']`), as `nn.BatchNorm`.
       deterministic: no h0 noise (the zeros inference starts from), as `nn.Dropout`;
         the estimate's pass draws it even so (`initial_state`). A flag not given follows
-        the other one (`modes.py`): training passes both False, evaluation both True.
-      initial_carry: optional state to start from (e.g. carried across truncated-BPTT
-        segments): `(c, h)` for the LSTM, `h` for the RNN, each `[batch, hidden]`.
-      first_step: the time index of `inputs[:, 0]` in the sequence (a continuation of a
-        sequence run in pieces): an int, an int scalar array, or a `[batch]` vector of
-        each row's step. Step t of row b uses the statistics row `first_step[b] + t`.
-        In training the rows valid at `inputs[:, 0]` must share it (their moments pool
-        per step), and the rows must exist (`normalization.check_rows`).
-      return_carry: False: return the outputs; True: `(final_carry, outputs)`, as
-        `nn.RNN`.
+        the other one (`modes.py`).
+      initial_carry: the state to start from, `(c, h)` (LSTM) or `h` (RNN), each
+        `[batch, hidden]`; its statistics rows start at `first_step`.
+      first_step: the time index of `inputs[:, 0]` in the sequence (an int, an int scalar
+        array, or a `[batch]` vector of each row's step): step t of row b reads statistics
+        row `first_step[b] + t`. In training the rows valid at `inputs[:, 0]` must share
+        it, and its rows must exist (`normalization.check_rows`).
+      return_carry: return `(final_carry, outputs)`, as `nn.RNN`.
 
     Returns:
       `outputs [batch, time, hidden]` (zeros at padded steps), or `(final_carry,
-      outputs)` with `return_carry=True`: the state after each sequence's last valid
-      step, `(c, h)` (LSTM) or `h` (RNN), each `[batch, hidden]`.
+      outputs)`: the state after each row's last valid step.
     """
     self._validate(inputs, mask)
     mode = modes.resolve(use_running_average, deterministic)
-    batch_statistics = mode.batch_statistics
-    sequence.check_time_index(first_step, 'first_step (the time index of inputs[:, 0])')
-    if mask is not None:
-      # Padding is inert: whatever it holds (junk, inf, NaN) is replaced by zeros before
-      # any product or moment; `where`, since NaN * 0 is NaN.
+    training, (batch, length, _) = mode.batch_statistics, inputs.shape
+    sites = self._sites(length)
+    full_count = (self._sequences(first_step, mask, batch, length) if training else None)
+    first_step, ok = self._first_step(first_step, mask, training, sites, length)
+    if mask is not None:  # padding is inert, whatever it holds (NaN * 0 is NaN: `where`)
       inputs = jnp.where(mask[..., None] > 0, inputs, jnp.zeros_like(inputs))
-    batch, length, input_size = inputs.shape
-    run = self.execution_policy(batch)
-    sites = self._batch_sites()
-    max_length = self._max_length(length)
-    if batch_statistics:
-      full_count = self._sequences(first_step, mask, batch, length)
-      first_step = sequence.common_step(first_step, mask)
-    if batch_statistics and self._per_step_sites():
-      normalization.check_rows(first_step, length, max_length)
-    fused = self.execution.fused_step != 'none'
-    if fused:
-      self._check_fused(first_step)
-      run = dataclasses.replace(run, hoist_input=True)
-    stats = {site: batch_stats.site_variable(
-        self, site, batch_stats.num_rows(site, self.statistics, max_length), features,
-        batch_statistics=batch_statistics) for site, features in sites.items()}
-    params = self._params(input_size)
-    # The state is float32, or float64 when the inputs or weights are (under x64).
-    state_dtype = jnp.promote_types(
-        jnp.result_type(inputs, params['recurrent_kernel']), jnp.float32)
-    # The estimate's pass records the moments training normalises with: h0 noise too.
-    estimating = (batch_statistics and not self.is_initializing()
+    params = self._params(inputs.shape[-1])
+    stats = {s.name: batch_stats.site_variable(self, s, batch_statistics=training)
+             for s in sites}
+    if initial_carry is None:
+      initial_carry = self.initial_carry(batch, self._quiet_h0(mode), jnp.promote_types(
+          jnp.result_type(inputs, params['recurrent_kernel']), jnp.float32))
+    xs = {'x': jnp.swapaxes(inputs, 0, 1)}
+    if mask is not None:
+      xs['mask'] = jnp.swapaxes(mask, 0, 1)[..., None].astype(jnp.float32)
+    if not training or self.min_step_count > 1:
+      xs['rows'] = self._rows(stats, sites, training, length, first_step)
+    carry, h, moments = scans.run(self.execution, params, self._config(training),
+                                  initial_carry, xs, sites, batch=batch)
+    if training and sites and not self.is_initializing():
+      counts = sequence.valid_counts(xs.get('mask'), batch, length, self.axis_name)
+      self._record(stats, sites, moments, counts, first_step, full_count)
+    carry, outputs = checks.poison((carry, jnp.swapaxes(h, 0, 1)), ok)
+    outputs = outputs.astype(self.dtype or h.dtype)
+    return (carry, outputs) if return_carry else outputs
+
+  def _quiet_h0(self, mode: modes.Mode) -> bool:
+    """No h0 noise: deterministic calls, except the estimate's pass (`MOMENTS` mutable),
+    which records the moments training normalises with."""
+    estimating = (mode.batch_statistics and not self.is_initializing()
                   and self.is_mutable_collection(batch_stats.MOMENTS))
-    quiet_h0 = mode.deterministic and not estimating
-    carry = (self.initial_carry(batch, quiet_h0, state_dtype) if initial_carry is None
-             else initial_carry)
+    return mode.deterministic and not estimating
 
-    time_major = jnp.swapaxes(inputs, 0, 1)                                 # [T, B, I]
-    mask_tm = None if mask is None else jnp.swapaxes(mask, 0, 1)[..., None].astype(
-        jnp.float32)                                                        # [T, B, 1]
-    cfg = steps.StepConfig(
-        recurrent_norm=self.recurrent_norm, input_norm=self.input_norm,
-        cell_norm=self.cell_norm, batch_statistics=batch_statistics, epsilon=self.epsilon,
-        axis_name=self.axis_name, compute_dtype=self.dtype,
-        padded_statistics=self.padded_statistics, min_step_count=self.min_step_count,
-        batch_sums=run.batch_sums)
-    xs = {} if mask_tm is None else {'mask': mask_tm}
-    rows = self._step_rows(stats, length, batch_statistics, first_step)
-    moments = {}
-    if run.hoist_input:
-      xs['input_term'], input_moments = self._hoisted_input_term(
-          params, cfg, time_major, mask_tm, rows.pop('input', None))
-      if input_moments is not None:
-        moments['input'] = self._valid_counts(input_moments, batch, length, mask_tm)
-    else:
-      xs['x'] = time_major
-    if rows:
-      xs['stats'] = rows
-    loop_sites = (tuple(site for site in sites if site not in moments) if batch_statistics
-                  else ())
-    if fused:
-      final_carry, ys = self._fused_scan(params, carry, xs, mask_tm, rows, batch_statistics)
-    elif run.backward == 'layer':
-      final_carry, ys = self._scan_with_layer_backward(params, cfg, carry, xs, loop_sites,
-                                                       run.remat, self.execution.unroll)
-    else:
-      step = functools.partial(
-          steps.lstm_step if self.cell == 'lstm' else steps.rnn_step, params, cfg)
-      step = steps.rematerialized(steps.pack_moments(step, loop_sites), run.remat)
-      final_carry, ys = jax.lax.scan(step, carry, xs, unroll=self.execution.unroll)
+  def _first_step(self, first_step, mask, training: bool, sites, length: int):
+    """`first_step`, checked, and whether the traced checks passed (`checks.check`); in
+    training the batch's one first step, whose rows must exist."""
+    sequence.check_time_index(first_step, 'first_step (the time index of inputs[:, 0])')
+    if not training:
+      return first_step, True
+    first_step, ok = sequence.common_step(first_step, mask)
+    for s in sites:
+      if s.kind == 'per_step':
+        return first_step, ok & normalization.check_rows(first_step, length, s.rows)
+    return first_step, ok
 
-    if batch_statistics and sites and not self.is_initializing():
-      counts = self._step_counts(batch, length, mask_tm)
-      moments.update(ys['moments'] if fused else
-                     steps.unpack_moments(ys['moments'], loop_sites, sites, counts))
-      self._record_moments(stats, moments, first_step, full_count)
-    outputs = jnp.swapaxes(ys['h'], 0, 1)
-    if self.dtype is not None:
-      outputs = outputs.astype(self.dtype)
-    return (final_carry, outputs) if return_carry else outputs
+  def _rows(self, stats, sites, training: bool, length: int, first_step):
+    """`{site: (mean, var)}` `[T, F]` (`[T, B, F]` for a `[batch]` `first_step`): the
+    population rows the steps read (in training only the sites with per-step moments, at
+    steps with fewer than `min_step_count` sequences)."""
+    return {s.name: batch_stats.population_rows(self, s, stats[s.name].value, length,
+                                                first_step, self.min_row_support)
+            for s in sites if not (training and s.over_time)}
+
+  def _record(self, stats, sites, moments, counts, first_step, full_count) -> None:
+    """Fold this call's moments into the population statistics (`batch_stats.record`);
+    `counts [T]`: the valid sequences of each step."""
+    for s in sites:
+      mean, var = moments[s.name]
+      batch_stats.record(self, stats[s.name], s, mean, var,
+                         jnp.sum(counts) if s.over_time else counts, momentum=self.momentum,
+                         min_count=self.min_step_count, first_row=first_step,
+                         full_count=full_count)
 
   def step(self, carry, x: Array, t, mask: Optional[Array] = None):
     """One inference step, `layer.apply(variables, carry, x_t, t, method='step')`:
@@ -360,104 +335,6 @@ class RecurrentLayer(nn.Module):
                           return_carry=True)
     return carry, outputs[:, 0]
 
-  def _check_fused(self, first_step) -> None:
-    """One line for a layer `fused_step` does not cover (`policy.Execution.fused_step`)."""
-    name = self.execution.fused_step
-    bn_lstm = (self.cell == 'lstm' and self.recurrent_norm == self.input_norm ==
-               self.cell_norm == 'batch')
-    why = ('it runs the BN-LSTM (cell lstm, batch norm on all three sites)' if not bn_lstm
-           else "it keeps per-step statistics ('per_step')" if self.statistics != 'per_step'
-           else 'it computes its moments on one device (no axis_name)' if self.axis_name
-           else 'it counts valid entries only (padded_statistics=False)'
-           if self.padded_statistics
-           else 'it does not fall back on population rows (min_step_count=1)'
-           if self.min_step_count > 1
-           else 'it reads one statistics row per step for all rows (first_step a scalar)'
-           if getattr(first_step, 'ndim', 0) else None)
-    if why:
-      raise ValueError(f"Execution(fused_step={name!r}) does not fit this layer: {why}; "
-                       "use fused_step='none'.")
-
-  def _fused_scan(self, params, carry, xs, mask_tm, rows, batch_statistics: bool):
-    """The recurrence by `fused_step.fused_bn_lstm_scan` (on the hoisted input term):
-    `(final carry, {'h': [T, B, H], 'moments': {site: (mean, var, count)}})`."""
-    population = None
-    if not batch_statistics:
-      population = {site: rows[site] for site in ('recurrent', 'cell')}
-    final_carry, h, moments = fused_step.fused_bn_lstm_scan(
-        params, carry, xs['input_term'], mask_tm, population=population,
-        epsilon=self.epsilon, kernel=self.execution.fused_step,
-        interpret=jax.default_backend() == 'cpu', compute_dtype=self.dtype)
-    return final_carry, {'h': h, 'moments': moments}
-
-  def _scan_with_layer_backward(self, params, cfg, carry, xs, loop_sites, remat: str,
-                                unroll: int):
-    """`lax.scan` of the step with the whole-layer backward pass (`layer_vjp`)."""
-    cell_fn = steps.lstm_cell if self.cell == 'lstm' else steps.rnn_cell
-
-    def cell(pointwise_params, carry, terms, inputs):
-      carry, outputs = cell_fn(pointwise_params, cfg, carry, terms, inputs)
-      return carry, steps.packed_outputs(outputs, loop_sites)
-
-    def terms_fn(params, carry, inputs):
-      return steps.step_terms(params, cfg, carry, inputs)
-
-    # The input and recurrent terms meet as a plain sum (no separate normalisation).
-    tied = self.input_norm is None and (self.cell == 'rnn' or self.recurrent_norm is None)
-    return layer_vjp.scan_layer(cell, terms_fn, params, carry, xs, compute_dtype=self.dtype,
-                                mode=remat, unroll=unroll, tied_terms=tied)
-
-  def _step_counts(self, batch: int, length: int, mask_tm: Optional[Array]) -> Array:
-    """`[T]` global number of valid sequences at each step."""
-    if mask_tm is None:
-      count = jnp.full((length,), batch, jnp.float32)
-    else:
-      count = jnp.sum(mask_tm[..., 0], axis=1)
-    return count if self.axis_name is None else jax.lax.psum(count, self.axis_name)
-
-  def _valid_counts(self, moments, batch: int, length: int, mask_tm: Optional[Array]):
-    """With `padded_statistics` the moments' counts include padding; the record must
-    still mark as seen only the steps some sequence reached."""
-    if not self.padded_statistics or mask_tm is None:
-      return moments
-    counts = self._step_counts(batch, length, mask_tm)
-    sequence_wise = batch_stats.sequence_wise_input(self.statistics)
-    return moments[:2] + (jnp.sum(counts) if sequence_wise else counts,)
-
-  def _hoisted_input_term(self, params, cfg: steps.StepConfig, time_major, mask_tm,
-                          input_rows):
-    """W_x x for all steps `[T, B, G*H]` and its normalisation, outside the scan.
-
-    `input_rows`: `(mean, var)` `[T, F]` population rows of the input site (see
-    `_step_rows`), or None."""
-    z = steps.matmul(time_major, params['input_kernel'], self.dtype)
-    reduce_axes = (0, 1) if batch_stats.sequence_wise_input(self.statistics) else (1,)
-    stats = None if input_rows is None else tuple(
-        a if a.ndim == 3 else a[:, None, :] for a in input_rows)
-    return steps.apply_norm(
-        self.input_norm, z, params.get('input_scale'), None,
-        batch_statistics=cfg.batch_statistics,
-        mask=None if self.padded_statistics else mask_tm,
-        stats=stats, reduce_axes=reduce_axes, epsilon=self.epsilon,
-        axis_name=self.axis_name, min_count=self.min_step_count, batch_sums=cfg.batch_sums)
-
-  def _per_step_training_statistics(self, site: str) -> bool:
-    """Whether a site's training moments are per step (all but sequence-wise input)."""
-    return site != 'input' or not batch_stats.sequence_wise_input(self.statistics)
-
-  def _step_rows(self, stats, length: int, batch_statistics: bool,
-                 first_step=0) -> dict[str, tuple[Array, Array]]:
-    """`{site: (mean [T, F], var [T, F])}`: the population rows handed to the steps
-    (from `first_step` on). In inference every batch-norm site normalises with them; in
-    training (only with `min_step_count > 1`) the per-step sites use them at steps with
-    too few valid sequences."""
-    if batch_statistics and self.min_step_count <= 1:
-      return {}
-    return {site: batch_stats.population_rows(stats[site].value, length, first_step,
-                                              self.min_row_support)
-            for site in stats
-            if not batch_statistics or self._per_step_training_statistics(site)}
-
   def _sequences(self, first_step, mask: Optional[Array], batch: int, length: int):
     """The global number of the batch's sequences, the base of the running average's
     row weights (`normalization.update_running_stats`): the rows that have a valid step
@@ -470,29 +347,3 @@ class RecurrentLayer(nn.Module):
              else jnp.sum(mask > 0, axis=1))
     rows = jnp.sum((jnp.broadcast_to(first_step, (batch,)) + valid > 0).astype(jnp.float32))
     return rows if self.axis_name is None else jax.lax.psum(rows, self.axis_name)
-
-  def _record_moments(self, stats, moments, first_step, full_count) -> None:
-    """Fold this minibatch's moments into the population statistics (`batch_stats`);
-    per-step rows from `first_step` on."""
-    for site, (mean, var, count) in moments.items():
-      first_row = 0
-      # Steps that fell back on the population rows trained with no moments of theirs.
-      guard = self.min_step_count if self._per_step_training_statistics(site) else 1
-      min_count = 1   # the fewest sequences a recorded row rests on
-      if stats[site].value['count'].shape[0] == 1 and mean.ndim == 2:
-        # Shared over time: average the per-step moments, weighting steps by valid count.
-        count = jnp.broadcast_to(jnp.where(count >= guard, count, 0.0), mean.shape[:1])
-        total = jnp.sum(count)
-        weights = (count / jnp.maximum(total, 1.0))[:, None]
-        mean = jnp.sum(mean * weights, axis=0)
-        var = jnp.sum(var * weights, axis=0)
-        count = total
-      elif mean.ndim == 2:
-        count = jnp.broadcast_to(count, mean.shape[:1])
-        # Rows too few sequences supported are recorded thin
-        # (`normalization.minibatch_moments_record`).
-        min_count = guard
-        first_row = first_step
-      batch_stats.record(self, stats[site], site, mean, var, count, self.momentum, min_count,
-                         first_row, full_count)
-

@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bn_rnn_jax import checks
+
 Array = jax.Array
 
 
@@ -21,10 +23,14 @@ def check_mask_values(mask) -> None:
   """Raise if a concrete mask (of any shape) holds a value other than 0 and 1, naming the
   first such entry.
 
-  The batch moments are right for 0/1 masks only. Traced masks (under jit or pmap) have
-  no values to check and pass.
+  The batch moments are right for 0/1 masks only. A traced mask (under jit or pmap) is
+  checked inside `checks.checkify` only.
   """
-  if mask is None or isinstance(mask, jax.core.Tracer):
+  if mask is None:
+    return
+  if isinstance(mask, jax.core.Tracer):
+    checks.check((mask == 0) | (mask == 1), 'A mask holds a value other than 0 (padding) '
+                 'and 1 (a valid step).')
     return
   values = np.asarray(mask)
   bad = np.argwhere(~((values == 0) | (values == 1)))
@@ -39,12 +45,18 @@ def check_mask_prefix(mask) -> None:
   (`check_mask_values`), or has a valid step after a padded one.
 
   Layers and `reverse_valid` assume each row's valid steps come first (padding at the
-  end); a mask with holes would be silently mis-reversed. Traced masks (under jit or
-  pmap) have no values to check and pass. The input pipelines build 0/1 prefix masks.
+  end); a mask with holes would be silently mis-reversed. A traced mask (under jit or
+  pmap) is checked inside `checks.checkify` only. The input pipelines build 0/1 prefix
+  masks.
   """
-  if mask is None or isinstance(mask, jax.core.Tracer):
+  if mask is None:
     return
   check_mask_values(mask)
+  if isinstance(mask, jax.core.Tracer):
+    valid = mask > 0
+    checks.check(~(valid[:, 1:] & ~valid[:, :-1]), 'A mask row has a valid step after '
+                 'padding; valid steps must come first in each row (padding at the end).')
+    return
   valid = np.asarray(mask) > 0
   holes = np.nonzero(valid[:, 1:] & ~valid[:, :-1])
   if holes[0].size:
@@ -54,15 +66,13 @@ def check_mask_prefix(mask) -> None:
 
 
 def check_time_index(value, what: str) -> None:
-  """Raise if a concrete time index (a scalar, or a vector of rows' steps) is negative
-  or not an integer; a traced one passes unchecked."""
-  if isinstance(value, jax.core.Tracer):
-    return
-  values = np.asarray(value)
-  if not np.issubdtype(values.dtype, np.integer):
-    raise ValueError(f'{what} must be an integer; got dtype {values.dtype}.')
-  if values.size and int(values.min()) < 0:
-    raise ValueError(f'{what} must be >= 0; got {int(values.min())}.')
+  """Raise if a time index (a scalar, or a vector of rows' steps) is not an integer (at
+  trace time) or is negative (concrete; traced: inside `checks.checkify`)."""
+  dtype = jnp.result_type(value)
+  if not jnp.issubdtype(dtype, jnp.integer):
+    raise ValueError(f'{what} must be an integer; got dtype {dtype}.')
+  checks.check(jnp.asarray(value) >= 0, f'{what} must be >= 0; got {{}}.',
+               jnp.min(jnp.asarray(value)))
 
 
 def starts_at_zero(first_step) -> bool:
@@ -71,33 +81,32 @@ def starts_at_zero(first_step) -> bool:
   return isinstance(first_step, int) and first_step == 0
 
 
-def check_when_run(check, *values) -> None:
-  """`check(*values)` (which raises on bad values) at once when the values are concrete,
-  or, when one is traced (under `jit`), through a `jax.debug.callback` when the
-  computation runs: an error either way, never a silent clamp."""
-  if any(isinstance(value, jax.core.Tracer) for value in values):
-    jax.debug.callback(check, *values)
-  else:
-    check(*values)
-
-
 def common_step(first_step, mask: Optional[Array]):
   """The step of a training batch's first column, from each row's step `first_step`
   (an int, a scalar, or `[batch]`): the rows valid there (`mask [batch, time]`) pool
   their batch moments per step, so they must share it (rows at other steps take part as
-  padding only). Rows at different steps are an error (`check_when_run`)."""
+  padding only). Rows at different steps are an error (`checks.check`, whose result is
+  returned beside the step)."""
   if np.ndim(first_step) == 0:
-    return first_step
+    return first_step, True
   valid = (jnp.ones(np.shape(first_step), bool) if mask is None else mask[:, 0] > 0)
+  steps = jnp.asarray(first_step)
+  first = jnp.max(jnp.where(valid, steps, 0))
+  low = jnp.min(jnp.where(valid, steps, first))
+  ok = checks.check(low == first, 'Training rows start at different steps ({} and {}): '
+                    'batch statistics pool the rows of one step, so a batch trains from one '
+                    'step (rows at other steps are padding in this call).', low, first)
+  return first, ok
 
-  def check(steps, valid):
-    steps = np.unique(np.asarray(steps)[np.asarray(valid)])
-    if steps.size > 1:
-      raise ValueError(f'Training rows start at different steps {steps.tolist()}: batch '
-                       'statistics pool the rows of one step, so a batch trains from one '
-                       'step (rows at other steps are padding in this call).')
-  check_when_run(check, first_step, valid)
-  return jnp.max(jnp.where(valid, first_step, 0))
+
+def valid_counts(mask_tm: Optional[Array], batch: int, length: int,
+                 axis_name: Optional[str]) -> Array:
+  """`[T]` global number of valid sequences at each step; `mask_tm [T, B, 1]`."""
+  if mask_tm is None:
+    count = jnp.full((length,), batch, jnp.float32)
+  else:
+    count = jnp.sum(mask_tm[..., 0], axis=1)
+  return count if axis_name is None else jax.lax.psum(count, axis_name)
 
 
 def reverse_valid(x: Array, mask: Optional[Array]) -> Array:

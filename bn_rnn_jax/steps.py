@@ -53,6 +53,7 @@ class StepConfig:
   """Static settings of a step function (hashable, so it can close over a jitted scan).
 
   Attributes:
+    cell: 'lstm' (`lstm_step`) or 'rnn' (`rnn_step`).
     recurrent_norm: normalisation of the recurrent term W_h h (None, 'batch', 'layer').
     input_norm: normalisation of the input term W_x x, when it is computed in the step.
     cell_norm: normalisation of c_t before the output tanh (LSTM only).
@@ -70,6 +71,7 @@ class StepConfig:
     batch_sums: how the sums over the batch run ('reduce' or 'contraction';
       `policy.py`).
   """
+  cell: str = 'lstm'
   recurrent_norm: Optional[str] = None
   input_norm: Optional[str] = None
   cell_norm: Optional[str] = None
@@ -87,17 +89,19 @@ def _statistics_mask(cfg: StepConfig, mask: Optional[Array]) -> Optional[Array]:
   return None if cfg.padded_statistics else mask
 
 
-def matmul(x: Array, kernel: Array, compute_dtype) -> Array:
-  """`x @ kernel` in `compute_dtype`, returned in (at least) float32 for the statistics.
+def matmul(a: Array, b: Array, compute_dtype, contract=None) -> Array:
+  """`a . b` over `contract` (`(a_axes, b_axes)`; default a's last axis with b's first) in
+  `compute_dtype`, returned in (at least) float32 for the statistics.
 
   `compute_dtype` None follows the operands, at least float32: with `jax_enable_x64` and
-  float64 inputs or kernel the product is computed and returned in float64, so a float64
-  layer stays float64 end to end. A given dtype (bfloat16) is kept as asked.
+  float64 operands the product is computed and returned in float64, so a float64 layer
+  stays float64 end to end. A given dtype (bfloat16) is kept as asked.
   """
-  wide = jnp.promote_types(jnp.result_type(x, kernel), jnp.float32)
+  wide = jnp.promote_types(jnp.result_type(a, b), jnp.float32)
   compute_dtype = wide if compute_dtype is None else compute_dtype
-  out = jnp.dot(x.astype(compute_dtype), kernel.astype(compute_dtype),
-                preferred_element_type=wide)
+  contract = ((a.ndim - 1,), (0,)) if contract is None else contract
+  out = jax.lax.dot_general(a.astype(compute_dtype), b.astype(compute_dtype),
+                            (contract, ((), ())), preferred_element_type=wide)
   return out.astype(wide)
 
 
@@ -363,3 +367,13 @@ def unpack_moments(packed: Optional[Array], sites: tuple[str, ...], features, co
     moments[site] = (mean, var, counts)
     offset += 2 * width
   return moments
+
+
+def step_function(cfg: StepConfig):
+  """The step of `cfg.cell`: `lstm_step` or `rnn_step`."""
+  return lstm_step if cfg.cell == 'lstm' else rnn_step
+
+
+def cell_function(cfg: StepConfig):
+  """The step of `cfg.cell` after its matmuls: `lstm_cell` or `rnn_cell`."""
+  return lstm_cell if cfg.cell == 'lstm' else rnn_cell

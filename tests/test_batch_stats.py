@@ -18,8 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import checkify
 
 from bn_rnn_jax import batch_stats
+from bn_rnn_jax import checks
 from bn_rnn_jax import population
 from bn_rnn_jax import stack
 from bn_rnn_jax import variants
@@ -49,30 +51,35 @@ def _outputs(module):
   return {} if isinstance(module, batch_stats.MaskedBatchNorm) else {'return_carry': False}
 
 
+def _mode(module, use_running_average: bool) -> dict:
+  """The call's flags: a MaskedBatchNorm draws no noise, so it takes no `deterministic`."""
+  if isinstance(module, batch_stats.MaskedBatchNorm):
+    return {'use_running_average': use_running_average}
+  return {'use_running_average': use_running_average, 'deterministic': use_running_average}
+
+
 @pytest.fixture(params=helpers.core_cases(sorted(MODULES), core=['masked_batch_norm']))
 def case(request):
   module, args = MODULES[request.param]
-  return module, args, module.init(jax.random.key(0), *args, use_running_average=True,
-                                   deterministic=True)
+  return module, args, module.init(jax.random.key(0), *args, **_mode(module, True))
 
 
 def test_train_without_mutable_batch_stats_raises(case):
   module, args, variables = case
   message = r"use_running_average=False needs mutable=\['batch_stats'\]"
   with pytest.raises(ValueError, match=message) as error:
-    module.apply(variables, *args, use_running_average=False, deterministic=False)
+    module.apply(variables, *args, **_mode(module, False))
   assert '\n' not in str(error.value)
   with pytest.raises(ValueError, match=message):  # the same under jit (a static check)
-    jax.jit(lambda v, x, m: module.apply(v, x, m, use_running_average=False,
-                                         deterministic=False))(variables, *args)
+    jax.jit(lambda v, x, m: module.apply(v, x, m, **_mode(module, False)))(variables, *args)
   with pytest.raises(ValueError, match=message):  # another collection is no substitute
-    module.apply(variables, *args, use_running_average=False, deterministic=False,
+    module.apply(variables, *args, **_mode(module, False),
                  mutable=['intermediates'])
 
 
 def test_train_with_mutable_batch_stats_updates_them(case):
   module, args, variables = case
-  _, updated = module.apply(variables, *args, use_running_average=False, deterministic=False,
+  _, updated = module.apply(variables, *args, **_mode(module, False),
                             mutable=['batch_stats'], **_outputs(module))
   counts = [np.asarray(leaf) for path, leaf in
             jax.tree_util.tree_flatten_with_path(updated['batch_stats'])[0]
@@ -85,7 +92,7 @@ def test_the_estimate_pass_needs_only_the_moments_collection(case):
   """The papers' estimate runs use_running_average=False with only `minibatch_moments`
   mutable: the explicit opt-out of check 1, and it leaves the running averages alone."""
   module, args, variables = case
-  _, mutated = module.apply(variables, *args, use_running_average=False, deterministic=False,
+  _, mutated = module.apply(variables, *args, **_mode(module, False),
                             mutable=[batch_stats.MOMENTS], **_outputs(module))
   assert set(mutated) == {batch_stats.MOMENTS}
   estimate = population.estimate_population_stats(module, variables, [args, args])
@@ -97,29 +104,32 @@ def test_eval_of_untrained_statistics_raises(case):
   with pytest.raises(ValueError, match='use_running_average=True with population '
                                        'statistics no training '
                                        r'batch reached \(count 0') as error:
-    module.apply(variables, *args, use_running_average=True, deterministic=True)
+    module.apply(variables, *args, **_mode(module, True))
   assert '\n' not in str(error.value)
   assert "site '" in str(error.value)
   with pytest.raises(ValueError, match='no training batch reached'):
     # Variables closed over by a jitted function are concrete when it is traced.
-    jax.jit(lambda x, m: module.apply(variables, x, m, use_running_average=True,
-                                      deterministic=True))(*args)
-  with pytest.raises(jax.errors.JaxRuntimeError, match="site '.*no training batch reached"):
-    # Variables passed to it are traced: checked when it runs.
-    jax.block_until_ready(_evaluate(module)(variables, *args))
+    jax.jit(lambda x, m: module.apply(variables, x, m, **_mode(module, True)))(*args)
+  # Variables passed to it are traced: the statistics normalise to NaN, and a checked
+  # evaluation (`checks.checkify`) names the site.
+  assert np.all(np.isnan(_evaluate(module)(variables, *args)))
+  error, _ = jax.jit(checks.checkify(
+      lambda v, x, m: module.apply(v, x, m, **_mode(module, True), **_outputs(module))))(
+          variables, *args)
+  with pytest.raises(checkify.JaxRuntimeError, match="site '.*no training batch reached"):
+    error.throw()
 
 
 def _evaluate(module):
   """A jitted evaluation taking the variables as an argument."""
-  return jax.jit(lambda v, x, m: module.apply(v, x, m, use_running_average=True,
-                                              deterministic=True, **_outputs(module)))
+  return jax.jit(lambda v, x, m: module.apply(v, x, m, **_mode(module, True), **_outputs(module)))
 
 
 def test_untrained_sites_names_them_before_a_jitted_evaluation(case):
   module, args, variables = case
   untrained = batch_stats.untrained_sites(variables['batch_stats'])
   assert untrained and all(isinstance(path, str) for path in untrained)
-  _, updated = module.apply(variables, *args, use_running_average=False, deterministic=False,
+  _, updated = module.apply(variables, *args, **_mode(module, False),
                             mutable=['batch_stats'], **_outputs(module))
   assert batch_stats.untrained_sites(updated['batch_stats']) == []
 
@@ -127,28 +137,26 @@ def test_untrained_sites_names_them_before_a_jitted_evaluation(case):
 def test_opting_out_evaluates_with_mean_0_variance_1(case):
   module, args, variables = case
   with batch_stats.allow_untrained_statistics():
-    out = module.apply(variables, *args, use_running_average=True, deterministic=True,
+    out = module.apply(variables, *args, **_mode(module, True),
                        **_outputs(module))
     jitted = jax.block_until_ready(_evaluate(module)(variables, *args))
   assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves((out, jitted)))
   with pytest.raises(ValueError, match='no training batch reached'):  # scoped to the block
-    module.apply(variables, *args, use_running_average=True, deterministic=True)
+    module.apply(variables, *args, **_mode(module, True))
 
 
 def test_message_names_the_site_of_a_nested_layer():
   module, args = MODULES['stack']
-  variables = module.init(jax.random.key(0), *args, use_running_average=True,
-                          deterministic=True)
+  variables = module.init(jax.random.key(0), *args, **_mode(module, True))
   with pytest.raises(ValueError, match="RecurrentLayer 'layer_0' site 'input'"):
-    module.apply(variables, *args, use_running_average=True, deterministic=True)
+    module.apply(variables, *args, **_mode(module, True))
 
 
 def test_trained_statistics_evaluate_without_error(case):
   module, args, variables = case
-  _, updated = module.apply(variables, *args, use_running_average=False, deterministic=False,
+  _, updated = module.apply(variables, *args, **_mode(module, False),
                             mutable=['batch_stats'], **_outputs(module))
-  out = module.apply({**variables, **updated}, *args, use_running_average=True,
-                     deterministic=True, **_outputs(module))
+  out = module.apply({**variables, **updated}, *args, **_mode(module, True), **_outputs(module))
   jitted = jax.block_until_ready(_evaluate(module)({**variables, **updated}, *args))
   assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves((out, jitted)))
 
@@ -170,12 +178,11 @@ def test_layers_without_batch_statistics_need_neither():
 def _trained_norm(statistics, x, mask):
   """A MaskedBatchNorm's output in training, and its variables after that batch."""
   norm = batch_stats.MaskedBatchNorm(statistics=statistics, max_length=T, momentum=0.5)
-  variables = norm.init(jax.random.key(0), x, mask, use_running_average=True,
-                        deterministic=True)
+  variables = norm.init(jax.random.key(0), x, mask, use_running_average=True)
   rng = np.random.default_rng(1)
   params = {'scale': rng.uniform(0.5, 1.5, x.shape[-1]), 'bias': rng.normal(size=x.shape[-1])}
   variables = {**variables, 'params': helpers.float32(params)}
-  y, updated = norm.apply(variables, x, mask, use_running_average=False, deterministic=False,
+  y, updated = norm.apply(variables, x, mask, use_running_average=False,
                           mutable=['batch_stats'])
   return norm, params, y, {**variables, **updated}
 
@@ -196,13 +203,13 @@ def test_masked_batch_norm_per_step_matches_the_reference():
   for key in ('mean', 'var', 'count'):
     helpers.assert_close(stats[key], record[key], rtol=1e-5, what=key)
   longer = np.concatenate([x, x[:, :3]], axis=1)                      # 8 steps, T_max 5
-  out = norm.apply(variables, longer, None, use_running_average=True, deterministic=True)
+  out = norm.apply(variables, longer, None, use_running_average=True)
   mean, var = ref.population_lookup(stats, 8)
   helpers.assert_close(out, ref.normalize(longer, mean, var, params['scale'], params['bias']),
                        rtol=1e-4)
   # Row 4 rests on one sequence of four: below half the support, the steady state.
   out = norm.clone(min_row_support=0.5).apply(variables, longer, None,
-                                              use_running_average=True, deterministic=True)
+                                              use_running_average=True)
   mean, var = ref.population_lookup(stats, 8, 0.5)
   assert not np.allclose(mean[4:], stats['mean'][4])
   helpers.assert_close(out, ref.normalize(longer, mean, var, params['scale'], params['bias']),
@@ -230,11 +237,11 @@ def test_statistics_vocabulary_is_checked_and_sets_the_rows():
   batch_stats.check_statistics('shared')
   with pytest.raises(ValueError, match="statistics must be one of .*; got 'frame'"):
     batch_stats.check_statistics('frame')
-  assert [batch_stats.num_rows(site, statistics, 7)
-          for statistics in batch_stats.STATISTICS
-          for site in ('input', 'recurrent', 'cell')] == [7, 7, 7, 1, 7, 7, 1, 1, 1]
+  sites = {'input': 1, 'recurrent': 1, 'cell': 1}
+  assert [site.rows for statistics in batch_stats.STATISTICS
+          for site in batch_stats.layer_sites(sites, statistics, 7)] == [7, 7, 7, 1, 7, 7,
+                                                                          1, 1, 1]
   with pytest.raises(ValueError, match="MaskedBatchNorm.statistics must be 'per_step' or "
                      "'sequence'; got 'shared'"):
     batch_stats.MaskedBatchNorm(statistics='shared').init(jax.random.key(0), X, MASK,
-                                                          use_running_average=True,
-                                                          deterministic=True)
+                                                          use_running_average=True)

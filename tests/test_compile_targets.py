@@ -27,35 +27,43 @@ import tpu_compile
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 
-@pytest.mark.parametrize('shape', compile_targets.SHAPES)
-def test_layer_lowers_for_cuda_at_benchmark_shapes(shape):
-  """The `bn_lstm` layer with `fused_step='pallas'`, forward and backward, lowered for
-  CUDA from this CPU machine (abstract arguments, no device, no CUDA plugin): one Triton
-  kernel in the forward scan and one in the reverse scan. `cuda_lowering` gives jax >=
-  0.11 the abstract H100 its Triton lowering asks for."""
-  fn, args = compile_targets.program('fused_pallas', shape, 'float32', 'gpu')
+PALLAS_FORMS = [(name, shape) for name, form in compile_targets.FORMS.items()
+                if form.settings.get('fused_step') in ('pallas', 'persistent')
+                for shape in form.shapes]
+
+
+@pytest.mark.parametrize('form,shape', PALLAS_FORMS,
+                         ids=[f'{form}-{shape}' for form, shape in PALLAS_FORMS])
+def test_layer_lowers_for_cuda_at_benchmark_shapes(form, shape):
+  """The `bn_lstm` layer's Pallas forms, forward and backward, lowered for CUDA from this
+  CPU machine (abstract arguments, no device, no CUDA plugin): one Triton kernel in the
+  forward pass and one in the backward pass (per step, or for the whole sequence).
+  `cuda_lowering` gives jax >= 0.11 the abstract H100 its Triton lowering asks for."""
+  fn, args = compile_targets.program(form, shape, 'float32', 'gpu')
   text = compile_targets.lower(fn, args, 'gpu').as_text()
-  assert program_facts.pallas_kernels(text) == ['bn_lstm_step_forward',
-                                                'bn_lstm_step_backward']
+  kernels = program_facts.pallas_kernels(text)
+  assert len(kernels) == 2 and kernels[0].endswith('_forward'), kernels
+  assert kernels[1].endswith('_backward'), kernels
   assert sum(text.count(f'@{call}(') for call in ('__gpu$xla.gpu.triton',
                                                   'triton_kernel_call_ffi')) == 2
 
 
-def test_forms_take_the_targets_policy_or_say_why_not():
-  """Each form runs with the target's policy (or the CPU's, compiled for a TPU beside
-  it), its own settings kept; a form this version does not have is skipped in one line
-  that names it."""
+def test_forms_run_their_targets_policy_or_say_why_not():
+  """Each form runs with the policy the layer resolves for the target (or the CPU's,
+  compiled for a TPU beside it), its own settings kept; a form this version does not
+  have is skipped in one line that names it."""
   for name, form in compile_targets.FORMS.items():
     reason = compile_targets.form_unavailable(name)
     if reason:
       assert reason.startswith(f'{name}: skipped') and '\n' not in reason
       continue
     for target in form.platforms:
-      execution = compile_targets.execution(name, 'a', target)
-      resolved = policy.resolve(cell='lstm', hidden_size=100, batch=64, batch_norm=True,
-                                sequence_input=False, backend=form.policy_of or target)
-      want = {**dataclasses.asdict(resolved), 'fused_step': 'none', **form.settings}
-      assert {key: getattr(execution, key) for key in want} == want, (name, target)
+      got = compile_targets.resolved_policy(name, 'a', target)
+      want = dataclasses.asdict(policy.resolve(
+          cell='lstm', hidden_size=100, batch=64, batch_norm=True, sequence_input=False,
+          platform=form.policy_of or target))
+      want.update(form.settings, interpret=False)
+      assert got == want, (name, target)
 
 
 THUNKS = """\

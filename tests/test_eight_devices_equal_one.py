@@ -50,8 +50,10 @@ NUM_VALID = float(MASK.sum())
 # device); they are left out to keep compile time down.
 FORMS = [('bn_lstm', False), ('bn_lstm', True), ('bn_lstm_shared', True)]
 # The whole-layer backward pass (`backward='layer'`) psums the batch-norm cotangent sums
-# inside its own reverse scan: one in-step form checks it.
-FORMS_BACKWARD = [form + ('scan',) for form in FORMS] + [('bn_lstm', False, 'layer')]
+# inside its own reverse scan: one in-step form checks it; the fused step ('fused', as
+# plain JAX) psums its moments and its backward pass's sums inside each step.
+FORMS_BACKWARD = [form + ('scan',) for form in FORMS] + [('bn_lstm', False, 'layer'),
+                                                         ('bn_lstm', True, 'fused')]
 
 
 @pytest.fixture(scope='module', autouse=True)
@@ -72,9 +74,10 @@ def unshard(a):
 
 
 def _layer(variant, hoist, axis_name=None, backward='scan'):
+  execution = (dict(fused_step='xla') if backward == 'fused'
+               else dict(hoist_input=hoist, backward=backward))
   return variants.make_layer(variant, H, max_length=T + 2, momentum=0.9, axis_name=axis_name,
-                              **helpers.with_execution(dict(hoist_input=hoist,
-                                                            backward=backward)))
+                              **helpers.with_execution(execution))
 
 
 def _params(variant):
@@ -113,7 +116,7 @@ def eight_devices(variant, hoist, backward='scan'):
 
 
 @pytest.mark.parametrize('variant,hoist,backward', helpers.core_cases(
-    FORMS_BACKWARD, core=[('bn_lstm', False, 'scan')]))
+    FORMS_BACKWARD, core=[('bn_lstm', False, 'scan')], also=[('bn_lstm', True, 'fused')]))
 def test_pmap_equals_single_device(variant, hoist, backward):
   (value, (out, carry, new)), (g_params, g_x) = single_device(variant, hoist)
   (p_value, (p_out, p_carry, p_new)), (p_g_params, p_g_x) = eight_devices(variant, hoist,

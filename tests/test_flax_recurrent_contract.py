@@ -30,9 +30,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import checkify
 from flax import linen as nn
 from flax import nnx
 
+from bn_rnn_jax import checks
 from bn_rnn_jax import flax_cells
 from bn_rnn_jax import nnx_cells
 from bn_rnn_jax import policy
@@ -132,6 +134,14 @@ def _linen_rnn(cell, rnn_fields, static, jit):
 
   def call(params, stats, x, arrays):
     return _apply(module, train, params, stats, x, name='cell', **dict(static), **arrays)
+  if jit == 'checked':  # the library's checks of traced values on (`checks.checkify`)
+    checked = jax.jit(checks.checkify(call))
+
+    def run(*args):
+      error, out = checked(*args)
+      error.throw()
+      return out
+    return run
   return jax.jit(call) if jit else call
 
 
@@ -627,22 +637,31 @@ def test_training_past_max_length_across_chunks_is_an_error(api):
   with pytest.raises(ValueError, match='max_length=6') as error:
     model.copy().rnn(X[:, :3], jit=False, **past)
   helpers.one_line(error)
-  with pytest.raises(jax.errors.JaxRuntimeError, match='max_length'):
-    jax.block_until_ready(model.copy().rnn(X[:, :3], **past))
+  assert 'initial_carry=(c, h)' in str(error.value)  # what truncated backprop passes
+  # Jitted, the carry's step is traced: the chunk's carry and outputs are NaN, and a
+  # checked run (`checks.checkify`) raises the same line.
+  carry, out = model.copy().rnn(X[:, :3], **past)
+  assert np.isnan(out).all() and np.isnan(carry.h).all()
+  if api == 'linen':
+    with pytest.raises(checkify.JaxRuntimeError, match='max_length=6'):
+      model.copy().rnn(X[:, :3], jit='checked', **past)
 
 
-@pytest.mark.parametrize('jit', [False, True], ids=['eager', 'jit'])
+@pytest.mark.parametrize('jit', [False, True, 'checked'], ids=['eager', 'jit', 'checked'])
 def test_training_rows_at_different_steps_is_an_error(jit):
   """A training chunk whose valid rows start at different steps (the first chunk's
-  lengths 3, 1, 2) cannot pool one step's batch moments: an error eagerly, and under
-  `jit` (the carry an argument) when the batch runs, as past max_length."""
+  lengths 3, 1, 2) cannot pool one step's batch moments: an error eagerly and in a
+  checked run, NaN outputs under `jit` (the carry an argument), as past max_length."""
   model = make('linen')
   carry, _ = model.rnn(X[:, :3], train=True, seq_lengths=np.array([3, 1, 2]),
                        return_carry=True)
-  with pytest.raises((ValueError, jax.errors.JaxRuntimeError), match='different steps'):
-    jax.block_until_ready(model.rnn(X[:, 3:], train=True, initial_carry=carry,
-                                    seq_lengths=np.array([3, 2, 1]), return_carry=True,
-                                    jit=jit))
+  run = lambda: model.rnn(X[:, 3:], train=True, initial_carry=carry,
+                          seq_lengths=np.array([3, 2, 1]), return_carry=True, jit=jit)
+  if jit is True:
+    assert np.isnan(run()[1]).all()
+    return
+  with pytest.raises((ValueError, checkify.JaxRuntimeError), match='different steps'):
+    run()
 
 
 # ----------------------------------------------------------------------------- nesting

@@ -27,8 +27,7 @@ B, T, I, H = 5, 6, 3, 6
 LENGTHS = (6, 4, 2, 5, 6)      # uneven; the last step has two valid rows
 BLOCK_H = 4
 GARBAGE = 30.0                 # scale of the junk in padded positions
-KERNELS = {'pallas': dict(kernel='pallas', interpret=True, block_h=BLOCK_H),
-           'xla': dict(kernel='xla')}
+KERNELS = ('pallas', 'xla', 'persistent')
 SITES = ('input', 'recurrent', 'cell')
 
 _rng = np.random.default_rng(0)
@@ -62,15 +61,30 @@ def _loss_terms(carry, out):
       carry[1] * W_CARRY[1])
 
 
+def _layer(kernel):
+  return variants.make_layer('bn_lstm', H, max_length=T, execution=policy.Execution(
+      fused_step=kernel, block_h=None if kernel == 'xla' else BLOCK_H))
+
+
 @functools.cache
 def fused_run(kernel, inference=False):
-  """Loss, gradients w.r.t. params, x and the initial carry, carry, outputs, moments."""
-  population = helpers.float32(POPULATION) if inference else None
+  """Through `RecurrentLayer(execution=Execution(fused_step=kernel))`: loss, gradients
+  w.r.t. params, x and the initial carry, carry, outputs and (training) the moments of
+  every step as `(mean, var, count)` per site."""
+  if inference:
+    stats = {site: {'mean': mean, 'var': var, 'count': np.ones(T)}
+             for site, (mean, var) in POPULATION.items()}
+  else:
+    stats = {site: ref.init_population(T, f) for site, f in _widths.items()}
 
   def loss(arrays, mask):
     params, x, carry0 = _split(arrays)
-    carry, out, moments = fused_step.fused_bn_lstm(
-        params, x, mask, initial_carry=carry0, population=population, **KERNELS[kernel])
+    (carry, out), new = _layer(kernel).apply(
+        {'params': params, 'batch_stats': helpers.float32(stats)}, x, mask,
+        use_running_average=inference, deterministic=True, initial_carry=carry0,
+        mutable=[] if inference else ['minibatch_moments'], return_carry=True)
+    moments = {site: (r['mean'], r['var'], r['count'])
+               for site, r in new.get('minibatch_moments', {}).items()}
     return _loss_terms(carry, out), (carry, out, moments)
 
   arrays = {**PARAMS, '__x': X, '__c0': CARRY0[0], '__h0': CARRY0[1]}
@@ -109,7 +123,7 @@ def _check_gradients(got, want):
 
 
 # The 'xla' kernel's forward and gradients are also checked through the layer below.
-@pytest.mark.parametrize('kernel', helpers.core_cases(list(KERNELS), core=['pallas']))
+@pytest.mark.parametrize('kernel', helpers.core_cases(KERNELS, core=['pallas', 'persistent']))
 def test_forward_and_moments_match_the_reference(kernel):
   """Outputs (0 on padded steps), the final state of rows of every length, and each
   step's mean and variance over the valid rows of the three sites, with their counts."""
@@ -122,7 +136,7 @@ def test_forward_and_moments_match_the_reference(kernel):
     np.testing.assert_array_equal(count, [m[2] for m in want['moments'][site]])
 
 
-@pytest.mark.parametrize('kernel', helpers.core_cases(list(KERNELS), core=['pallas']))
+@pytest.mark.parametrize('kernel', helpers.core_cases(KERNELS, core=['pallas', 'persistent']))
 def test_gradients_match_finite_differences(kernel):
   """Every parameter's gradient, the input's and the initial state's, through the
   custom_vjp (reverse scan of the backward kernel, dW_h after the loop) and the hoisted
@@ -130,60 +144,36 @@ def test_gradients_match_finite_differences(kernel):
   _check_gradients(fused_run(kernel), reference_run())
 
 
-def test_inference_with_population_rows_matches_the_reference():
+@pytest.mark.parametrize('kernel', helpers.core_cases(KERNELS, core=['persistent']))
+def test_inference_with_population_rows_matches_the_reference(kernel):
   """Each step normalised with its given population rows (no batch moments): outputs,
   final state and gradients."""
-  got, want = fused_run('pallas', inference=True), reference_run(inference=True)
+  got, want = fused_run(kernel, inference=True), reference_run(inference=True)
   _check_forward(got, want)
   assert got['moments'] == {}
   _check_gradients(got, want)
 
 
-@pytest.mark.parametrize('kernel', helpers.core_cases(list(KERNELS), core=['pallas'],
-                                                      also=['xla']))
-def test_layer_with_fused_step_matches_the_reference(kernel):
-  """`RecurrentLayer(execution=Execution(fused_step=...))`: in training the outputs, the
-  final state, every gradient and the statistics it records; in inference (population
-  rows as its `batch_stats`) the outputs."""
-  layer = variants.make_layer('bn_lstm', H, max_length=T,
-                              execution=policy.Execution(fused_step=kernel))
-  fresh = {site: ref.init_population(T, f) for site, f in _widths.items()}
-
-  def loss(arrays, mask):
-    params, x, carry0 = _split(arrays)
-    (carry, out), new = layer.apply(
-        {'params': params, 'batch_stats': helpers.float32(fresh)}, x, mask,
-        use_running_average=False, deterministic=True, initial_carry=carry0,
-        mutable=['batch_stats', 'minibatch_moments'], return_carry=True)
-    return _loss_terms(carry, out), (carry, out, new['minibatch_moments'])
-
-  arrays = {**PARAMS, '__x': X, '__c0': CARRY0[0], '__h0': CARRY0[1]}
-  (_, (carry, out, recorded)), grads = helpers.float64(jax.jit(jax.value_and_grad(
-      loss, has_aux=True))(*helpers.float32((arrays, MASK))))
-  want = reference_run()
-  _check_forward(dict(carry=carry, out=out), want)
-  _check_gradients(dict(grads=grads), want)
+@pytest.mark.parametrize('kernel', helpers.core_cases(KERNELS, core=['pallas'],
+                                                      also=['xla', 'persistent']))
+def test_the_layer_records_what_training_normalised_with(kernel):
+  """The moments the fused layer records (the `minibatch_moments` record of each site,
+  padded steps excluded from the counts) are the reference's."""
+  got, want = fused_run(kernel), reference_run()
   for site in SITES:
     record = ref.minibatch_record(want['moments'][site], False, T)
-    for key in ('mean', 'var', 'count'):
-      assert_close(recorded[site][key], record[key], what=f'{site} {key}')
-
-  population = {site: {'mean': mean, 'var': var, 'count': np.ones(T)}
-                for site, (mean, var) in POPULATION.items()}
-  out = layer.apply(helpers.float32({'params': PARAMS, 'batch_stats': population}),
-                    *helpers.float32((X, MASK)), use_running_average=True,
-                    initial_carry=helpers.float32(CARRY0))
-  assert_close(out, reference_run(inference=True)['out'], what='inference outputs')
+    for key, value in zip(('mean', 'var', 'count'), got['moments'][site]):
+      assert_close(value, record[key], what=f'{site} {key}')
 
 
 def test_layers_it_does_not_cover_are_refused_in_one_line():
   x = jnp.ones((B, T, I))
-  for variant, fields, why in (('ln_lstm', {}, 'batch norm on all three sites'),
-                               ('bn_lstm', {'statistics': 'shared'}, "'per_step'"),
-                               ('bn_lstm', {'min_step_count': 2}, 'min_step_count=1')):
+  for variant, fields, why in (('ln_lstm', {}, "norms \\('layer'"),
+                               ('bn_lstm', {'statistics': 'shared'}, "statistics='shared'"),
+                               ('bn_lstm', {'min_step_count': 2}, 'min_step_count=2')):
     layer = variants.make_layer(variant, H, max_length=T, **fields,
                                 execution=policy.Execution(fused_step='xla'))
-    with pytest.raises(ValueError, match=f"fused_step='xla'.*{why}") as error:
+    with pytest.raises(ValueError, match=f"runs the BN-LSTM only.*{why}") as error:
       layer.init(jax.random.key(0), x, use_running_average=True)
     helpers.one_line(error)
 
@@ -199,3 +189,21 @@ def test_layout_pads_to_powers_of_two():
     fused_step.layout(B, H, block_h=6)
   with pytest.raises(ValueError, match='kernel must be one of'):
     fused_step.layout(B, H, 'cuda')
+
+
+def test_kernels_refuse_what_they_cannot_hold_in_one_line():
+  """The persistent program holds H <= 256; no kernel shares moments across devices (a
+  device axis of one device is fine: the trainer's)."""
+  layer = variants.make_layer('bn_lstm', 300, max_length=T,
+                              execution=policy.Execution(fused_step='persistent'))
+  with pytest.raises(ValueError, match='holds H <= 256 in one program; H=300') as error:
+    layer.init(jax.random.key(0), jnp.ones((B, T, I)), use_running_average=True)
+  helpers.one_line(error)
+  layer = variants.make_layer('bn_lstm', H, max_length=T, axis_name='batch',
+                              execution=policy.Execution(fused_step='persistent'))
+  variables = layer.init(jax.random.key(0), jnp.ones((2, T, I)), use_running_average=True)
+  train = jax.pmap(lambda x: layer.apply(variables, x, use_running_average=False,
+                                         mutable=['batch_stats'])[0], axis_name='batch')
+  with pytest.raises(ValueError, match="axis 'batch' holds 2: use fused_step='xla'") as error:
+    train(jnp.ones((2, 2, T, I)))
+  helpers.one_line(error)

@@ -193,14 +193,13 @@ def test_step_through_the_wrapped_stack(trained):
 
 
 def test_an_untrained_nnx_model_refuses_to_evaluate():
-  """Eagerly at once, under `nnx.jit` (statistics traced) when it runs."""
+  """Eagerly at once; under `nnx.jit` (statistics traced) the outputs are NaN."""
   model = Classifier(nnx.Rngs(1))
   model.eval()
   x, mask, _ = VALID
   with pytest.raises(ValueError, match='no training batch reached'):
     model(x, mask)
-  with pytest.raises(jax.errors.JaxRuntimeError, match='no training batch reached'):
-    jax.block_until_ready(nnx.jit(lambda model, x, mask: model(x, mask))(model, x, mask))
+  assert np.isnan(nnx.jit(lambda model, x, mask: model(x, mask))(model, x, mask)).all()
   with batch_stats.allow_untrained_statistics():
     assert model(x, mask).shape == (B, C)
 

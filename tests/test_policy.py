@@ -40,7 +40,6 @@ differences were 2.5e-6 (values) and 4.5e-5 (gradients), within test_recurrent's
 and 2e-4.
 """
 
-import dataclasses
 import functools
 
 import jax
@@ -49,6 +48,7 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import policy
+from bn_rnn_jax import scans
 from bn_rnn_jax.training import train
 from bn_rnn_jax import variants
 import helpers
@@ -94,16 +94,16 @@ def _layer(variant, forced=()):
                              **helpers.with_execution(dict(forced)))
 
 
-def _resolve(variant, backend, **fields):
+def _resolve(variant, platform, **fields):
   return policy.resolve(cell=ref.spec(variant)['cell'], hidden_size=H, batch=B,
                         batch_norm=True,
                         sequence_input=ref.spec(variant)['input_stats'] == 'sequence',
-                        backend=backend, execution=policy.Execution(**fields))
+                        platform=platform, execution=policy.Execution(**fields))
 
 
 def _cpu_fields(variant) -> dict:
   """The CPU's choices for `variant` at this shape, as layer fields."""
-  return dataclasses.asdict(_resolve(variant, 'cpu'))
+  return {name: getattr(_resolve(variant, 'cpu'), name) for name in TPU}
 
 
 @functools.cache
@@ -203,8 +203,8 @@ SHAPES = tuple((cell, hidden, batch, batch_norm, sequence_input)
                for batch_norm in (True, False) for sequence_input in (False, True))
 
 
-@pytest.mark.parametrize('backend', ['cpu', 'gpu', 'tpu'])
-def test_resolve_follows_the_rules(backend):
+@pytest.mark.parametrize('platform', ['cpu', 'gpu', 'tpu'])
+def test_resolve_follows_the_rules(platform):
   """Every backend: sequence-wise input statistics hoist the input term. GPU and TPU:
   hoisted, the scan's autodiff (GPU: the whole-layer pass for LSTMs without batch norm),
   reductions; remat 'dots' for batch-normalised layers on a GPU, else 'none'. CPU: the
@@ -212,22 +212,22 @@ def test_resolve_follows_the_rules(backend):
   for cell, hidden, batch, batch_norm, sequence_input in SHAPES:
     got = policy.resolve(cell=cell, hidden_size=hidden, batch=batch, batch_norm=batch_norm,
                          sequence_input=sequence_input, execution=policy.Execution(),
-                         backend=backend)
-    case = (backend, cell, hidden, batch, batch_norm, sequence_input)
+                         platform=platform)
+    case = (platform, cell, hidden, batch, batch_norm, sequence_input)
     if sequence_input:
       assert got.hoist_input, case
-    if backend == 'cpu':
+    if platform == 'cpu':
       assert got.remat in ('none', 'dots', 'full') and got.backward in ('scan', 'layer'), case
       assert got.batch_sums == 'contraction', case
       continue
     gpu = Policy(True, 'dots' if batch_norm else 'none',
                  'layer' if cell == 'lstm' and not batch_norm else 'scan', 'reduce')
-    assert got == {'gpu': gpu, 'tpu': Policy(True, 'none', 'scan', 'reduce')}[backend], case
+    assert got == {'gpu': gpu, 'tpu': Policy(True, 'none', 'scan', 'reduce')}[platform], case
 
 
-@pytest.mark.parametrize('backend', ['cpu', 'gpu', 'tpu'])
-def test_resolve_keeps_forced_choices_and_refuses_bad_ones(backend):
-  common = dict(cell='lstm', hidden_size=1000, batch=8, batch_norm=True, backend=backend)
+@pytest.mark.parametrize('platform', ['cpu', 'gpu', 'tpu'])
+def test_resolve_keeps_forced_choices_and_refuses_bad_ones(platform):
+  common = dict(cell='lstm', hidden_size=1000, batch=8, batch_norm=True, platform=platform)
   for fields in ({'hoist_input': False, 'remat': 'dots', 'backward': 'layer',
                   'batch_sums': 'contraction'},
                  {'hoist_input': True, 'remat': 'none', 'backward': 'scan',
@@ -260,10 +260,34 @@ def test_config_keys_become_the_execution_value():
   assert not set(options) & set(policy.EXECUTION_FIELDS)
 
 
-def test_resolve_defaults_to_the_current_backend():
-  fields = dict(cell='lstm', hidden_size=1000, batch=8, batch_norm=True,
-                sequence_input=False, execution=policy.Execution())
-  assert policy.resolve(**fields) == policy.resolve(backend=jax.default_backend(), **fields)
+def _lowered_training_pass(platform: str) -> str:
+  """The bn_lstm layer's training gradient, traced here and lowered for `platform`."""
+  layer = _layer('bn_lstm')
+
+  def loss(variables, x, mask):
+    out, _ = layer.apply(variables, x, mask, use_running_average=False, deterministic=False,
+                         mutable=['batch_stats'], rngs={'noise': jax.random.key(0)})
+    return jnp.sum(out)
+  variables = layer.init(jax.random.key(0), *helpers.float32((X, MASK)),
+                         use_running_average=True, deterministic=True)
+  return jax.jit(jax.grad(loss)).trace(variables, *helpers.float32((X, MASK))).lower(
+      lowering_platforms=(platform,)).as_text(debug_info=True)
+
+
+def test_programs_run_the_policy_of_their_target_platforms():
+  """Traced on this machine for another target (`policy.targets`), the layer's training
+  pass holds that platform's policy and no other (each policy runs in a named scope of
+  its own); with several targets, the one of the platform it is lowered for."""
+  names = {p: scans.scope_name(_layer('bn_lstm').execution_policy(B, p))
+           for p in ('cpu', 'cuda', 'tpu')}
+  assert len(set(names.values())) == 3, names
+  found = lambda text: [p for p, name in names.items() if name in text]
+  assert policy.target_platforms() == (policy.platform_name(jax.default_backend()),)
+  with policy.targets('tpu'):
+    assert found(_lowered_training_pass('tpu')) == ['tpu']
+  with policy.targets('cpu', 'cuda', 'tpu'):
+    for platform in ('cpu', 'cuda'):
+      assert found(_lowered_training_pass(platform)) == [platform]
 
 
 def test_cpu_policy_at_this_shape_differs_from_the_accelerators():
@@ -278,10 +302,10 @@ def test_cpu_policy_at_this_shape_differs_from_the_accelerators():
     assert _layer(variant).execution_policy(B, 'cpu') == cpu, variant
 
 
-@pytest.mark.parametrize('backend', ['gpu', 'tpu'])
+@pytest.mark.parametrize('platform', ['gpu', 'tpu'])
 @pytest.mark.parametrize('variant', BATCH_VARIANTS)
-def test_forced_accelerator_policy_is_what_accelerators_resolve(variant, backend):
-  assert _resolve(variant, backend) == _policy_of(variant, tuple(FORCED[backend].items()))
+def test_forced_accelerator_policy_is_what_accelerators_resolve(variant, platform):
+  assert _resolve(variant, platform) == _policy_of(variant, tuple(FORCED[platform].items()))
 
 
 # ----------------------------------------------------------------------------- numerics
@@ -321,7 +345,7 @@ def _trainer_config(forced: dict):
 
 
 def _trainer_step(forced: dict):
-  config = _trainer_config({**dataclasses.asdict(_resolve('bn_lstm', 'cpu')), **forced})
+  config = _trainer_config({**_cpu_fields('bn_lstm'), **forced})
   dataset = fx.synthetic_dataset(config)
   options = train.layer_options(config, dataset.train_length)
   resolved = variants.make_layer('bn_lstm', H, **options).execution_policy(B)
@@ -329,14 +353,17 @@ def _trainer_step(forced: dict):
 
 
 @pytest.mark.slow
-def test_trainer_step_with_the_accelerator_policy_matches_the_cpu_policy():
+@pytest.mark.parametrize('forced', ['gpu', 'persistent'])
+def test_trainer_step_with_the_accelerator_policy_matches_the_cpu_policy(forced):
   """The config fields reach the layers, and one training step (SGD, so that the update
   is the gradient times the learning rate) plus a validation pass with population
-  statistics give what the CPU's policy gives."""
+  statistics give what the CPU's policy gives: with the GPU's policy, and with the
+  persistent kernel (the trainer's layers have a device axis of one device)."""
+  fields = GPU if forced == 'gpu' else {'fused_step': 'persistent', 'hoist_input': True}
   policy_cpu, (init_cpu, cpu, metrics_cpu, valid_cpu) = _trainer_step({})
-  policy_acc, (init_acc, acc, metrics_acc, valid_acc) = _trainer_step(GPU)
+  policy_acc, (init_acc, acc, metrics_acc, valid_acc) = _trainer_step(fields)
   assert policy_cpu == policy.ExecutionPolicy(False, 'full', 'layer', 'contraction')
-  assert policy_acc == policy.ExecutionPolicy(**GPU)
+  assert policy_acc.scan == ('scan' if forced == 'gpu' else 'fused')
   for a, b in zip(jax.tree.leaves(init_acc.params), jax.tree.leaves(init_cpu.params)):
     np.testing.assert_array_equal(a, b)
   for name, before, after_acc, after_cpu in zip(

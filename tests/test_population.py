@@ -11,11 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import checkify
 
 from flax import linen as nn
 
 import bn_rnn_jax as br
 from bn_rnn_jax import batch_stats
+from bn_rnn_jax import checks
 from bn_rnn_jax import population
 import helpers
 import reference as ref
@@ -279,7 +281,8 @@ class _Branches(nn.Module):
 
 def test_a_site_no_batch_reached_is_named_and_refused(data):
   """The estimate holds every site of the model: one no batch ran comes back with count 0,
-  a warning names it, and a jitted evaluation that runs it refuses it."""
+  a warning names it, and a jitted evaluation that runs it gives NaN (a checked one,
+  `checks.checkify`, names it)."""
   x, _ = data
   model = _Branches()
   variables = model.init(jax.random.key(0), x, True, use_running_average=True,
@@ -288,8 +291,11 @@ def test_a_site_no_batch_reached_is_named_and_refused(data):
     stats = br.estimate_population_stats(model, variables, [(x,)])
   assert set(stats) == {'first', 'second'}
   assert batch_stats.untrained_sites(stats) == ['second/stats']
-  evaluate = jax.jit(lambda v, x: model.apply(v, x, True, use_running_average=True,
-                                              deterministic=True))
-  with pytest.raises(jax.errors.JaxRuntimeError,
+  evaluate = lambda v, x: model.apply(v, x, True, use_running_average=True,
+                                     deterministic=True)
+  variables = {**variables, 'batch_stats': stats}
+  assert np.isnan(jax.jit(evaluate)(variables, x)).all()
+  error, _ = jax.jit(checks.checkify(evaluate))(variables, x)
+  with pytest.raises(checkify.JaxRuntimeError,
                      match="MaskedBatchNorm 'second' site 'stats'.*no training batch reached"):
-    jax.block_until_ready(evaluate({**variables, 'batch_stats': stats}, x))
+    error.throw()

@@ -32,7 +32,7 @@ LAYER_FIELDS = ('statistics', 'recurrent_init', 'input_init', 'initial_state',
                 'initial_state_noise', 'gamma_init', 'momentum', 'epsilon', 'forget_bias',
                 'min_step_count', 'min_row_support',
                 'padded_statistics', 'unroll', 'remat', 'backward',
-                'hoist_input', 'batch_sums', 'fused_step')
+                'hoist_input', 'batch_sums', 'fused_step', 'block_h', 'num_warps')
 
 _placeholder = ml_collections.config_dict.placeholder
 
@@ -82,7 +82,9 @@ def default_config() -> ml_collections.ConfigDict:
   m.backward = 'auto'            # 'auto' | 'scan' | 'layer' (policy.py)
   m.hoist_input = _placeholder(bool)         # None = the backend's choice (policy.py)
   m.batch_sums = 'auto'          # 'auto' | 'reduce' | 'contraction' (policy.py)
-  m.fused_step = 'none'          # 'none' | 'xla' | 'pallas': the BN-LSTM's fused step
+  m.fused_step = 'none'          # 'none' | 'xla' | 'pallas' | 'persistent' (policy.py)
+  m.block_h = _placeholder(int)  # Pallas: hidden units per program (None = the layout's)
+  m.num_warps = 8                # Pallas: warps per program on GPUs
 
   config.optimizer = o = ml_collections.ConfigDict()
   o.name = 'rmsprop'             # 'rmsprop' | 'adam' | 'sgd'

@@ -40,7 +40,8 @@ HARMLESS = ('train.log_every', 'train.num_steps', 'train.time_budget_s', 'train.
             'train.allow_config_change', 'train.donate_state', 'eval.', 'checkpoint.every',
             'checkpoint.keep', 'parallel.', 'distributed.', 'data.root', 'data.tfds_data_dir',
             'data.cache_dir', 'model.remat', 'model.unroll', 'model.backward',
-            'model.hoist_input', 'model.batch_sums', 'model.fused_step')
+            'model.hoist_input', 'model.batch_sums', 'model.fused_step', 'model.block_h',
+            'model.num_warps')
 
 
 def flat_config(config) -> dict:
