@@ -100,12 +100,6 @@ def resolved_policy(name: str, shape: str, target: str) -> dict:
       **_layer_facts(shape), platform=target, execution=execution(name, shape)))
 
 
-def tracing_for(target: str):
-  """A context in which programs are traced for `target` ('gpu' or 'tpu'): the layer
-  resolves its 'auto' choices (and runs Pallas compiled, not interpreted) for it."""
-  return br.policy.targets(target)
-
-
 def cuda_lowering():
   """A context to lower for CUDA on a machine without a GPU. jax >= 0.11's Pallas Triton
   lowering asks the current device for its kind; an abstract H100 answers (with
@@ -157,7 +151,7 @@ def program(name: str, shape: str, dtype: str, target: str):
     layer = br.make_layer('bn_lstm', s['hidden'], max_length=s['time'], dtype=DTYPES[dtype],
                           execution=execution(name, shape))
     mode = dict(use_running_average=False, deterministic=False)
-    with tracing_for(target):
+    with br.policy.targets(target):
       variables = jax.eval_shape(lambda k, x: layer.init(k, x, **mode), key, x)
 
     def apply(params, batch_stats, x):
@@ -176,8 +170,10 @@ def placed(tree, sharding):
 
 
 def lower(fn, args, target: str):
-  """`fn` traced on `args` and lowered for `target` ('gpu' or 'tpu'), the target's policy
-  in force while tracing (`tracing_for`)."""
-  with tracing_for(target), (cuda_lowering() if target == 'gpu' else contextlib.nullcontext()):
+  """`fn` traced on `args` and lowered for `target` ('gpu' or 'tpu'): traced under
+  `policy.targets(target)`, so the layer resolves its 'auto' choices (and runs its Pallas
+  kernels compiled, not interpreted) for the target, not for this host."""
+  on_gpu = cuda_lowering() if target == 'gpu' else contextlib.nullcontext()
+  with br.policy.targets(target), on_gpu:
     traced = fn.trace(*args)
     return traced.lower(lowering_platforms=('cuda',)) if target == 'gpu' else traced.lower()

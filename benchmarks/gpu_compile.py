@@ -37,6 +37,7 @@ import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -143,17 +144,21 @@ def run_row(form: str, shape: str, dtype: str, ptxas: str) -> dict:
     command = [sys.executable, os.path.abspath(__file__), f'--row={form},{shape},{dtype}',
                f'--row_dir={row_dir}']
     row = {'form': form, 'shape': shape, 'dtype': dtype, 'ok': False}
+    # Its own session, so that a timeout also stops the ptxas it is waiting for.
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-      done = subprocess.run(command, env=env, capture_output=True, text=True,
-                            timeout=_ROW_TIMEOUT.value, check=False)
+      _, stderr = process.communicate(timeout=_ROW_TIMEOUT.value)
     except subprocess.TimeoutExpired:
+      os.killpg(process.pid, signal.SIGKILL)
+      process.communicate()
       return {**row, 'error': f'timed out after {_ROW_TIMEOUT.value} s'}
     result = os.path.join(row_dir, 'row.json')
-    if done.returncode == 0 and os.path.exists(result):
+    if process.returncode == 0 and os.path.exists(result):
       with open(result) as f:
         return json.load(f)
-    lines = [l for l in done.stderr.splitlines() if l.strip()]
-    return {**row, 'error': f'exit {done.returncode}: ' + (lines[-1][:500] if lines else '')}
+    lines = [l for l in stderr.splitlines() if l.strip()]
+    return {**row, 'error': f'exit {process.returncode}: ' + (lines[-1][:500] if lines else '')}
 
 
 def per_step(row: dict, key: str) -> int:

@@ -41,6 +41,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
+import bn_rnn_jax as br
 import compile_targets  # pylint: disable=g-bad-import-order
 from experiments import machine_facts  # pylint: disable=g-bad-import-order
 import program_facts  # pylint: disable=g-bad-import-order
@@ -113,7 +114,7 @@ def train_step_row() -> dict:
       eval_batch_size=config.eval.batch_size)
   model = train.create_model(config, dataset)
   task = tasks.get(dataset.task)
-  with compile_targets.tracing_for(TARGET):
+  with br.policy.targets(TARGET):
     mapped = trainer._device_steps(  # pylint: disable=protected-access
         model, task, config.optimizer.to_json(), dataset.steps_per_epoch,
         dataset.carries_state, tuple(devices), config.parallel.backend, True)
