@@ -65,7 +65,8 @@ _SHAPES, _DTYPES, _JSON, _REPORT = (rnn_speed._SHAPES, rnn_speed._DTYPES, rnn_sp
                                     rnn_speed._REPORT)  # pylint: disable=protected-access
 _FORMS = flags.DEFINE_list('forms', GPU_FORMS, 'Execution forms (compile_targets.FORMS).')
 _PTXAS = flags.DEFINE_string('ptxas', None, 'The real ptxas (default: the first on PATH).')
-_ROW_TIMEOUT = flags.DEFINE_integer('row_timeout', 300, 'Seconds one row may take.')
+_ROW_TIMEOUT = flags.DEFINE_integer('row_timeout', 900, 'Seconds one row may take (ptxas '
+                                    'takes minutes on the persistent kernels).')
 _ROW = flags.DEFINE_string('row', None, 'FORM,SHAPE,DTYPE: compile this one row here, into '
                            '--row_dir (what each row\'s own process runs).')
 _ROW_DIR = flags.DEFINE_string('row_dir', None, 'Where --row finds its dumps and writes.')
@@ -182,7 +183,8 @@ def format_table(saved: dict) -> str:
                    '| | | | | |')
       continue
     stashes = sum(len(loop['stashes']) for loop in r['hlo_loops'])
-    launches = ' + '.join(str(loop['kernels']) for loop in r['thunk_loops'])
+    launches = ' + '.join(str(loop['kernels']) for loop in r['thunk_loops']) or (
+        'no time loop outside the kernels')
     lines.append(f"| {label} | {r['form']} | {r['dtype']} | {r['compile_s']:.1f} | "
                  f"{per_step(r, 'kernels')} ({launches}) | {per_step(r, 'copies')} | "
                  f"{per_step(r, 'command_buffers')} | {stashes} | "
