@@ -10,7 +10,7 @@ modules of this package; the data pipelines are `bn_rnn_jax.input_pipeline`, and
 load on first use, so that `from bn_rnn_jax.training import config` (what experiment configs
 import) does not import JAX.
 
-  Layers     RecurrentLayer, make_layer, VARIANTS, LayerOptions, Execution, StackedRNN,
+  Layers     RecurrentLayer, make_layer, VARIANTS, Execution, StackedRNN,
              Bidirectional, MaskedBatchNorm, reverse_valid
   Cells      BNLSTMCell, BNInputLSTMCell, LNLSTMCell, NormalizedLSTMCell, LSTMCarry, and
              RNN (Flax's nn.RNN, passing the cells their lengths)
@@ -31,7 +31,7 @@ __version__ = '0.2.0'
 
 _NAMES = {
     'RecurrentLayer': 'recurrent',
-    'make_layer': 'variants', 'VARIANTS': 'variants', 'LayerOptions': 'variants',
+    'make_layer': 'variants', 'VARIANTS': 'variants',
     'Execution': 'policy',
     'StackedRNN': 'stack', 'Bidirectional': 'stack',
     'MaskedBatchNorm': 'batch_stats',
@@ -46,7 +46,7 @@ _NAMES = {
     'default_config': 'training.config',
     'train_and_evaluate': 'training.loop', 'Trainer': 'training.trainer',
 }
-_MODULES = ('batch_stats', 'checks', 'export', 'extras', 'flax_cells', 'fused_step',
+_MODULES = ('batch_stats', 'checks', 'export', 'extras', 'flax_cells', 'fused', 'fused_step',
             'initializers', 'input_pipeline', 'layer_vjp', 'models', 'modes', 'nnx_bridge',
             'nnx_cells', 'normalization', 'persistent', 'policy', 'population', 'recurrent',
             'scans', 'sequence', 'stack', 'steps', 'training', 'variants')

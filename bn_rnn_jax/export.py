@@ -8,8 +8,13 @@
 The parameters and population statistics are constants of the exported program, and
 axes named in `symbolic_specs` are symbolic, so one file serves any batch size and, for
 every variant, any length (inference reads row `min(t, last trained row)` of per-step
-statistics, so no length is fixed by the statistics). Reloading needs JAX alone, no
-model code:
+statistics, so no length is fixed by the statistics).
+
+The file is the serialized program followed by one line, `bn_rnn_jax.export sha256
+<hex>`, the SHA-256 of the bytes before it. `load(path)` checks it, so a file cut short,
+emptied or with any byte changed is a one-line ValueError naming the file, never a
+traceback from the deserializer or a program that runs with damaged constants. JAX's
+reader ignores bytes after the program, so reloading needs JAX alone, no model code:
 
   from jax import export
   exported = export.deserialize(bytearray(open('model.jax', 'rb').read()))
@@ -22,6 +27,7 @@ export can be checked against the model it came from (`experiments/export.py`).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -98,21 +104,74 @@ def export(fn: Callable[..., Any], specs: Sequence[Any],
   return jax_export.export(jax.jit(fn), platforms=platforms)(*specs)
 
 
+#: The start of the line `save` appends to the serialized program: its SHA-256 follows,
+#: in hex, then a newline.
+CHECKSUM_PREFIX = b'\nbn_rnn_jax.export sha256 '
+_CHECKSUM_LINE = len(CHECKSUM_PREFIX) + 64 + 1
+
+
+def with_checksum(program: bytes) -> bytes:
+  """`program` followed by the line holding its SHA-256 (what `save` writes)."""
+  return (bytes(program) + CHECKSUM_PREFIX
+          + hashlib.sha256(program).hexdigest().encode() + b'\n')
+
+
+def checked_program(data: bytes, path: str) -> bytes:
+  """The program of a saved file's bytes `data`, after checking them against the SHA-256
+  line at their end; a one-line ValueError naming `path` when the file is damaged."""
+  if not data:
+    problem = 'it is empty'
+  elif (len(data) < _CHECKSUM_LINE or not data.endswith(b'\n')
+        or data[-_CHECKSUM_LINE:-65] != CHECKSUM_PREFIX):
+    problem = ('it does not end with the SHA-256 line bn_rnn_jax.export.save writes (cut '
+               'short, or not saved by it)')
+  elif hashlib.sha256(data[:-_CHECKSUM_LINE]).hexdigest().encode() != data[-65:-1]:
+    problem = 'its content does not match the SHA-256 saved with it'
+  else:
+    return data[:-_CHECKSUM_LINE]
+  raise ValueError(f'The exported model {os.path.abspath(path)} is damaged: {problem}; '
+                   'export the model again.')
+
+
 def save(exported: jax_export.Exported, path: str) -> None:
+  """Write `exported` to `path` with its SHA-256 (`with_checksum`), atomically: a kill
+  during the write leaves any earlier file at `path` whole. A path that cannot be written
+  is a one-line ValueError."""
   with extras.needed_by(f'{__name__}.save'):
-    data = exported.serialize()
-  with open(path, 'wb') as f:
-    f.write(data)
+    data = with_checksum(exported.serialize())
+  path = os.path.abspath(path)
+  partial = f'{path}.partial-{os.getpid()}'
+  try:
+    with open(partial, 'wb') as f:
+      f.write(data)
+    os.replace(partial, path)
+  except OSError as e:
+    if os.path.exists(partial):
+      os.remove(partial)
+    raise ValueError(f'Cannot write the exported model {path} ({e.strerror}).') from None
 
 
 def load(path: str) -> jax_export.Exported:
-  """The exported program at `path` (`exported.call(*args)` runs it)."""
+  """The exported program at `path` (`exported.call(*args)` runs it), after checking its
+  SHA-256. Every failure is a one-line ValueError naming the absolute path: a file that
+  cannot be read, that is damaged (`checked_program`), or whose program this version of
+  JAX cannot read; a missing flatbuffers is `extras.MissingExtra`."""
+  path = os.path.abspath(path)
   try:
-    with open(path, 'rb') as f, extras.needed_by(f'{__name__}.load'):
-      return jax_export.deserialize(bytearray(f.read()))
+    with open(path, 'rb') as f:
+      data = f.read()
   except OSError as e:
-    raise ValueError(f'Cannot read the exported model {os.path.abspath(path)} '
-                     f'({e.strerror}).') from None
+    raise ValueError(f'Cannot read the exported model {path} ({e.strerror}).') from None
+  program = checked_program(data, path)
+  try:
+    with extras.needed_by(f'{__name__}.load'):
+      return jax_export.deserialize(bytearray(program))
+  except extras.MissingExtra:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  # the deserializer's many types
+    text = ' '.join(f'{type(e).__name__}: {e}'.split())[:200]
+    raise ValueError(f'The exported model {path} does not deserialize with jax '
+                     f'{jax.__version__} ({text}).') from None
 
 
 # What the fresh process runs: jax and numpy only. argv: model, inputs .npz, outputs .npz.

@@ -1,54 +1,35 @@
 """The papers' LSTM cells in Linen, and `RNN`, the `nn.RNN` that passes them the lengths.
 
-A cell is one step, `cell(carry, x_t, mask_t) -> (carry, h_t)` with `x_t [*batch,
-features]`, as `flax.linen.RNNCellBase` asks:
+A cell is one step, `cell(carry, x_t, mask_t) -> (carry, h_t)` (`nn.RNNCellBase`):
+`BNLSTMCell` (`make_layer('bn_lstm')`), `BNInputLSTMCell` (`'bn_input_only'`) and
+`LNLSTMCell` (`'ln_lstm'`). A cell holds the `RecurrentLayer` with its fields in its own
+scope, so its variables are the layer's; a step is one call of that layer, and
+`RNN(cell)` runs a whole sequence as one call of it (one scan, statistics recorded once).
 
-  BNLSTMCell          BN on W_h h, W_x x and c_t, per-step statistics (Cooijmans et al.;
-                      `make_layer('bn_lstm')`)
-  BNInputLSTMCell     BN on W_x x only, frame-wise (per-step) statistics (Laurent et al.
-                      eq. 18; `make_layer('bn_input_only')`)
-  LNLSTMCell          layer norm on the same three sites as BNLSTMCell (`'ln_lstm'`)
-
-A cell is a thin adapter over `RecurrentLayer`, whose parameters and `batch_stats` it
-holds under the same names and shapes (`{site: {'mean': [T_max, F], 'var': [T_max, F],
-'count': [T_max]}}`): a step, or a whole sequence, is the layer's scan of the same step
-function (`steps.lstm_step`), and its statistics are recorded as the layer records them.
-
-Lengths reach a cell as arguments, never by looking around:
-
-  RNN(cell)(x, seq_lengths=lengths)        # x [*batch, time, features], one line
+  RNN(cell)(x, seq_lengths=lengths)        # x [*batch, time, features]
   nn.Bidirectional(RNN(fwd), RNN(bwd))(x, seq_lengths=lengths)
   carry, h = cell(carry, x_t, mask_t)      # a scan or loop of one's own; mask_t [*batch]
 
-`RNN` has `nn.RNN`'s signature (`seq_lengths`, `initial_carry`, `return_carry`,
-`time_major`, `reverse`, `keep_order`) and runs the whole sequence in one call of the
-cell, so the moments of every step are folded into `batch_stats` once, after the scan.
-Lengths are relative to the call, as Flax defines them; a carry returned by one call
-continues the sequence in the next (`LSTMCarry.step` holds each row's step, which picks
-its statistics row). Training a cell with batch statistics needs the mask: plain
-`nn.RNN` cannot pass one, so a cell under it trains only through `RNN` (it evaluates
-under either).
-
-The carry is `LSTMCarry(c, h, step)`; it unpacks as Flax's LSTM carry, `c, h = carry`,
-and `RNN` takes `initial_carry=(c0, h0)` as the start of a sequence.
-
-Sequence-wise statistics (Laurent eq. 20-21, `'bn_input_only_seq'`) and statistics
-shared over time reduce over the whole sequence before the first step; no cell sees
-that, so they exist only as layers (`RecurrentLayer`, `make_layer`).
+The carry, `LSTMCarry(c, h, step)`, is Flax's `(c, h)` with each row's next step (its
+statistics row): a returned carry continues the sequence in the next call; its `state`
+starts a new segment (truncated backprop). A training step needs the mask; Flax's
+`nn.RNN` passes none and scans without `batch_stats`, so a cell under it is refused in
+one line naming `RNN`. Statistics per sequence or shared over time exist only as layers.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import errors as flax_errors
 from flax import linen as nn
 from flax import struct
+from flax.core import FrozenDict
 from flax.linen.recurrent import flip_sequences
 
-from bn_rnn_jax import batch_stats
 from bn_rnn_jax import checks
 from bn_rnn_jax import initializers
 from bn_rnn_jax import normalization
@@ -61,7 +42,7 @@ Array = jax.Array
 @struct.dataclass
 class LSTMCarry:
   """An LSTM cell's carry: the state `c`, `h` `[*batch, H]` and `step` `[*batch]` (int32),
-  each row's next time step (its statistics row). Unpacks as `c, h = carry`."""
+  each row's next time step (its statistics row). Indexes and unpacks as Flax's `(c, h)`."""
   c: Array
   h: Array
   step: Array
@@ -69,10 +50,21 @@ class LSTMCarry:
   def __iter__(self):
     return iter((self.c, self.h))
 
+  def __getitem__(self, index):
+    return (self.c, self.h)[index]
+
+  def __len__(self) -> int:
+    return 2
+
+  @property
+  def state(self) -> tuple[Array, Array]:
+    """`(c, h)`: the state without its steps, the start of a new segment (statistics row
+    0 again), as truncated backprop trains."""
+    return self.c, self.h
+
 
 def as_carry(carry, batch_shape: tuple[int, ...]) -> LSTMCarry:
-  """`carry` as an `LSTMCarry`: one as it is, or Flax's `(c, h)` at step 0 (the start of a
-  sequence); anything else is a one-line error saying what to pass."""
+  """`carry` as an `LSTMCarry`: Flax's `(c, h)` starts at step 0; else one line."""
   if isinstance(carry, LSTMCarry):
     return carry
   if isinstance(carry, (tuple, list)) and len(carry) == 2:
@@ -84,8 +76,8 @@ def as_carry(carry, batch_shape: tuple[int, ...]) -> LSTMCarry:
 
 
 def check_seq_lengths(seq_lengths, batch_shape: tuple[int, ...], length: int) -> None:
-  """One line for `seq_lengths` that are not `[*batch]` integers in `0..length`; traced
-  ones are checked for shape and dtype only."""
+  """One line for `seq_lengths` that are not `[*batch]` integers in `0..length` (traced
+  values: inside `checks.checkify`)."""
   shape = tuple(np.shape(seq_lengths))
   if shape != tuple(batch_shape):
     raise ValueError(f'seq_lengths must have the batch shape {tuple(batch_shape)}; got {shape}.')
@@ -107,22 +99,10 @@ def check_seq_lengths(seq_lengths, batch_shape: tuple[int, ...], length: int) ->
 
 
 class NormalizedLSTMCell(nn.RNNCellBase):
-  """An LSTM cell with each of its three sites normalised or not; the subclasses below are
-  the papers' presets. One step (or one run) of `RecurrentLayer` (cell 'lstm',
-  statistics 'per_step') with the same fields.
-
-  Attributes:
-    features: H, the hidden size.
-    recurrent_norm, input_norm, cell_norm: None | 'batch' | 'layer' on W_h h, W_x x, c_t.
-    max_length: T_max, the rows of the per-step statistics (`[T_max, F]` per site);
-      inference past the last trained row reuses it. Required with batch statistics,
-      unused without.
-    use_running_average: population statistics (True) or batch statistics, folded into
-      the running average (False), as in `nn.BatchNorm`; a field, or a call argument.
-    momentum, epsilon, scale_init, forget_bias, recurrent_kernel_init, kernel_init,
-      dtype, axis_name, min_row_support, execution: as
-      `RecurrentLayer` (which checks them).
-  """
+  """An LSTM cell with each of its sites normalised or not (the subclasses: the papers'
+  presets): one step of the `RecurrentLayer` (cell 'lstm', statistics 'per_step') with
+  the same fields, which it checks. `max_length` is required with batch statistics;
+  `use_running_average` is a field or a call argument, as in `nn.BatchNorm`."""
   features: int
   recurrent_norm: Optional[str] = None
   input_norm: Optional[str] = None
@@ -144,22 +124,36 @@ class NormalizedLSTMCell(nn.RNNCellBase):
   def num_feature_axes(self) -> int:
     return 1
 
-  @nn.nowrap
-  def layer_fields(self) -> dict[str, Any]:
-    """The fields of the `RecurrentLayer` this cell steps: the layer `make_layer` builds
-    for the matching variant has the same variables."""
-    return dict(hidden_size=self.features, cell='lstm', recurrent_norm=self.recurrent_norm,
-                input_norm=self.input_norm, cell_norm=self.cell_norm,
-                statistics='per_step', max_length=self.max_length, momentum=self.momentum,
-                epsilon=self.epsilon, scale_init=self.scale_init,
-                forget_bias=self.forget_bias,
-                recurrent_kernel_init=self.recurrent_kernel_init,
-                kernel_init=self.kernel_init, execution=self.execution, dtype=self.dtype,
-                axis_name=self.axis_name, min_row_support=self.min_row_support)
+  def setup(self):
+    # The layer's variables are the cell's (one scope), whoever calls it: a step, or
+    # `RNN` running a whole sequence.
+    self.recurrence = self.layer()
+    nn.share_scope(self, self.recurrence)
 
   @nn.nowrap
-  def _batch_norm(self) -> bool:
-    return 'batch' in (self.recurrent_norm, self.input_norm, self.cell_norm)
+  def layer(self, **fields) -> recurrent.RecurrentLayer:
+    """The `RecurrentLayer` this cell steps (`fields` override its own): the layer
+    `make_layer` builds for the matching variant has the same variables."""
+    own = dict(
+        features=self.features, cell='lstm', recurrent_norm=self.recurrent_norm,
+        input_norm=self.input_norm, cell_norm=self.cell_norm, statistics='per_step',
+        max_length=self.max_length, momentum=self.momentum, epsilon=self.epsilon,
+        scale_init=self.scale_init, forget_bias=self.forget_bias,
+        recurrent_kernel_init=self.recurrent_kernel_init, kernel_init=self.kernel_init,
+        execution=self.execution, dtype=self.dtype, axis_name=self.axis_name,
+        min_row_support=self.min_row_support)
+    return recurrent.RecurrentLayer(**{**own, **fields})
+
+  @nn.nowrap
+  def training(self, use_running_average: Optional[bool]) -> bool:
+    """Whether a call with this flag normalises with batch statistics (checked)."""
+    batch_norm = 'batch' in (self.recurrent_norm, self.input_norm, self.cell_norm)
+    if batch_norm and self.max_length is None:
+      raise ValueError(f'{type(self).__name__} keeps per-step batch statistics, made before '
+                       'it sees a sequence: pass max_length=T_max, the longest training '
+                       'sequence.')
+    return batch_norm and not nn.merge_param('use_running_average', self.use_running_average,
+                                             use_running_average)
 
   @nn.nowrap
   def initialize_carry(self, rng, input_shape: tuple[int, ...]) -> LSTMCarry:
@@ -169,76 +163,60 @@ class NormalizedLSTMCell(nn.RNNCellBase):
     zeros = jnp.zeros(batch_shape + (self.features,), jnp.float32)
     return LSTMCarry(zeros, zeros, jnp.zeros(batch_shape, jnp.int32))
 
-  @nn.compact
-  def __call__(self, carry: Optional[LSTMCarry], inputs: Array,
-               mask: Optional[Array] = None, *, use_running_average: Optional[bool] = None,
-               deterministic: Optional[bool] = None, sequence: bool = False):
-    """One step, or with `sequence=True` a whole sequence from `carry`.
-
-    Args:
-      carry: `LSTMCarry` (or `(c, h)`: a sequence's start); with `sequence=True` also
-        None, the zero state at step 0.
-      inputs: `x_t [*batch, features]`, or `[*batch, time, features]` with `sequence`.
-      mask: `[*batch]` (`[*batch, time]` with `sequence`), 1 on valid steps, 0 on
-        padding (valid steps first). Padding keeps the state, outputs 0 and never counts
-        in a statistic. Training with batch statistics needs it for a step (ones when
-        nothing is padded): without it a step cannot tell padding from data.
-      use_running_average: as the field (`nn.merge_param`).
-      deterministic: unused (a cell draws no noise: its carry is given); accepted as
-        every module of the library accepts it.
-
-    Returns:
-      `(carry, h_t [*batch, H])`, or `(carry, outputs [*batch, time, H])`; the carry's
-      `step` advanced by each row's valid steps.
-    """
-    del deterministic
-    name = type(self).__name__
-    batch_norm = self._batch_norm()
-    if batch_norm and self.max_length is None:
-      raise ValueError(f'{name} keeps per-step batch statistics, made before it sees a '
-                       'sequence: pass max_length=T_max, the longest training sequence.')
-    train = batch_norm and not nn.merge_param(
-        'use_running_average', self.use_running_average, use_running_average)
-    if train and mask is None and not sequence and not self.is_initializing():
+  def __call__(self, carry, inputs: Array, mask: Optional[Array] = None, *,
+               use_running_average: Optional[bool] = None):
+    """One step: `(carry, x_t [*batch, features], mask_t [*batch])` -> `(carry, h_t)`,
+    the carry's `step` advanced where `mask_t` is 1 (a padded row keeps its state and
+    outputs 0). A training step needs `mask_t` (ones when nothing is padded)."""
+    train = self.training(use_running_average)
+    if train and mask is None and not self.is_initializing():
       raise ValueError(
-          f'{name}: a training step needs mask= ([*batch], 1 valid, 0 padding; ones when '
-          'nothing is padded) to keep padding out of its statistics; under nn.RNN use '
-          'bn_rnn_jax.RNN(cell), which passes seq_lengths.')
-    xs = inputs if sequence else inputs[..., None, :]
-    if xs.ndim < 3:
-      raise ValueError(f'{name} takes x [*batch, {"time, " if sequence else ""}features]; '
-                       f'got shape {inputs.shape}.')
-    batch_shape, (length, features) = xs.shape[:-2], xs.shape[-2:]
-    if mask is not None:
-      mask = jnp.asarray(mask)
-      mask = mask if sequence else mask[..., None]
-      if mask.shape != batch_shape + (length,):
-        raise ValueError(f'{name}: mask must be {batch_shape + (length,)} for inputs '
-                         f'{inputs.shape}; got {mask.shape}.')
-    rows = int(np.prod(batch_shape))
+          f'{type(self).__name__}: a training step needs mask= ([*batch], 1 valid, 0 '
+          'padding; ones when nothing is padded) to keep padding out of its statistics; '
+          'for a whole sequence use bn_rnn_jax.RNN(cell), which passes seq_lengths.')
+    if inputs.ndim < 2:
+      raise ValueError(f'{type(self).__name__} takes x_t [*batch, features]; got shape '
+                       f'{inputs.shape}.')
     if carry is None:
-      if not sequence:
-        raise ValueError(f'{name}: a step needs a carry (cell.initialize_carry).')
-      c = h = jnp.zeros((rows, self.features), jnp.float32)
-      first_step = 0
-    else:
-      carry = as_carry(carry, batch_shape)
-      c, h = (a.reshape(rows, self.features) for a in (carry.c, carry.h))
-      first_step = carry.step.reshape(rows)
-    layer = recurrent.RecurrentLayer(**self.layer_fields(), parent=self)
-    nn.share_scope(self, layer)
-    flat_mask = None if mask is None else mask.reshape(rows, length).astype(jnp.float32)
+      raise ValueError(f'{type(self).__name__}: a step needs a carry '
+                       '(cell.initialize_carry).')
+    carry, ys = run_layer(self.recurrence, carry, inputs[..., None, :],
+                          None if mask is None else jnp.asarray(mask)[..., None], train,
+                          type(self).__name__)
+    return carry, ys[..., 0, :]
+
+
+def run_layer(layer: recurrent.RecurrentLayer, carry, xs: Array, mask: Optional[Array],
+              train: bool, cell: str):
+  """`layer` (the cell's, in its scope; `cell` its class's name) over `xs [*batch, time,
+  features]` from `carry` (an `LSTMCarry`, `(c, h)`, or None: zeros at step 0) with
+  `mask [*batch, time]` | None: `(LSTMCarry, outputs [*batch, time, H])`."""
+  batch_shape, (length, features) = xs.shape[:-2], xs.shape[-2:]
+  if mask is not None and mask.shape != batch_shape + (length,):
+    raise ValueError(f'mask must be {batch_shape + (length,)} for inputs {xs.shape}; got '
+                     f'{mask.shape}.')
+  rows, width = int(np.prod(batch_shape)), layer.features
+  if carry is None:
+    state, first_step = None, 0
+  else:
+    carry = as_carry(carry, batch_shape)
+    state = tuple(a.reshape(rows, width) for a in (carry.c, carry.h))
+    first_step = carry.step.reshape(rows)
+  flat_mask = None if mask is None else mask.reshape(rows, length).astype(jnp.float32)
+  try:
     (c, h), ys = layer(xs.reshape(rows, length, features), flat_mask,
                        use_running_average=not train, deterministic=True,
-                       initial_carry=(c, h), first_step=first_step,
-                       return_carry=True)
-    steps = (jnp.full((rows,), length, jnp.int32) if flat_mask is None
-             else jnp.sum(flat_mask > 0, axis=1).astype(jnp.int32))
-    carry = LSTMCarry(c.reshape(batch_shape + (self.features,)),
-                      h.reshape(batch_shape + (self.features,)),
-                      (first_step + steps).reshape(batch_shape))
-    ys = ys.reshape(batch_shape + (length, self.features))
-    return carry, (ys if sequence else ys[..., 0, :])
+                       initial_carry=state, first_step=first_step, return_carry=True)
+  except flax_errors.ScopeCollectionNotFound:
+    raise ValueError(f'{cell} keeps batch_stats, which nn.RNN does not pass into its scan: '
+                     'run the cell with bn_rnn_jax.RNN(cell) (to evaluate with nn.RNN, pass '
+                     "variable_broadcast=['params', 'batch_stats']).") from None
+  steps = (jnp.full((rows,), length, jnp.int32) if flat_mask is None
+           else jnp.sum(flat_mask > 0, axis=1).astype(jnp.int32))
+  start = 0 if carry is None else first_step
+  carry = LSTMCarry(c.reshape(batch_shape + (width,)), h.reshape(batch_shape + (width,)),
+                    (start + steps).reshape(batch_shape))
+  return carry, ys.reshape(batch_shape + (length, width))
 
 
 class BNLSTMCell(NormalizedLSTMCell):
@@ -265,50 +243,61 @@ class LNLSTMCell(NormalizedLSTMCell):
 
 
 class RNN(nn.Module):
-  """`nn.RNN` for the cells of this module: the same fields and call, with `seq_lengths`
-  handed to the cell as a mask and the whole sequence run in one cell call (one scan,
-  statistics recorded once). See the module docstring.
-
-  Attributes:
-    cell: a `NormalizedLSTMCell`.
-    return_carry, time_major, reverse, keep_order: as `nn.RNN`.
-
-  Call: `(inputs [*batch, time, features], *, initial_carry=None, init_key=None,
-  seq_lengths=None [*batch] int, return_carry=None, time_major=None, reverse=None,
-  keep_order=None, use_running_average=None, deterministic=None)` -> outputs
-  `[*batch, time, H]` (0 on padding), or `(carry, outputs)`; the carry is each row's
-  state after its last valid step. The two flags, where given, override the cell's.
-  """
+  """`nn.RNN` for the cells of this module: its fields and call (plus
+  `use_running_average`, the cell's flag), `seq_lengths` handed to the cell's layer as a
+  mask, the whole sequence one call of it. `unroll` must equal the cell's
+  `Execution(unroll=)`, and `nn.scan`'s options (`variable_*`, `split_rngs`) stay at their
+  defaults: the layer scans itself (one line otherwise)."""
   cell: NormalizedLSTMCell
   return_carry: bool = False
   time_major: bool = False
   reverse: bool = False
   keep_order: bool = False
+  unroll: int = 1
+  variable_axes: Mapping[Any, Any] = FrozenDict()
+  variable_broadcast: Any = 'params'
+  variable_carry: Any = False
+  split_rngs: Mapping[Any, bool] = FrozenDict({'params': False})
 
+  @nn.compact
   def __call__(self, inputs: Array, *, initial_carry=None, init_key=None,
                seq_lengths: Optional[Array] = None, return_carry: Optional[bool] = None,
                time_major: Optional[bool] = None, reverse: Optional[bool] = None,
                keep_order: Optional[bool] = None,
-               use_running_average: Optional[bool] = None,
-               deterministic: Optional[bool] = None):
+               use_running_average: Optional[bool] = None):
     del init_key  # the cells start from zeros
-    flags = {'use_running_average': use_running_average, 'deterministic': deterministic}
-    kwargs = {name: value for name, value in flags.items() if value is not None}
+    for name, default in _SCAN_DEFAULTS.items():
+      if getattr(self, name) != default:
+        raise ValueError(f'RNN runs the cell\'s layer, which scans itself: {name}='
+                         f'{getattr(self, name)!r} has no meaning here (nn.scan\'s option; '
+                         f'leave it at {default!r}).')
+    if self.unroll != self.cell.execution.unroll:
+      raise ValueError(f'RNN(unroll={self.unroll}) runs the cell\'s layer, which unrolls as '
+                       'the cell\'s execution says: give the cell execution=Execution('
+                       f'unroll={self.unroll}) instead.')
+    train = self.cell.training(use_running_average)
+
+    def run_cell(carry, xs, mask):
+      return run_layer(self.cell.recurrence, carry, xs, mask, train, type(self.cell).__name__)
+
     pick = lambda value, default: default if value is None else value
     return run_sequence(
-        lambda carry, xs, mask: self.cell(carry, xs, mask, sequence=True, **kwargs),
-        inputs, initial_carry=initial_carry, seq_lengths=seq_lengths,
+        run_cell, inputs, initial_carry=initial_carry, seq_lengths=seq_lengths,
         return_carry=pick(return_carry, self.return_carry),
         time_major=pick(time_major, self.time_major), reverse=pick(reverse, self.reverse),
         keep_order=pick(keep_order, self.keep_order))
 
 
+#: `nn.RNN`'s `nn.scan` options and their defaults (`RNN` takes these only).
+_SCAN_DEFAULTS = {'variable_axes': FrozenDict(), 'variable_broadcast': 'params',
+                  'variable_carry': False, 'split_rngs': FrozenDict({'params': False})}
+
+
 def run_sequence(run_cell, inputs: Array, *, initial_carry, seq_lengths, return_carry: bool,
                  time_major: bool, reverse: bool, keep_order: bool):
   """`nn.RNN`'s call around `run_cell(carry | None, xs [*batch, time, F], mask | None) ->
-  (carry, outputs [*batch, time, H])`, a cell's run over a whole sequence (the Linen and
-  NNX `RNN`): checks `seq_lengths` and makes them the mask, and handles `time_major`,
-  `reverse` (padding stays at the end) and `keep_order`."""
+  (carry, outputs)`: `seq_lengths` checked and made the mask, `time_major`, `reverse`
+  (padding stays at the end) and `keep_order`."""
   xs = jnp.moveaxis(inputs, 0, -2) if time_major else inputs
   if xs.ndim < 3:
     raise ValueError(f'RNN takes inputs [*batch, time, features]; got {inputs.shape}.')

@@ -1,4 +1,6 @@
-"""The BN-LSTM step fused into one kernel per step and direction, and its scan over time.
+"""The BN-LSTM step fused into one kernel per step and direction: its math, shared with
+the persistent kernel (`persistent.py`), and its scan over time (`fused.py` pads and
+calls it).
 
 One step (Cooijmans et al. eq. 14-16) given `Z = h_{t-1} W_h [B, 4H]` and the hoisted,
 normalised input term `U [B, 4H]`:
@@ -11,13 +13,9 @@ with `normalization`'s masked moments and batch-norm backward pass (or the step'
 population rows). The matmuls run between the kernels: `h_{t-1} W_h` forward, `dZ W_h^T`
 backward, and `dW_h = sum_t H_{t-1}^T dZ_t` as one product after the reverse scan. The
 backward kernel recomputes the step's pointwise forward from the stored `Z`, `c_{t-1}`.
-
-Tiling (Pallas): one program holds the whole padded batch and the four gate columns of
-`block_h` hidden units, so every per-feature moment and column sum stays inside it. The
-batch is padded to a power of two (rows with mask 0) and H to a multiple of `block_h`
-(units with zero weights), as Triton's lowering needs. `kernel='xla'` runs the same math
-on whole arrays as plain JAX; it also takes cross-device moments (`axis_name`), which a
-kernel cannot (it runs only where the axis holds one device).
+A Pallas program holds the whole padded batch and the four gate columns of `block_h`
+hidden units, so every per-feature moment and column sum stays inside it; `kernel='xla'`
+runs the same math on whole arrays as plain JAX, with cross-device moments.
 """
 
 from __future__ import annotations
@@ -36,26 +34,6 @@ from bn_rnn_jax import steps
 Array = jax.Array
 
 GATES = 4
-KERNELS = ('pallas', 'xla', 'persistent')
-#: Elements per `[batch, block_h]` block that the default `block_h` aims at.
-_BLOCK_ELEMENTS = 2048
-
-
-def check_fits(cell: str, norms: tuple, statistics: str, padded_statistics: bool,
-               min_step_count: int) -> None:
-  """One line for a layer the fused step does not run: it runs the BN-LSTM (cell 'lstm',
-  batch norm on W_h h, W_x x and c_t) with per-step statistics of the valid rows."""
-  why = (f'this layer is cell={cell!r} with (recurrent, input, cell) norms {norms}'
-         if (cell, norms) != ('lstm', ('batch',) * 3)
-         else f'this layer keeps statistics={statistics!r}' if statistics != 'per_step'
-         else 'this layer counts padding in its moments (padded_statistics=True)'
-         if padded_statistics
-         else f'this layer falls back on population rows (min_step_count={min_step_count})'
-         if min_step_count > 1 else None)
-  if why:
-    raise ValueError('Execution(fused_step=...) runs the BN-LSTM only (batch norm on all '
-                     "three sites, statistics='per_step', counting valid rows); " + why +
-                     ": use fused_step='none'.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,43 +46,6 @@ class Layout:
   @property
   def grid(self) -> int:
     return self.hidden // self.block_h
-
-
-def _pow2(n: int, up: bool) -> int:
-  n = max(int(n), 1)
-  return 1 << ((n - 1).bit_length() if up else n.bit_length() - 1)
-
-
-def layout(batch: int, hidden: int, kernel: str = 'pallas',
-           block_h: Optional[int] = None) -> Layout:
-  """'pallas': the batch padded to a power of two; `block_h` (a power of two; default the
-  largest with at most 2048 elements per `[batch, block_h]` block, at most H rounded up)
-  units per program. 'persistent': the batch padded to a power of two of at least 16,
-  H to a multiple of `block_h` (default `persistent.default_block`), at most
-  `persistent.MAX_HIDDEN`. 'xla': no padding, one block."""
-  if kernel not in KERNELS:
-    raise ValueError(f'kernel must be one of {KERNELS}; got {kernel!r}.')
-  if kernel == 'xla':
-    return Layout(batch, hidden, hidden)
-  rows = _pow2(batch, up=True)
-  if kernel == 'persistent':
-    from bn_rnn_jax import persistent  # pylint: disable=g-import-not-at-top
-    rows = max(rows, persistent.MIN_TILE)
-    block_h = block_h or persistent.default_block(_pow2(hidden, up=True))
-  elif block_h is None:
-    block_h = min(_pow2(hidden, up=True), _pow2(_BLOCK_ELEMENTS // rows, up=False))
-  if block_h < 1 or block_h & (block_h - 1):
-    raise ValueError(f'block_h must be a positive power of two; got {block_h}.')
-  lay = Layout(rows, -(-hidden // block_h) * block_h, block_h)
-  if kernel == 'persistent' and lay.hidden > persistent.MAX_HIDDEN:
-    raise ValueError(f"Execution(fused_step='persistent') holds H <= {persistent.MAX_HIDDEN} "
-                     f"in one program; H={hidden} pads to {lay.hidden}: use "
-                     "fused_step='pallas'.")
-  return lay
-
-
-def _pad_to(a: Array, shape, value=0.0) -> Array:
-  return jnp.pad(a, [(0, n - m) for m, n in zip(a.shape, shape)], constant_values=value)
 
 
 # ----------------------------------------------------------------------------- step math
@@ -148,7 +89,7 @@ def _forward_parts(v: dict, epsilon: float, population: bool, axis_name) -> dict
   return p
 
 
-def _forward_math(v: dict, *, epsilon: float, population: bool, axis_name) -> dict:
+def forward_math(v: dict, *, epsilon: float, population: bool, axis_name) -> dict:
   """One step forward: the new carry, the output (0 on padded rows) and, with batch
   statistics, the step's moments of Z (per gate) and of c."""
   p = _forward_parts(v, epsilon, population, axis_name)
@@ -161,7 +102,7 @@ def _forward_math(v: dict, *, epsilon: float, population: bool, axis_name) -> di
   return out
 
 
-def _backward_math(v: dict, *, epsilon: float, population: bool, axis_name) -> dict:
+def backward_math(v: dict, *, epsilon: float, population: bool, axis_name) -> dict:
   """One step backward from the cotangents of the new carry (`dc`, `dh`) and the output
   (`d_out`): those of Z (`dz`), of the gate pre-activations and U (`d_pre`), of
   `c_{t-1}` and of the part of `h_{t-1}`'s that skips the matmul (`dh_keep`), and the
@@ -227,8 +168,8 @@ def _join(kind: str, value) -> Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Static:
-  """The scan's static settings."""
+class Static:
+  """A fused scan's static settings (`fused.scan` makes them)."""
   layout: Layout
   epsilon: float
   kernel: str
@@ -239,10 +180,10 @@ class _Static:
   axis_name: Optional[str]
 
 
-def _step(static: _Static, direction: str, inputs: dict[str, Array]) -> dict:
+def _step(static: Static, direction: str, inputs: dict[str, Array]) -> dict:
   """The forward or backward step: plain JAX ('xla') or one `pallas_call` over a grid of
   `block_h`-unit blocks, each holding the whole padded batch."""
-  math = functools.partial(_forward_math if direction == 'forward' else _backward_math,
+  math = functools.partial(forward_math if direction == 'forward' else backward_math,
                            epsilon=static.epsilon, population=static.population,
                            axis_name=static.axis_name)
   outputs = _OUTPUTS[direction if direction == 'backward' else (direction, static.population)]
@@ -284,7 +225,7 @@ def _step(static: _Static, direction: str, inputs: dict[str, Array]) -> dict:
 # ----------------------------------------------------------------------------- scan
 
 
-def _forward_scan(static: _Static, w, vec, carry, u, mask, pop, save: bool):
+def _forward_scan(static: Static, w, vec, carry, u, mask, pop, save: bool):
   """`lax.scan` of the forward step; with `save`, also what the backward pass reads."""
   def body(carry, xs):
     c_prev, h_prev = carry
@@ -304,7 +245,7 @@ def _forward_scan(static: _Static, w, vec, carry, u, mask, pop, save: bool):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _scan(static: _Static, w, vec, carry, u, mask, pop):
+def scan(static: Static, w, vec, carry, u, mask, pop):
   """The scan on padded arrays: `w [Hp, 4 Hp]`, `vec` (`gamma_h`, `bias` `[4, Hp]`,
   `gamma_c`, `beta_c` `[Hp]`), `carry (c, h) [Bp, Hp]`, `u [T, Bp, 4, Hp]`, `mask
   [T, Bp]`, `pop` None or the rows (`mean_h`, `var_h` `[T, 4, Hp]`, `mean_c`, `var_c`
@@ -345,81 +286,4 @@ def _scan_bwd(static, residuals, cotangents):
           jax.tree.map(jnp.zeros_like, pop))
 
 
-_scan.defvjp(_scan_fwd, _scan_bwd)
-
-
-def scan(params: dict[str, Array], carry: tuple[Array, Array], input_term: Array,
-         mask: Optional[Array] = None, population: Optional[dict] = None, *,
-         epsilon: float = normalization.DEFAULT_EPSILON, kernel: str = 'pallas',
-         interpret: bool = False, block_h: Optional[int] = None, num_warps: int = 8,
-         compute_dtype=None, axis_name: Optional[str] = None):
-  """The BN-LSTM recurrence over time, one fused step per time step and direction.
-
-  Differentiable (`jax.custom_vjp`) in `params`, `carry` and `input_term`; no
-  forward-mode derivative.
-
-  Args:
-    params: `recurrent_kernel [H, 4H]`, `recurrent_scale`, `bias [4H]`, `cell_scale`,
-      `cell_bias [H]` (other entries are not read).
-    carry: `(c, h)`, each `[B, H]`.
-    input_term: `[T, B, 4H]`: `gamma_x * BN(W_x x_t)` of every step (no bias).
-    mask: `[T, B, 1]` or `[T, B]`, 1 on valid steps; None: all valid.
-    population: None (batch statistics) or the rows of each step, `{'recurrent': (mean,
-      var) [T, 4H], 'cell': (mean, var) [T, H]}` (no gradient).
-    kernel: 'pallas' or 'xla'; interpret: Pallas's interpreter (CPU); block_h, num_warps:
-      the Pallas tiling (`policy.Execution`); compute_dtype: of the matmuls.
-    axis_name: the device axis of the batch moments ('pallas': one device on it).
-
-  Returns:
-    `(final_carry, h [T, B, H], moments)`: `(c, h)` after each row's last valid step; h 0
-    at padded steps; with batch statistics `{'recurrent': (mean, var) [T, 4H], 'cell':
-    (mean, var) [T, H]}` over the valid rows, else {}.
-  """
-  c0, h0 = carry
-  batch, hidden = h0.shape
-  steps_ = input_term.shape[0]
-  if population is not None:
-    axis_name = None  # population rows: no moments to share
-  elif kernel != 'xla' and axis_name is not None:
-    if lax.axis_size(axis_name) != 1:
-      raise ValueError(f'Execution(fused_step={kernel!r}) computes its moments on one device; '
-                       f'axis {axis_name!r} holds {lax.axis_size(axis_name)}: use '
-                       "fused_step='xla'.")
-    axis_name = None
-  lay = layout(batch, hidden, kernel, block_h)
-  dtype = jnp.promote_types(jnp.result_type(c0, h0, params['recurrent_kernel']), jnp.float32)
-  mask = (jnp.ones((steps_, batch), dtype) if mask is None
-          else mask.reshape(steps_, batch).astype(dtype))
-  rows, units = lay.batch, lay.hidden
-  gates = lambda a, lead, fill=0.0: _pad_to(a.astype(dtype).reshape(lead + (GATES, hidden)),
-                                            lead + (GATES, units), fill)
-  w = gates(params['recurrent_kernel'], (hidden,)).reshape(hidden, GATES * units)
-  vec = {'gamma_h': gates(params['recurrent_scale'], ()), 'bias': gates(params['bias'], ()),
-         'gamma_c': _pad_to(params['cell_scale'].astype(dtype), (units,)),
-         'beta_c': _pad_to(params['cell_bias'].astype(dtype), (units,))}
-  pop = None
-  if population is not None:
-    (mean_h, var_h), (mean_c, var_c) = lax.stop_gradient(
-        (population['recurrent'], population['cell']))
-    pop = {'mean_h': gates(mean_h, (steps_,)), 'var_h': gates(var_h, (steps_,), 1.0),
-           'mean_c': _pad_to(mean_c.astype(dtype), (steps_, units)),
-           'var_c': _pad_to(var_c.astype(dtype), (steps_, units), 1.0)}
-  static = _Static(lay, float(epsilon), kernel, bool(interpret), population is not None,
-                   None if compute_dtype is None else jnp.dtype(compute_dtype), num_warps,
-                   axis_name)
-  if kernel == 'persistent':
-    from bn_rnn_jax import persistent  # pylint: disable=g-import-not-at-top
-    recurrence = persistent.scan
-  else:
-    recurrence = _scan
-  (c, h), out, moments = recurrence(
-      static, _pad_to(w, (units, GATES * units)), vec,
-      tuple(_pad_to(a.astype(dtype), (rows, units)) for a in (c0, h0)),
-      _pad_to(gates(input_term, (steps_, batch)), (steps_, rows, GATES, units)),
-      _pad_to(mask, (steps_, rows)), pop)
-  final, out = (c[:batch, :hidden], h[:batch, :hidden]), out[:, :batch, :hidden]
-  if population is not None:
-    return final, out, {}
-  per_gate = lambda a: a[:, :, :hidden].reshape(steps_, GATES * hidden)
-  return final, out, {'recurrent': (per_gate(moments['mean_h']), per_gate(moments['var_h'])),
-                      'cell': (moments['mean_c'][:, :hidden], moments['var_c'][:, :hidden])}
+scan.defvjp(_scan_fwd, _scan_bwd)

@@ -1,37 +1,17 @@
-"""Whole-layer backward pass of the scanned recurrent layer (`RecurrentLayer(backward=)`).
+"""The whole-layer backward pass of the scanned layer (`Execution(backward='layer')`).
 
-The autodiff of `lax.scan` accumulates the weight gradients step by step: T small
-`[H, B] x [B, G*H]` products inside the reverse loop, each followed by an add into the
-accumulator. Fused RNN libraries (cuDNN's RNN, for one) instead run a reverse scan that
-only carries the per-step cotangents, and form the weight gradients after it from the
-whole sequence:
+The autodiff of `lax.scan` adds each step's `h^T dz` into the weight gradients inside the
+reverse loop. This pass, as fused RNN libraries do, runs a reverse scan that carries only
+the per-step cotangents, and forms the weight gradients after it from the whole sequence:
 
-    dW_h = H_prev^T dZ_h     one [H, B*T] x [B*T, G*H] product
-    dW_x = X^T dZ_x          one [I, B*T] x [B*T, G*H] product (input term in the step)
-    dX   = dZ_x W_x^T        one [B*T, G*H] x [G*H, I] product
+    dW_h = H_prev^T dZ_h   dW_x = X^T dZ_x   dX = dZ_x W_x^T     (one product each)
 
-where `Z_h = H_prev W_h` and `Z_x = X W_x` are the matmul outputs of each step
-(`steps.step_terms`). What remains in the reverse scan is the vjp of the pointwise part
-of the step (`steps.lstm_cell` / `steps.rnn_cell`: gates, c, h, the normalisations, the
-mask), taken with `jax.vjp`, so the batch norms use the closed-form backward pass of
-`normalization.batch_norm` (with its psum over `axis_name`), and one `[B, G*H] x [G*H, H]`
-product per step for the recurrent cotangent `dh_{t-1} += dZ_h W_h^T`. The pointwise
-parameters' gradients (biases, gammas) are summed in the reverse scan's carry.
-
-What the forward scan stores for the reverse one is the layer's `remat` option:
-  'none'  the residuals of the pointwise vjp (no recomputation), plus h_{t-1};
-  'dots'  the step's carry and matmul outputs; the pointwise part is recomputed;
-  'full'  the step's carry only; the matmuls and the pointwise part are recomputed.
-
-Which one is faster depends on H / B (docs/speed.md). The autodiff path reads and
-writes the `[H, G*H]` gradient accumulators at every step; this one stores and rereads
-`[B, G*H]` cotangents per step instead. With a small H / B the accumulators stay in
-cache and the autodiff path wins; with a large one this one does. `policy.resolve` says
-where 'auto' takes it.
-
-Batch moments are outputs without a gradient (the cells stop it), so they take no part
-in the backward pass; forward-mode differentiation (`jax.jvp`) of this path is not
-defined (a `custom_vjp`), use `backward='scan'` for it.
+The reverse scan takes the vjp of the step's pointwise part (`steps.lstm_cell` /
+`rnn_cell`, with batch norm's closed-form backward pass and its psum) and one product per
+step for `dh_{t-1} += dZ_h W_h^T`; it sums the pointwise parameters' gradients in its
+carry. The forward scan stores, as `remat` says, the pointwise vjp's residuals ('none'),
+the carry and matmul outputs ('dots'), or the carry ('full'). Batch moments get no
+cotangent. No forward-mode derivative (a `custom_vjp`).
 """
 
 from __future__ import annotations
@@ -70,31 +50,14 @@ def _times_transpose(d: jax.Array, kernel: jax.Array, compute_dtype) -> jax.Arra
 def scan_layer(cell: Callable, terms_fn: Callable, params: dict[str, jax.Array], carry: Any,
                xs: dict[str, Any], *, compute_dtype, mode: str, unroll: int = 1,
                tied_terms: bool = False):
-  """`lax.scan` of one recurrent layer, with the whole-layer backward pass.
+  """`lax.scan` of one layer's step with the whole-layer backward pass: `(final_carry,
+  outputs)` as `lax.scan` of the step gives.
 
-  Args:
-    cell: `(pointwise_params, carry, terms, inputs) -> (carry, outputs)`, the step after
-      its matmuls; `outputs['h'] [B, H]` is the differentiable output, the rest of
-      `outputs` (the packed batch moments) gets no cotangent.
-    terms_fn: `(params, carry, inputs) -> terms`, the step's matmuls
-      (`steps.step_terms`): `'recurrent'` = h_{t-1} W_h, and `'input'` = x_t W_x or the
-      hoisted `'input_term'` taken from the inputs.
-    params: the layer's parameters: `input_kernel [I, G*H]`, `recurrent_kernel [H, G*H]`
-      and the pointwise ones.
-    carry: the initial state, `(c, h)` or `h`, each `[B, H]`.
-    xs: time-major step inputs: `'x' [T, B, I]` or `'input_term' [T, B, G*H]`,
-      optionally `'mask' [T, B, 1]` and `'stats'` (population statistics, no gradient).
-    compute_dtype: dtype of the backward pass's matmuls (as the forward's).
-    mode: 'none' | 'dots' | 'full': what the forward pass stores (module docstring).
-    unroll: steps per iteration of both scans.
-    tied_terms: the cell adds the in-step input term and the recurrent term before any
-      normalisation (plain LSTM, tanh RNN without input norm), so their cotangents are
-      equal: the reverse scan then stores one `[T, B, G*H]` cotangent instead of two,
-      and W_x and W_h get theirs from one product of `[x_t, h_{t-1}]`.
-
-  Returns:
-    `(final_carry, outputs)` as `lax.scan` of the whole step would, outputs stacked over
-    time.
+  `cell(pointwise_params, carry, terms, inputs) -> (carry, outputs)` is the step after
+  its matmuls (`outputs['h']` the differentiable output), `terms_fn(params, carry,
+  inputs)` its matmuls (`steps.step_terms`); `xs` the time-major step inputs; `mode` what
+  the forward scan stores. `tied_terms`: the input and recurrent terms meet as a plain sum
+  (equal cotangents: one stored, one product for both kernels).
   """
   if mode not in MODES:
     raise ValueError(f'mode must be one of {MODES}; got {mode!r}.')

@@ -2,12 +2,13 @@
 tagger (Laurent et al. sec. 5.1) and Attentive Reader (Cooijmans et al. sec. 5.4).
 
 Modules only; losses and metrics live in `training/tasks.py`, training in
-`training/train.py`. Each model takes `layer_options` (`variants.LayerOptions`, or a
-dict), the `RecurrentLayer` fields of its recurrent stack. Each model's call takes Flax's
-pair `use_running_average=` / `deterministic=` (`modes.py`), as its layers do. The
-classifier, the tagger and the reader return logits; the language model returns logits,
-or `(carries, logits)` with `return_carry=True` (the state carried across truncated-BPTT
-segments), as the layers return outputs or `(carry, outputs)`.
+`training/train.py`. Each model takes its recurrent layer as a template (`layer=
+make_layer('bn_lstm', 100, max_length=784)`), cloned for every layer and direction of its
+stack (`stack.StackedRNN`), and Flax's two flags `use_running_average` / `deterministic`
+(`modes.py`) as fields or in the call. The classifier, the tagger and the reader return
+logits; the language model returns logits, or `(carries, logits)` with
+`return_carry=True` (the state carried across truncated-BPTT segments), as the layers
+return outputs or `(carry, outputs)`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ from bn_rnn_jax import stack
 from bn_rnn_jax import variants
 
 Array = jax.Array
+
+
+def with_layer_fields(model: nn.Module, **fields) -> nn.Module:
+  """`model` (a model or stack of this module) with its layer template's `fields` set,
+  e.g. `axis_name=None` to apply a trainer's model outside `pmap`."""
+  return model.clone(layer=model.layer.clone(**fields))
 
 
 def last_hidden(carry: Any) -> Array:
@@ -46,37 +53,37 @@ class SequenceClassifier(nn.Module):
   """Stacked (BN-)RNN whose last valid hidden state feeds a softmax classifier.
 
   The sequential-MNIST model of Cooijmans et al. sec. 5.1 is
-  `SequenceClassifier(num_classes=10, variant='bn_lstm', hidden_size=100)`.
+  `SequenceClassifier(10, make_layer('bn_lstm', 100, max_length=784))`.
 
   With `bidirectional=True` the classifier reads the forward direction's last valid
   hidden state and the backward direction's final state (which has read the sequence
   back to its first step), concatenated `[B, 2H]`.
 
-  Call: `(inputs [B, T, I], mask [B, T] | None, use_running_average=...,
-  deterministic=...)` -> logits `[B, num_classes]`.
+  Attributes:
+    num_classes: C.
+    layer, num_layers, dropout_rate, bidirectional: the recurrent stack's
+      (`stack.StackedRNN`).
+    use_running_average, deterministic: Flax's two flags (`modes.py`).
+
+  Call: `(inputs [B, T, I], mask [B, T] | None, *, use_running_average=,
+  deterministic=)` -> logits `[B, num_classes]`.
   """
   num_classes: int
-  variant: str = 'bn_lstm'
-  hidden_size: int = 100
+  layer: nn.Module
   num_layers: int = 1
   dropout_rate: float = 0.0
-  layer_options: Mapping[str, Any] = variants.LayerOptions()
   bidirectional: bool = False
-
-  def __post_init__(self):
-    object.__setattr__(self, 'layer_options', variants.as_layer_options(self.layer_options))
-    super().__post_init__()
+  use_running_average: Optional[bool] = None
+  deterministic: Optional[bool] = None
 
   @nn.compact
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
                use_running_average: Optional[bool] = None,
                deterministic: Optional[bool] = None):
-    mode = modes.resolve(use_running_average, deterministic).kwargs()
+    mode = modes.resolve(self, use_running_average, deterministic).kwargs()
     carries, _ = stack.StackedRNN(
-        variant=self.variant, hidden_size=self.hidden_size, num_layers=self.num_layers,
-        dropout_rate=self.dropout_rate, bidirectional=self.bidirectional,
-        layer_options=self.layer_options, name='rnn')(inputs, mask, **mode,
-                                                      return_carry=True)
+        self.layer, num_layers=self.num_layers, dropout_rate=self.dropout_rate,
+        bidirectional=self.bidirectional, name='rnn')(inputs, mask, **mode, return_carry=True)
     features = final_hidden(carries[-1], self.bidirectional)
     return nn.Dense(self.num_classes, name='classifier')(features)
 
@@ -88,29 +95,26 @@ class LanguageModel(nn.Module):
     vocab_size: symbols.
     embed_size: embedding width; None feeds one-hot vectors (the character models of
       Cooijmans et al. sec. 5.2-5.3).
-    variant, hidden_size, num_layers, dropout_rate, layer_options: as `StackedRNN`.
+    layer, num_layers, dropout_rate: the recurrent stack's (`stack.StackedRNN`).
+    use_running_average, deterministic: Flax's two flags (`modes.py`).
 
   No `bidirectional` option: a backward direction would read the very symbols the model
   is asked to predict.
 
-  Call: `(tokens [B, T] int, mask [B, T] | None, use_running_average=...,
-  deterministic=..., initial_carries=None, first_step=0, return_carry=False)` -> `logits
+  Call: `(tokens [B, T] int, mask [B, T] | None, *, use_running_average=,
+  deterministic=, initial_carries=None, first_step=0, return_carry=False)` -> `logits
   [B, T, vocab_size]`, or with `return_carry=True` `(final_carries, logits)`, a carry per
   layer. Pass the returned carries back in to carry state across truncated-BPTT segments
   (Zaremba et al. 2014).
   `step` runs one symbol at a time (sampling; `experiments/sample.py`).
   """
   vocab_size: int
+  layer: nn.Module
   embed_size: Optional[int] = None
-  variant: str = 'bn_lstm'
-  hidden_size: int = 1000
   num_layers: int = 1
   dropout_rate: float = 0.0
-  layer_options: Mapping[str, Any] = variants.LayerOptions()
-
-  def __post_init__(self):
-    object.__setattr__(self, 'layer_options', variants.as_layer_options(self.layer_options))
-    super().__post_init__()
+  use_running_average: Optional[bool] = None
+  deterministic: Optional[bool] = None
 
   @nn.compact
   def __call__(self, tokens: Array, mask: Optional[Array] = None, *,
@@ -118,7 +122,7 @@ class LanguageModel(nn.Module):
                deterministic: Optional[bool] = None,
                initial_carries: Optional[Sequence[Any]] = None, first_step=0,
                return_carry: bool = False):
-    mode = modes.resolve(use_running_average, deterministic).kwargs()
+    mode = modes.resolve(self, use_running_average, deterministic).kwargs()
     if tokens.ndim != 2:
       raise ValueError(f'LanguageModel expects tokens [batch, time]; got {tokens.shape}.')
     if self.embed_size is None:
@@ -126,10 +130,9 @@ class LanguageModel(nn.Module):
     else:
       x = nn.Embed(self.vocab_size, self.embed_size, name='embed')(tokens)
     carries, h = stack.StackedRNN(
-        variant=self.variant, hidden_size=self.hidden_size, num_layers=self.num_layers,
-        dropout_rate=self.dropout_rate, layer_options=self.layer_options,
-        name='rnn')(x, mask, **mode, initial_carries=initial_carries,
-                    first_step=first_step, return_carry=True)
+        self.layer, num_layers=self.num_layers, dropout_rate=self.dropout_rate,
+        name='rnn')(x, mask, **mode, initial_carries=initial_carries, first_step=first_step,
+                    return_carry=True)
     logits = nn.Dense(self.vocab_size, name='softmax')(h)
     return (carries, logits) if return_carry else logits
 
@@ -155,8 +158,8 @@ _KERNEL_INITS = {'lecun_normal': nn.initializers.lecun_normal(),
 class SequenceTagger(nn.Module):
   """A label at every step: (embedding | projection) -> stacked (bi)RNN -> softmax.
 
-  Laurent et al.'s speech model (sec. 5.1) is `SequenceTagger(num_classes=3546,
-  variant='bn_input_only_seq', hidden_size=250, num_layers=5, bidirectional=True)` on
+  Laurent et al.'s speech model (sec. 5.1) is `SequenceTagger(3546,
+  make_layer('bn_input_only_seq', 250), num_layers=5, bidirectional=True)` on
   real-valued frames; with `vocab_size` set it tags token ids (Brown POS tagging).
 
   Attributes:
@@ -168,34 +171,31 @@ class SequenceTagger(nn.Module):
       feeds the frames to the first recurrent layer directly (as Laurent et al.).
     kernel_init: 'lecun_normal' (Flax's default) or 'glorot_uniform' (Laurent et al.) for
       the projection and softmax kernels; their biases start at zero.
-    variant, hidden_size, num_layers, dropout_rate, bidirectional, layer_options: as
-      `stack.StackedRNN`.
+    layer, num_layers, dropout_rate, bidirectional: the recurrent stack's
+      (`stack.StackedRNN`).
+    use_running_average, deterministic: Flax's two flags (`modes.py`).
 
-  Call: `(inputs, mask [B, T] | None, use_running_average=..., deterministic=...)` ->
+  Call: `(inputs, mask [B, T] | None, *, use_running_average=, deterministic=)` ->
   logits `[B, T, num_classes]`.
   Logits at padded steps are those of a zero hidden state; losses must mask them.
   """
   num_classes: int
+  layer: nn.Module
   vocab_size: Optional[int] = None
   embed_size: int = 64
   input_projection: Optional[int] = None
   kernel_init: str = 'lecun_normal'
-  variant: str = 'bn_input_only_seq'
-  hidden_size: int = 250
   num_layers: int = 5
   dropout_rate: float = 0.0
   bidirectional: bool = True
-  layer_options: Mapping[str, Any] = variants.LayerOptions()
-
-  def __post_init__(self):
-    object.__setattr__(self, 'layer_options', variants.as_layer_options(self.layer_options))
-    super().__post_init__()
+  use_running_average: Optional[bool] = None
+  deterministic: Optional[bool] = None
 
   @nn.compact
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
                use_running_average: Optional[bool] = None,
                deterministic: Optional[bool] = None):
-    mode = modes.resolve(use_running_average, deterministic).kwargs()
+    mode = modes.resolve(self, use_running_average, deterministic).kwargs()
     if self.kernel_init not in _KERNEL_INITS:
       raise ValueError(f'kernel_init must be one of {sorted(_KERNEL_INITS)}; got '
                        f'{self.kernel_init!r}.')
@@ -213,16 +213,14 @@ class SequenceTagger(nn.Module):
       if self.input_projection is not None:
         x = nn.Dense(self.input_projection, kernel_init=kernel_init, name='projection')(x)
     h = stack.StackedRNN(
-        variant=self.variant, hidden_size=self.hidden_size, num_layers=self.num_layers,
-        dropout_rate=self.dropout_rate, bidirectional=self.bidirectional,
-        layer_options=self.layer_options, name='rnn')(x, mask, **mode)
+        self.layer, num_layers=self.num_layers, dropout_rate=self.dropout_rate,
+        bidirectional=self.bidirectional, name='rnn')(x, mask, **mode)
     return nn.Dense(self.num_classes, kernel_init=kernel_init, name='softmax')(h)
 
 
 # ==================================================================== attentive reader
-#: Cooijmans et al. sec. 5.4 / App. C, after Hermann et al. 2015. The reader variants:
-#: the recurrent layers' `VARIANTS` preset, their overrides, bidirectional encoders, and the
-#: statistics of the batch norms in the attention (None = no batch norm there).
+#: Cooijmans et al. sec. 5.4 / App. C, after Hermann et al. 2015: the reader variants as
+#: the recurrent layers' `VARIANTS` preset, its overrides, and the reader's fields.
 READER_VARIANTS: dict[str, dict[str, Any]] = {
     'lstm': dict(layer='lstm'),
     # BN-LSTM and BN-everywhere as the paper ran them: moments biased by zero padding.
@@ -244,8 +242,23 @@ READER_VARIANTS: dict[str, dict[str, Any]] = {
 NON_CANDIDATE_LOGIT = -1e30
 
 
+def attentive_reader(variant: str, vocab_size: int, num_entities: int, features: int = 240,
+                     *, layer_fields: Mapping[str, Any] = (), **fields) -> 'AttentiveReader':
+  """The `READER_VARIANTS` reader `variant`: its layer (`variants.make_layer` of the
+  variant's preset with `features` units, `layer_fields` and the variant's overrides) and
+  fields, with `fields` (`embed_size`, `num_layers`, ...) set."""
+  if variant not in READER_VARIANTS:
+    raise ValueError(f'Unknown attentive-reader variant {variant!r}; choose one of '
+                     f'{sorted(READER_VARIANTS)}.')
+  spec = dict(READER_VARIANTS[variant])
+  layer = variants.make_layer(spec.pop('layer'), features,
+                              **{**dict(layer_fields), **spec.pop('overrides', {})})
+  return AttentiveReader(vocab_size, num_entities, layer, **spec, **fields)
+
+
 class AttentiveReader(nn.Module):
-  """The Attentive Reader (Hermann et al. 2015) with the BN variants of Cooijmans sec. 5.4.
+  """The Attentive Reader (Hermann et al. 2015) with the BN variants of Cooijmans sec. 5.4
+  (`attentive_reader` builds them by name).
 
     y_d(t) = document encoder (uni- or bidirectional stacked (BN-)LSTM), u = the query
     encoder's final state;  m(t) = tanh(N(W_ym y_d(t)) + N(W_um u));
@@ -254,55 +267,49 @@ class AttentiveReader(nn.Module):
     logits = W_g g + b over the entity vocabulary, non-candidates set to
     `NON_CANDIDATE_LOGIT` (never predicted).
 
-  N is the identity, or a batch norm with its own gamma, beta (`MaskedBatchNorm`) in the
-  BN-everywhere variants: per-step masked statistics for W_ym y_d ('per_step',
-  BN-everywhere)
-  or sequence-wise masked ones ('sequence', BN-e*, BN-e**); batch statistics for the
-  `[B, F]` terms.
+  N is the identity, or a batch norm with its own gamma, beta (`MaskedBatchNorm`, with the
+  layer's statistics settings) in the BN-everywhere variants: per-step masked statistics
+  for W_ym y_d ('per_step', BN-everywhere) or sequence-wise masked ones ('sequence', BN-e*,
+  BN-e**); batch statistics for the `[B, F]` terms.
 
   Attributes:
     vocab_size, num_entities: from the dataset (`input_pipeline/reading.py`).
-    variant: a name in `READER_VARIANTS`.
-    hidden_size: units per encoder direction (App. C: 240).
-    embed_size: word embedding width (None = hidden_size).
-    num_layers, dropout_rate, layer_options: as `StackedRNN` (max_length, axis_name, ...).
+    layer: the encoders' layer template (`stack.StackedRNN`; App. C: 240 units).
+    attention_norm: None, 'per_step' or 'sequence': the statistics of N.
+    bidirectional: bidirectional encoders.
+    embed_size: word embedding width (None = the layer's `features`).
+    num_layers, dropout_rate: the encoders' (`stack.StackedRNN`).
+    use_running_average, deterministic: Flax's two flags (`modes.py`).
 
-  Call: `(inputs, mask=None, use_running_average=..., deterministic=...)`, inputs the
-  dict of `reading.py`'s batches (`document`, `document_mask` `[B, T]`, `query`,
-  `query_mask` `[B, Q]`, `candidates` `[B, E]`); `mask` is unused (both masks are in
-  `inputs`). Returns logits `[B, E]`; the attention `s [B, T]` is sown as
-  `intermediates/attention`.
+  Call: `(inputs, mask=None, *, use_running_average=, deterministic=)`, inputs the dict
+  of `reading.py`'s batches (`document`, `document_mask` `[B, T]`, `query`, `query_mask`
+  `[B, Q]`, `candidates` `[B, E]`); `mask` is unused (both masks are in `inputs`). Returns
+  logits `[B, E]`; the attention `s [B, T]` is sown as `intermediates/attention`.
   """
   vocab_size: int
   num_entities: int
-  variant: str = 'lstm'
-  hidden_size: int = 240
+  layer: nn.Module
+  attention_norm: Optional[str] = None
+  bidirectional: bool = False
   embed_size: Optional[int] = None
   num_layers: int = 1
   dropout_rate: float = 0.0
-  layer_options: Mapping[str, Any] = variants.LayerOptions()
+  use_running_average: Optional[bool] = None
+  deterministic: Optional[bool] = None
 
-  def __post_init__(self):
-    object.__setattr__(self, 'layer_options', variants.as_layer_options(self.layer_options))
-    super().__post_init__()
-
-  def _spec(self) -> dict[str, Any]:
-    if self.variant not in READER_VARIANTS:
-      raise ValueError(f'Unknown attentive-reader variant {self.variant!r}; choose one of '
-                       f'{sorted(READER_VARIANTS)}.')
-    return READER_VARIANTS[self.variant]
-
-  def _norm(self, statistics: Optional[str], name: str):
-    """`N(x, mask, **mode)` of one attention term: identity or `MaskedBatchNorm`."""
-    if statistics is None:
-      return lambda x, mask, **mode: x
-    o = self.layer_options
-    keep = {k: o[k] for k in ('max_length', 'momentum', 'epsilon', 'axis_name',
-                              'scale_init', 'min_row_support') if o.get(k) is not None}
-    if 'execution' in o:
-      keep['batch_sums'] = o['execution'].batch_sums
-    norm = batch_stats.MaskedBatchNorm(statistics=statistics, name=name, **keep)
-    return lambda x, mask, use_running_average, deterministic: norm(
+  def _norm(self, name: str):
+    """`N(x, mask, use_running_average)` of one attention term: identity or
+    `MaskedBatchNorm`, with the layer's statistics settings."""
+    if self.attention_norm is None:
+      return lambda x, mask, use_running_average: x
+    keep = {k: getattr(self.layer, k) for k in ('max_length', 'momentum', 'epsilon',
+                                                'axis_name', 'scale_init', 'min_row_support')
+            if getattr(self.layer, k, None) is not None}
+    execution = getattr(self.layer, 'execution', None)
+    if execution is not None:
+      keep['batch_sums'] = execution.batch_sums
+    norm = batch_stats.MaskedBatchNorm(statistics=self.attention_norm, name=name, **keep)
+    return lambda x, mask, use_running_average: norm(
         x, mask, use_running_average=use_running_average)
 
   @nn.compact
@@ -311,37 +318,33 @@ class AttentiveReader(nn.Module):
                deterministic: Optional[bool] = None
                ) -> Array:
     del mask
-    mode = modes.resolve(use_running_average, deterministic).kwargs()
-    spec = self._spec()
+    mode = modes.resolve(self, use_running_average, deterministic)
     document, query = inputs['document'], inputs['query']
     document_mask = inputs['document_mask'].astype(jnp.float32)
     query_mask = inputs['query_mask'].astype(jnp.float32)
     if document.ndim != 2 or document_mask.shape != document.shape:
       raise ValueError(f'AttentiveReader expects document and document_mask [batch, time]; '
                        f'got {document.shape} and {document_mask.shape}.')
-    embed = nn.Embed(self.vocab_size, self.embed_size or self.hidden_size, name='embed')
+    embed = nn.Embed(self.vocab_size, self.embed_size or self.layer.features, name='embed')
     # Padded steps read zeros whatever their ids: the padding-biased statistics of
     # 'bn_lstm' then see the paper's zero padding, and junk in the padding changes nothing.
     x_d = jnp.where(document_mask[..., None] > 0, embed(document), 0.0)
     x_q = jnp.where(query_mask[..., None] > 0, embed(query), 0.0)
-    options = self.layer_options.replace(**spec.get('overrides', {}))
     encoder = functools.partial(
-        stack.StackedRNN, variant=spec['layer'], hidden_size=self.hidden_size,
-        num_layers=self.num_layers, dropout_rate=self.dropout_rate,
-        bidirectional=spec.get('bidirectional', False), layer_options=options)
-    y_d = encoder(name='document_encoder')(x_d, document_mask, **mode)     # [B, T, D]
-    query_carries, _ = encoder(name='query_encoder')(x_q, query_mask, **mode,
+        stack.StackedRNN, self.layer, num_layers=self.num_layers,
+        dropout_rate=self.dropout_rate, bidirectional=self.bidirectional)
+    y_d = encoder(name='document_encoder')(x_d, document_mask, **mode.kwargs())  # [B, T, D]
+    query_carries, _ = encoder(name='query_encoder')(x_q, query_mask, **mode.kwargs(),
                                                      return_carry=True)
-    u = final_hidden(query_carries[-1], spec.get('bidirectional', False))     # [B, D]
+    u = final_hidden(query_carries[-1], self.bidirectional)                  # [B, D]
     width = y_d.shape[-1]
 
-    term_norm = spec.get('attention_norm')
-    flat_norm = term_norm  # on [B, F] terms: one row of batch statistics either way
+    flags = {'use_running_average': mode.use_running_average}
     dense = lambda name: nn.Dense(width, use_bias=False, name=name)
-    y_m = self._norm(term_norm, 'document_attention_norm')(
-        dense('document_attention')(y_d), document_mask, **mode)             # W_ym y_d(t)
-    u_m = self._norm(flat_norm, 'query_attention_norm')(
-        dense('query_attention')(u), None, **mode)                           # W_um u
+    y_m = self._norm('document_attention_norm')(
+        dense('document_attention')(y_d), document_mask, **flags)           # W_ym y_d(t)
+    u_m = self._norm('query_attention_norm')(dense('query_attention')(u), None,
+                                             **flags)                       # W_um u
     m = jnp.tanh(y_m + u_m[:, None, :])
     scores = nn.Dense(1, use_bias=False, name='attention_score')(m)[..., 0]  # w^T m(t)
     valid = document_mask > 0
@@ -349,10 +352,10 @@ class AttentiveReader(nn.Module):
     attention = jnp.where(valid, jax.nn.softmax(scores, axis=-1), 0.0)      # s(t)
     self.sow('intermediates', 'attention', attention)
     r = jnp.einsum('bt,btd->bd', attention, y_d)
-    r_g = self._norm(flat_norm, 'read_combination_norm')(
-        dense('read_combination')(r), None, **mode)                         # W_rg r
-    u_g = self._norm(flat_norm, 'query_combination_norm')(
-        dense('query_combination')(u), None, **mode)                        # W_ug u
+    r_g = self._norm('read_combination_norm')(dense('read_combination')(r), None,
+                                              **flags)                      # W_rg r
+    u_g = self._norm('query_combination_norm')(dense('query_combination')(u), None,
+                                               **flags)                     # W_ug u
     g = jnp.tanh(r_g + u_g)
     logits = nn.Dense(self.num_entities, name='output')(g)
     return jnp.where(inputs['candidates'] > 0, logits, NON_CANDIDATE_LOGIT)

@@ -1,70 +1,17 @@
 """Any module of this library as a Flax NNX module, and the papers' estimate in NNX.
 
-`FromLinen(module, *example_args, rngs=...)` makes any module of this library (a
-`RecurrentLayer`, a `StackedRNN`, a model) an NNX module: a `flax.nnx.bridge.ToNNX`, whose
-variables are the Linen ones by name (`nnx.Param`, and `nnx.BatchStat` for the population
-statistics: per site the same `{'mean': [R, F], 'var': [R, F], 'count': [R]}` rows as the
-Linen `batch_stats`); a call runs the Linen module's own `apply` on them, so the numerics
-are the same cells and statistics. What it adds to the bridge:
-
-  model.train() / model.eval()   batch statistics (folding them into the `BatchStat`
-                                 running average) / population statistics, through
-                                 `use_running_average` as in `nnx.BatchNorm`;
-  estimate_population_stats(model, batches)
-                                 the papers' estimate in one call: every wrapped module
-                                 (the NNX cells of `nnx_cells.py` among them) gets the
-                                 average of its minibatch moments over the batches,
-                                 computed with the current parameters;
-  wrapped.step(carry, x_t, t)    one step at a time (`RecurrentLayer.step`,
-                                 `StackedRNN.step`, `LanguageModel.step`).
-
-Misuse is caught as in Linen (`batch_stats.py`): evaluating statistics that no training
-batch reached raises, at once in an eager call and when the computation runs under
-`nnx.jit` (`batch_stats.allow_untrained_statistics()` opts out).
-
-Recipe: the sequential-MNIST BN-LSTM classifier (Linen:
-`models.SequenceClassifier(num_classes=10, variant='bn_lstm', hidden_size=100)`; the
-layer guide, docs/guide/layers.md, runs a small one), with `tx = optax.adam(1e-3)`,
-`cross_entropy(logits, labels)` the mean softmax cross-entropy and `batches` a list of
-`(x [batch, 784, 1], labels [batch])`:
-
-  from flax import nnx
-  import bn_rnn_jax as br
-  from bn_rnn_jax import nnx_bridge
-
-  class Classifier(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs):
-      layer = br.make_layer('bn_lstm', 100, max_length=784)
-      self.rnn = nnx_bridge.FromLinen(layer, jnp.zeros((1, 784, 1)), rngs=rngs)
-      self.head = nnx.Linear(100, 10, rngs=rngs)
-
-    def __call__(self, x, mask=None):               # x [batch, time, 1]
-      (_, h), _ = self.rnn(x, mask, return_carry=True)
-      return self.head(h)                           # [batch, 10]
-
-  model = Classifier(nnx.Rngs(0))
-  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
-
-  @nnx.jit
-  def train_step(model, optimizer, x, labels):
-    grads = nnx.grad(lambda model: cross_entropy(model(x), labels))(model)
-    optimizer.update(model, grads)
-
-  model.train()
-  for x, labels in batches:
-    train_step(model, optimizer, x, labels)
-  nnx_bridge.estimate_population_stats(model, [(x,) for x, _ in batches])
-  model.eval()
-  logits = model(x_valid)
-
-`tests/test_nnx.py` trains this classifier (smaller) from Linen and from NNX from the same
-initial values and finds the same parameters, statistics and evaluation outputs.
+`FromLinen(module, *example_args, rngs=...)` is a `flax.nnx.bridge.ToNNX` of a layer,
+stack or model whose variables are the Linen ones by name (`nnx.Param`; `nnx.BatchStat`
+for the statistics); a call runs the Linen module's `apply` on them. It adds
+`model.train()` / `model.eval()` (batch or population statistics, as `nnx.BatchNorm`),
+`estimate_population_stats(model, batches)` (every wrapped module's estimate in place) and
+`step` (one step at a time). Misuse is caught as in Linen (`batch_stats.py`). The layer
+guide (docs/guide/layers.md, "Flax NNX") trains a classifier with it.
 """
 
 from __future__ import annotations
 
-import warnings
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Optional
 
 import jax
 from flax import linen as nn
@@ -101,33 +48,18 @@ def _assign(variables, values) -> None:
 
 
 class FromLinen(bridge.ToNNX):
-  """A module of this library as an NNX module: a `flax.nnx.bridge.ToNNX` (its variables
-  and rngs), initialised from an example call, with `use_running_average` and
-  `deterministic` driven by `model.train()` / `model.eval()`.
-
-  Args:
-    module: the Linen module (e.g. `make_layer('bn_lstm', 100, max_length=784)`).
-    *example_args: arguments of an example call, for the shapes of its variables (as
-      Linen's `init`, e.g. `jnp.zeros((1, T, I))`).
-    **example_kwargs: keyword arguments of that call.
-    rngs: `nnx.Rngs`; its `params` (or default) stream initialises the parameters, and
-      its `noise` and `dropout` streams feed h0 noise and dropout in training.
-
-  Attributes:
-    (the bridge's) the Linen variables by name, `params` leaves as `nnx.Param` and
-      `batch_stats` leaves as `nnx.BatchStat`; `linen_variables()` gives them back as
-      the Linen `{'params', 'batch_stats'}`.
-    use_running_average: False (`model.train()`): batch statistics, folded into the
-      `nnx.BatchStat`s; True (`model.eval()`): population statistics.
-
-  Call: the Linen module's arguments without the two flags (e.g. a layer's `(inputs
-  [B, T, I], mask [B, T] | None, initial_carry=None)`), and its outputs.
-  """
+  """`module` (e.g. `make_layer('bn_lstm', 100, max_length=784)`) as an NNX module,
+  initialised from an example call (`*example_args`, `**example_kwargs`, as Linen's
+  `init`); `rngs`' `params` stream initialises it, its `noise` and `dropout` streams feed
+  training. `use_running_average` (`model.train()` / `model.eval()`) picks batch
+  statistics, folded into the `nnx.BatchStat`s, or population statistics. Called with the
+  Linen module's arguments without the flags."""
 
   def __init__(self, module: nn.Module, *example_args, rngs: nnx.Rngs, **example_kwargs):
     super().__init__(module, rngs=rngs)
     keys = {'params': rngs.params(), **{name: rngs[name]() for name in RNG_STREAMS}}
-    variables = module.init(keys, *example_args, **modes.EVAL.kwargs(), **example_kwargs)
+    variables = module.init(keys, *example_args, **modes.flags(module, modes.EVAL),
+                            **example_kwargs)
     for name, value in bridge_variables.linen_vars_to_nnx_attrs(variables).items():
       setattr(self, name, value)
     self.use_running_average = False
@@ -153,19 +85,28 @@ class FromLinen(bridge.ToNNX):
         {k: v for k, v in variables.items() if k in ('params', 'batch_stats')}))
 
   def __call__(self, *args, **kwargs):
+    return self.apply_linen(self.to_nnx__module, *args, **kwargs)
+
+  def apply_linen(self, module: nn.Module, *args, scope: Optional[str] = None, **kwargs):
+    """Apply `module` (the wrapped one, or a Linen module holding it as the child `scope`,
+    such as `flax_cells.RNN(cell)`) to these variables in this wrapper's mode, keeping
+    what it updates: the Linen call behind `__call__`."""
     # The bridge's own call reads every attribute as a variable, `use_running_average`
     # (which `model.train()` / `eval()` set) included: the Linen module is applied here.
-    variables = self.linen_variables()
+    nest = (lambda tree: {k: {scope: v} for k, v in tree.items()}) if scope else (lambda t: t)
+    variables = nest(self.linen_variables())
     if self.use_running_average and not self._estimating:
-      return self.to_nnx__module.apply(variables, *args, **modes.EVAL.kwargs(), **kwargs)
+      return module.apply(variables, *args, **modes.flags(module, modes.EVAL), **kwargs)
     if self._estimating:  # the papers' estimate: batch statistics and h0 noise, no dropout
       collection, mode = batch_stats.MOMENTS, modes.BATCH_STATISTICS
       rngs = {'noise': self.to_nnx__rngs['noise']()}
     else:
       collection, mode = 'batch_stats', modes.TRAIN
       rngs = {name: self.to_nnx__rngs[name]() for name in RNG_STREAMS}
-    outputs, mutated = self.to_nnx__module.apply(
-        variables, *args, **mode.kwargs(), rngs=rngs, mutable=[collection], **kwargs)
+    outputs, mutated = module.apply(variables, *args, **modes.flags(module, mode), rngs=rngs,
+                                    mutable=[collection], **kwargs)
+    if scope:
+      mutated = {k: v.get(scope, {}) for k, v in mutated.items()}
     if self._estimating:
       self.minibatch_moments = MinibatchMoments(mutated.get(collection, {}))
     elif collection in mutated:
@@ -201,40 +142,18 @@ def _minibatch_moments(model: nnx.Module, args: tuple, kwargs: dict) -> dict[str
 
 
 def estimate_population_stats(model: nnx.Module, batches: Iterable[Any]) -> None:
-  """The papers' population statistics for every `FromLinen` in `model` (the NNX cells
-  among them), in place.
-
-  Runs `model` on each batch of `batches` (training data: a tuple of positional
-  arguments, or a mapping of keyword arguments, e.g. `{'inputs': x, 'seq_lengths':
-  lengths}` for an `nnx_cells.RNN`) with the wrapped modules in training mode writing
-  only their minibatch moments (parameters and statistics untouched; other NNX modules,
-  e.g. `nnx.Dropout`, run in the mode they are in), then sets each wrapped module's
-  `batch_stats` to the average of its moments per row
-  (`population.average_minibatch_moments`, as the Linen
-  `population.estimate_population_stats`). Compiled once per model and batch shape.
-
-  Give the batches the lengths or mask the model trains with: a batch whose inputs look
-  zero-padded and that passes neither warns (`population.padding_without_lengths`). A
-  site no batch reached (a module the call does not run) is set to count 0, with a
-  warning naming it, and evaluation refuses it.
-  """
-  records, padded = [], None
-  for batch in batches:
-    args, kwargs = population.call_arguments(batch)
-    padded = padded or population.padding_warning('estimate_population_stats', batch)
-    records.append(_minibatch_moments(model, args, kwargs))
-  if not records:
-    raise ValueError('estimate_population_stats needs at least one batch.')
-  if padded:
-    warnings.warn(padded, stacklevel=2)
-  estimate = population.average_minibatch_moments(records)
-  unreached = []
-  for path, module in _wrapped(model).items():
-    stats, missing = population.with_every_site(
-        estimate.get(path), module.linen_variables()['batch_stats'])
-    unreached += [f'{path}/{site}' if path else site for site in missing]
+  """The papers' estimate (`population.estimate_population_stats`) for every `FromLinen`
+  in `model` (the NNX cells among them), in place: the wrapped modules write only their
+  minibatch moments on each batch (other NNX modules run in the mode they are in), then
+  each gets their average per row. Compiled once per model and batch shape."""
+  called = model.to_nnx__module if isinstance(model, FromLinen) else model
+  found = population.records(batches, called,
+                             lambda i, args, kwargs: _minibatch_moments(model, args, kwargs))
+  estimate = population.average_minibatch_moments(found)
+  wrapped = _wrapped(model)
+  done = population.complete([(path, estimate.get(path),
+                               module.linen_variables()['batch_stats'])
+                              for path, module in wrapped.items()])
+  for module, stats in zip(wrapped.values(), done):
     if stats:
       module.load_linen_variables({'batch_stats': stats})
-  if unreached:
-    warnings.warn(population.unreached_warning('estimate_population_stats', unreached),
-                  stacklevel=2)

@@ -1,21 +1,15 @@
 """The cells of `flax_cells.py` as Flax NNX modules, and `RNN`, the `nnx.RNN` that passes
-them the lengths.
+them the lengths:
 
   cell = BNLSTMCell(in_features, hidden_features, max_length=T, rngs=nnx.Rngs(0))
   outputs = RNN(cell)(x, seq_lengths=lengths)            # x [*batch, time, in_features]
-  nnx.Bidirectional(RNN(fwd), RNN(bwd))(x, seq_lengths=lengths)
   carry, h = cell(carry, x_t, mask_t)                    # a loop of one's own
 
-A cell is the Linen cell of the same name wrapped by `nnx_bridge.FromLinen`: the
-parameters (`cell.input_kernel`, ...) are `nnx.Param`s and the per-site statistics
-(`cell.recurrent`, `cell.input`, `cell.cell`: `{'mean': [T_max, F], 'var': [T_max, F],
-'count': [T_max]}`) `nnx.BatchStat`s, with the names and shapes of the matching
-`RecurrentLayer`; every call is the Linen cell's, so the numerics, the masking and the
-recording of statistics are the layer's. `model.train()` / `model.eval()` pick batch or
-population statistics, and `nnx_bridge.estimate_population_stats` runs the papers'
-estimate, as for any wrapped module. Training with batch statistics needs the mask:
-`nnx.RNN` cannot pass one, so a cell trains under `RNN` or in one's own loop with
-`mask_t` (it evaluates under either).
+A cell is the Linen cell wrapped by `nnx_bridge.FromLinen` (its variables the layer's, as
+`nnx.Param` and `nnx.BatchStat`); `RNN` applies the Linen `flax_cells.RNN` to them.
+`model.train()` / `model.eval()` and `nnx_bridge.estimate_population_stats` work as for
+any wrapped module. Training needs the mask, so a cell trains under `RNN` or in a loop of
+one's own with `mask_t`.
 """
 
 from __future__ import annotations
@@ -34,18 +28,10 @@ LSTMCarry = flax_cells.LSTMCarry
 
 
 class NormalizedLSTMCell(nnx_bridge.FromLinen):
-  """`flax_cells.NormalizedLSTMCell` as an NNX module; the subclasses are the papers'
-  presets.
-
-  Args:
-    in_features: I, the features of `x_t [*batch, I]`.
-    hidden_features: H.
-    rngs: `nnx.Rngs`; its `params` stream initialises the parameters.
-    use_running_average: population (True, `model.eval()`) or batch statistics (False,
-      `model.train()`).
-    **fields: the Linen cell's other fields (`max_length`, `recurrent_norm`,
-      `momentum`, `execution`, ...).
-  """
+  """`flax_cells.NormalizedLSTMCell` as an NNX module (the subclasses: the papers'
+  presets): `in_features` I, `hidden_features` H, `rngs` (its `params` stream
+  initialises it), `use_running_average` (`model.eval()`) and the Linen cell's other
+  fields (`max_length`, `momentum`, `execution`, ...)."""
   linen_cell = flax_cells.NormalizedLSTMCell
 
   def __init__(self, in_features: int, hidden_features: int, *, rngs: nnx.Rngs,
@@ -73,11 +59,10 @@ class NormalizedLSTMCell(nnx_bridge.FromLinen):
     return LSTMCarry(carry_init(stream(), carry.c.shape, carry.c.dtype),
                      carry_init(stream(), carry.h.shape, carry.h.dtype), carry.step)
 
-  def __call__(self, carry, inputs: Array, mask: Optional[Array] = None, *,
-               sequence: bool = False):
-    """The Linen cell's call: `(carry, x_t [*batch, I], mask_t [*batch])` -> `(carry, h_t)`,
-    or with `sequence=True` a whole `[*batch, time, I]` sequence."""
-    return super().__call__(carry, inputs, mask, sequence=sequence)
+  def __call__(self, carry, inputs: Array, mask: Optional[Array] = None):
+    """The Linen cell's step: `(carry, x_t [*batch, I], mask_t [*batch])` -> `(carry,
+    h_t)`."""
+    return super().__call__(carry, inputs, mask)
 
 
 class BNLSTMCell(NormalizedLSTMCell):
@@ -119,9 +104,10 @@ class RNN(nnx.Module):
                rngs=None):
     del rngs  # the cells start from zeros
     pick = lambda value, default: default if value is None else value
-    return flax_cells.run_sequence(
-        lambda carry, xs, mask: self.cell(carry, xs, mask, sequence=True), inputs,
-        initial_carry=initial_carry, seq_lengths=seq_lengths,
-        return_carry=pick(return_carry, self.return_carry),
-        time_major=pick(time_major, self.time_major), reverse=pick(reverse, self.reverse),
-        keep_order=pick(keep_order, self.keep_order))
+    rnn = flax_cells.RNN(self.cell.to_nnx__module, return_carry=pick(return_carry,
+                                                                      self.return_carry),
+                         time_major=pick(time_major, self.time_major),
+                         reverse=pick(reverse, self.reverse),
+                         keep_order=pick(keep_order, self.keep_order))
+    return self.cell.apply_linen(rnn, inputs, scope='cell', initial_carry=initial_carry,
+                                 seq_lengths=seq_lengths)

@@ -1,27 +1,13 @@
-"""Batch and layer normalisation as pure functions.
+"""Batch and layer normalisation, and population-statistics arithmetic, as pure functions.
 
-Everything here works on plain arrays. The recurrent layers in `recurrent.py` call these
-functions inside and outside their `lax.scan`, and keep the population statistics in the
-Flax `batch_stats` collection.
+Features are the last axis; statistics reduce over `reduce_axes` (the batch axis: per
+step; batch and time: per sequence). A `mask` broadcastable to `x.shape[:-1] + (1,)` is 1
+on valid entries, 0 on padding, which never counts. With `axis_name`, sums and counts are
+psum-ed, so the moments are the global batch's whatever each device holds. Variances are
+biased (Cooijmans et al. eq. 9).
 
-Conventions
------------
-* Features are the last axis. Statistics reduce over `reduce_axes` (the batch axis for
-  frame-wise statistics, batch and time for sequence-wise statistics).
-* A `mask` broadcastable to `x.shape[:-1] + (1,)` marks valid entries with 1 and padding
-  with 0. Padding never counts in a statistic.
-* With `axis_name` set (inside `jax.pmap`/`shard_map`), sums *and counts* are `psum`-ed
-  over that axis, so the moments are those of the global batch even when devices hold
-  different numbers of valid entries (a mean of per-device means would be biased).
-* Variances are biased (divide by the count), as in Cooijmans et al. eq. 9.
-
-Population statistics
----------------------
-A normalisation site keeps `{'mean': [T_max, F], 'var': [T_max, F], 'count': [T_max]}`:
-one row per time step (`T_max = 1` when statistics are shared over time). `count[t]` is the
-number of minibatches that contributed to row t. Inference at step t reads row
-`min(t, last_seen)`, where `last_seen` is the last row with `count > 0`: the statistics of
-the longest training length are reused past it (Cooijmans et al. sec. 3).
+A site's population statistics are `{'mean': [R, F], 'var': [R, F], 'count': [R]}`
+(`batch_stats.py`); step t reads row `min(t, last row reached)` (Cooijmans et al. sec. 3).
 """
 
 from __future__ import annotations
@@ -51,10 +37,8 @@ BATCH_SUMS = ('reduce', 'contraction')
 
 
 def batch_sum(v: Array, reduce_axes: Axes, batch_sums: str = 'reduce') -> Array:
-  """`jnp.sum(v, axis=reduce_axes)`, for the sums over batch (and time) of the moments
-  and of their backward pass: 'reduce' (`jnp.sum`) or 'contraction' (with ones, at the
-  highest precision); the same sums either way (which is faster depends on the platform:
-  `policy.batch_sums_for`)."""
+  """`jnp.sum(v, axis=reduce_axes)` as a reduction ('reduce') or a contraction with ones
+  at the highest precision ('contraction'): the same sums (`policy.batch_sums_for`)."""
   if batch_sums not in BATCH_SUMS:
     raise ValueError(f'batch_sums must be one of {BATCH_SUMS}; got {batch_sums!r}.')
   if batch_sums == 'reduce':
@@ -89,21 +73,11 @@ def batch_moments(x: Array,
                   reduce_axes: Sequence[int] = (0,),
                   axis_name: Optional[str] = None,
                   batch_sums: str = 'reduce'):
-  """Masked, cross-device mean and biased variance.
+  """Masked, cross-device mean and biased variance of `x [..., F]` over `reduce_axes`.
 
-  Args:
-    x: `[..., F]` values, e.g. `[batch, F]` (one step) or `[batch, time, F]`.
-    mask: broadcastable to `x.shape[:-1] + (1,)`; 1 = valid, 0 = padding. A concrete
-      mask holding another value is a ValueError (`sequence.check_mask_values`).
-    reduce_axes: axes to reduce; the remaining ones index separate statistics.
-    axis_name: pmap axis over which sums and counts are psum-ed.
-    batch_sums: how the sums over the batch run (`batch_sum`).
-
-  Returns:
-    `(mean, var, count)`: mean and var have `x`'s shape with `reduce_axes` removed;
-    count is the global number of valid entries per statistic (features excluded; 0
-    for a statistic that saw only padding). The division uses the count clamped at 1,
-    so an all-padding statistic has mean 0 and variance 0 instead of NaN.
+  Returns `(mean, var, count)`: mean and var have `x`'s shape without `reduce_axes`;
+  count is the global number of valid entries per statistic (0 where only padding: mean
+  and variance are then 0, the division clamps the count at 1). In at least float32.
 
   Example:
     >>> from bn_rnn_jax import normalization
@@ -185,19 +159,14 @@ def batch_norm_backward(dy: Array, x_hat: Array, inv_std: Array, scale: Optional
                         mask: Optional[Array], count: Array, *, reduce_axes: Axes = (0,),
                         axis_name: Optional[str] = None, batch_sums: str = 'reduce',
                         d_mean=None, d_var=None):
-  """Closed-form backward pass of `y = scale * x_hat + bias`, `x_hat = (x - mean) *
-  inv_std` with batch moments (Ioffe & Szegedy 2015, sec. 3).
-
-  With g = dy * scale, N the global valid count (`count`, at least 1), m the mask and
-  sums over all entries of the global batch (padded outputs depend on the statistics too):
+  """Backward pass of `y = scale * x_hat + bias`, `x_hat = (x - mean) * inv_std` with
+  batch moments (Ioffe & Szegedy 2015, sec. 3). With g = dy * scale, N = `count` (>= 1),
+  m the mask and global sums (one psum):
 
     dx = inv_std * (g - m * sum(g)/N - m * x_hat * sum(g * x_hat)/N)
          + m * d_mean / N + m * 2 (x - mean) * d_var / N
 
-  (the moment terms only where their cotangents are given). One psum carries the sums.
-
-  Returns `(dx, sum(dy * x_hat), sum(dy))`: the sums over `reduce_axes`, before the
-  psum (the local parts of d_scale and d_bias)."""
+  Returns `(dx, sum(dy * x_hat), sum(dy))`, the sums local (d_scale's and d_bias's)."""
   sum_dy = batch_sum(dy, reduce_axes, batch_sums)
   sum_dy_x_hat = batch_sum(dy * x_hat, reduce_axes, batch_sums)
   # scale is constant along the reduced axes, so sum(g) = scale * sum(dy).
@@ -222,10 +191,8 @@ def batch_norm_backward(dy: Array, x_hat: Array, inv_std: Array, scale: Optional
 
 
 def _batch_norm_bwd(reduce_axes, axis_name, epsilon, batch_sums, residuals, cotangents):
-  """`batch_norm_backward` for `_batch_norm`'s custom_vjp. Writing the backward pass out
-  instead of letting autodiff trace the moments halves the ops of the scanned backward
-  pass. Parameter gradients are the local (per-device) sums, like every other parameter
-  gradient inside pmap: the trainer averages them across devices."""
+  """`batch_norm_backward` as `_batch_norm`'s custom_vjp (parameter gradients local, as
+  every parameter gradient inside pmap)."""
   del epsilon
   x_hat, inv_std, scale, bias, mask, count, x_dtype = residuals
   dy, d_mean, d_var, _ = cotangents
@@ -253,21 +220,9 @@ def batch_norm(x: Array,
                axis_name: Optional[str] = None,
                epsilon: float = DEFAULT_EPSILON,
                batch_sums: str = 'reduce'):
-  """Training-mode batch norm with a closed-form backward pass.
-
-  `BN(x; scale, bias) = bias + scale * (x - mean) / sqrt(var + epsilon)` with the masked,
-  cross-device moments of `batch_moments`.
-
-  Args:
-    x: `[..., F]` float32 pre-activations.
-    scale, bias: `[F]` or None (None = 1 / 0, and no parameter).
-    mask, reduce_axes, axis_name: as in `batch_moments`.
-    epsilon: added to the variance.
-    batch_sums: how the sums over the batch run (`batch_sum`).
-
-  Returns:
-    `(y, mean, var, count)`: y like x; the moments and counts as `batch_moments`.
-  """
+  """`bias + scale * (x - mean) / sqrt(var + epsilon)` with `batch_moments`' moments and
+  the closed-form backward pass (`batch_norm_backward`); `scale`, `bias` `[F]` or None.
+  Returns `(y, mean, var, count)`."""
   reduce_axes = tuple(sorted(a % x.ndim for a in reduce_axes))
   if x.shape[-1:] and (x.ndim - 1) in reduce_axes:
     raise ValueError(f'batch_norm reduces over {reduce_axes}, which includes the feature '
@@ -286,21 +241,20 @@ def batch_norm(x: Array,
 
 def layer_norm(x: Array, scale: Optional[Array] = None, bias: Optional[Array] = None,
                epsilon: float = DEFAULT_EPSILON) -> Array:
-  """Layer normalisation over the feature axis (Ba et al. 2016). x: `[..., F]`; the
-  statistics and the result are float32 (float64 for a float64 x)."""
+  """Layer normalisation of `x [..., F]` over the features (Ba et al. 2016), in at least
+  float32."""
   x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
   mean = jnp.mean(x, axis=-1, keepdims=True)
   var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
   return normalize(x, mean, var, scale, bias, epsilon)
 
 
-# --------------------------------------------------------------------------------------
-# Population statistics.
+# ------------------------------------------------------------------ population statistics
 
 
 def init_population_stats(num_rows: int, features: int, dtype=jnp.float32
                           ) -> dict[str, Array]:
-  """Fresh statistics of one normalisation site: mean 0, var 1, no batch seen."""
+  """Fresh statistics of one site: mean 0, var 1, count 0."""
   return {
       'mean': jnp.zeros((num_rows, features), dtype),
       'var': jnp.ones((num_rows, features), dtype),
@@ -319,25 +273,11 @@ def check_length(length: int, max_length: int, what: str = 'sequence') -> None:
 
 def minibatch_moments_record(mean: Array, var: Array, count: Array, num_rows: int,
                              min_count: float = 1, first_row=0) -> dict[str, Array]:
-  """One minibatch's per-step moments as a `[num_rows]` record for `batch_moments`.
+  """One minibatch's moments (`mean`, `var` `[T, F]` or `[F]`; `count` `[T]` or scalar,
+  the sequences behind each) as a `[num_rows]` record from row `first_row` on.
 
-  Args:
-    mean, var: `[T, F]` moments of steps 0..T-1 (`T <= num_rows`), or `[F]` for statistics
-      shared over time.
-    count: `[T]` (or scalar) global valid counts: the examples behind each row's moments.
-    num_rows: rows of the statistics buffer (T_max, or 1 when shared over time).
-    first_row: the row of step 0 (an int or an int scalar array: a sequence run in
-      pieces records its later pieces from their first step on); the caller checks
-      `first_row + T <= num_rows` (`check_rows`).
-    min_count: the fewest examples a row's moments may rest on (`RecurrentLayer`'s
-      `min_step_count`); a row that rests on fewer is *thin*.
-
-  Returns:
-    `{'mean', 'var': [num_rows, F], 'count': [num_rows]}`. `count` is the row's valid
-    count, its weight in the running average and the estimate; 0 on rows this minibatch
-    did not reach (padding only, or past T), and minus the count on thin rows, which
-    carry the fresh (0, 1) values and no weight (`thin_rows` reports them).
-  """
+  `count` is each row's weight: 0 on rows not reached, minus the count on *thin* rows
+  (fewer than `min_count` sequences), which keep the fresh (0, 1) values."""
   # Counts (the running average's weights) in the moments' dtype: float64 under x64.
   dtype = jnp.promote_types(jnp.result_type(mean), jnp.float32)
   count = jnp.atleast_1d(count).astype(dtype)
@@ -368,9 +308,7 @@ def minibatch_moments_record(mean: Array, var: Array, count: Array, num_rows: in
 
 def check_rows(first_row, length: int, num_rows: int):
   """Training steps `first_row .. first_row + length - 1` must have statistics rows (an
-  error, never a clamp): at trace time for a sequence run in one call (`check_length`),
-  else as `checks.check` (whose result it returns) for `first_row`, an int or an int
-  array of rows' steps."""
+  error, never a clamp): while tracing for a static 0, else `checks.check` (returned)."""
   if sequence.starts_at_zero(first_row):
     check_length(length, num_rows)
     return True
@@ -392,16 +330,9 @@ def record_weights(record: dict[str, Array]) -> Array:
 def update_running_stats(stats: dict[str, Array], record: dict[str, Array],
                          momentum: float, full_count: Optional[Array] = None
                          ) -> dict[str, Array]:
-  """Running average of the rows a batch saw, each weighted by its valid count.
-
-  Row r moves by `a_r = (1 - momentum) * n_r / max_r' n_r'` towards the batch value
-  (`n` the record's counts): a row the whole batch reached moves as Flax's running
-  average `momentum * old + (1 - momentum) * new`; a row one sequence of 64 reached moves
-  64 times less. A row's first update takes the batch value outright, so rows of steps
-  reached late in training do not start from the (0, 1) initial values. `count` sums
-  the valid counts. `full_count`: the count of a row the whole batch reached, for a
-  record of some rows only (a cell's one step); default the record's largest.
-  """
+  """Running average of the rows a record reached: row r moves by `(1 - momentum) * n_r /
+  n_full` towards the batch value (n its count; `n_full` = `full_count`, default the
+  record's largest), and takes its first batch value outright. `count` sums the counts."""
   weights = record_weights(record)
   full = jnp.max(weights) if full_count is None else full_count
   seen = weights[:, None] > 0
@@ -417,30 +348,17 @@ def update_running_stats(stats: dict[str, Array], record: dict[str, Array],
   }
 
 
-#: The layers' `min_row_support`: rows of per-step population statistics that fewer than
-#: this fraction of the best-supported row's sequences reached are the steady state at
-#: inference (`steady_tail`); `docs/experiments/variable_length.md` quotes the measurement
-#: behind it.
+#: The layers' `min_row_support` (`steady_tail`; docs/experiments/variable_length.md).
 DEFAULT_MIN_ROW_SUPPORT = 0.05
 
 
 def steady_tail(stats: dict[str, Array], min_support: float) -> dict[str, Array]:
-  """Per-step population statistics whose thinly supported rows are the steady state.
+  """`stats` whose rows after L, the last with a count of at least `min_support` times
+  the largest, hold the rows L // 2 .. L pooled by the law of total variance (weights n_r):
 
-  With variable lengths, the last rows rest on the few sequences that reached them. Let
-  L be the last row whose count is at least `min_support` times the largest count; every
-  row after L takes the moments of the rows from L // 2 to L pooled by the law of total
-  variance, each row weighted by its count n_r:
+    mean = sum_r n_r mean_r / sum_r n_r,  var = sum_r n_r (var_r + (mean_r - mean)^2) / sum_r n_r
 
-    mean = sum_r n_r mean_r / sum_r n_r,
-    var = sum_r n_r (var_r + (mean_r - mean)^2) / sum_r n_r,
-
-  and that count sum (so the steps past them read it too). The steady state the
-  activations settle into (Cooijmans et al. Fig. 5) stands in for rows one or two
-  sequences shaped. Rows with equal counts (fixed lengths) and a single row (shared
-  statistics) are returned as they are. `stats`: `{'mean': [R, F], 'var': [R, F],
-  'count': [R]}`.
-  """
+  the steady state (Cooijmans et al. Fig. 5) in place of rows a few sequences reached."""
   count = stats['count']
   num_rows = count.shape[0]
   if num_rows == 1:
@@ -460,15 +378,9 @@ def steady_tail(stats: dict[str, Array], min_support: float) -> dict[str, Array]
 
 def population_rows(stats: dict[str, Array], length: int, first_step=0,
                     min_support: float = 0.0) -> tuple[Array, Array]:
-  """Population mean and var for steps `first_step .. first_step + length - 1`:
-  `[length, F]` each, or `[length, batch, F]` when `first_step` is a `[batch]` vector
-  (the rows of a batch at different steps).
-
-  Step t reads row `min(t, last_seen)`, `last_seen` being the last row that any training
-  batch reached, so inference runs on sequences of any length (Cooijmans et al. sec. 3).
-  With `min_support` > 0, the rows are first `steady_tail(stats, min_support)`.
-  `first_step` may be traced (a loop that runs one step at a time).
-  """
+  """`(mean, var)` of steps `first_step .. first_step + length - 1`, each `[length, F]`
+  (`[length, batch, F]` for a `[batch]` `first_step`): row `min(t, last row reached)`,
+  after `steady_tail` with `min_support` > 0."""
   if min_support > 0:
     stats = steady_tail(stats, min_support)
   num_rows = stats['count'].shape[0]

@@ -75,7 +75,7 @@ def _vec(r, blk, population, t=None):
 def _forward_kernel(static, save: bool, names, *refs):
   r = dict(zip(names, refs))
   blocks, length = _blocks(static), r['u'].shape[0]
-  math = functools.partial(fused_step._forward_math, epsilon=static.epsilon,  # pylint: disable=protected-access
+  math = functools.partial(fused_step.forward_math, epsilon=static.epsilon,
                            population=static.population, axis_name=None)
 
   def step(t, carry):
@@ -111,7 +111,7 @@ def _forward_kernel(static, save: bool, names, *refs):
 def _backward_kernel(static, names, *refs):
   r = dict(zip(names, refs))
   blocks, length = _blocks(static), r['u'].shape[0]
-  math = functools.partial(fused_step._backward_math, epsilon=static.epsilon,  # pylint: disable=protected-access
+  math = functools.partial(fused_step.backward_math, epsilon=static.epsilon,
                            population=static.population, axis_name=None)
   sums = ('d_gamma_h', 'd_bias', 'd_gamma_c', 'd_beta_c')
 
@@ -184,7 +184,7 @@ def _forward(static, w, vec, carry, u, mask, pop, save: bool):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def scan(static, w, vec, carry, u, mask, pop):
-  """`fused_step._scan`'s contract (padded arrays in, `(final carry, out, moments)` out),
+  """`fused_step.scan`'s contract (padded arrays in, `(final carry, out, moments)` out),
   with the time loop inside one forward and one backward kernel."""
   return _forward(static, w, vec, carry, u, mask, pop, save=False)[0]
 

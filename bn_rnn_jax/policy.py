@@ -12,28 +12,12 @@ same outputs, statistics and gradients (the tests force each one on CPU and comp
   | `backward` | 'layer' for LSTMs with H >= 8 B; else 'scan' | 'layer' for LSTMs without batch norm; else 'scan' | 'scan' |
   | `batch_sums` | 'contraction' | 'reduce' | 'reduce' |
 
-The CPU and GPU columns follow `benchmarks/rnn_speed.py` (docs/speed.md); the TPU column is
-reasoned, not timed. The platform is the program's target: the default backend's, or
-those named by `targets` while the program is traced (`with policy.targets('tpu'):` to
-compile for a TPU on another machine). With several targets each gets its own policy and
-`jax.lax.platform_dependent` keeps, when the program is lowered, the one of the platform
-it is lowered for; that traces the layer once per distinct policy (docs/speed.md gives the
-cost), so one target is the default.
-
-Why, per choice:
-- `hoist_input`: W_x x for all steps as one large product before the scan (as cuDNN
-  does) or inside each step. On CPU the `[T, B, G*H]` block costs memory traffic the
-  in-step product avoids; on accelerators the one large product wins. Sequence-wise input
-  statistics need the whole input term before the scan, so those layers always hoist.
-- `remat`: on CPU a small batch-normalised step is cheaper to recompute ('full') than to
-  store and reload; larger ones store the matmul outputs ('dots'). On a GPU 'dots' is as
-  fast as storing everything and holds less memory.
-- `backward`: the autodiff of `lax.scan` ('scan') adds `h^T dz` into the weight gradient
-  at every step; the whole-layer pass ('layer', `layer_vjp`) forms it in one product after
-  the reverse scan: it gains as H / B grows, at the cost of memory, and defines no
-  forward-mode derivative.
-- `batch_sums`: XLA's CPU reduction over the batch axis slows sharply once the kept part
-  is large, where a contraction with ones does not.
+The CPU and GPU columns follow `benchmarks/rnn_speed.py`, the TPU column is reasoned
+(docs/speed.md, "The execution policy", says why for each). The platform is the program's
+target: the default backend's, or those named by `targets` while it is traced (`with
+policy.targets('tpu'):` compiles for a TPU on another machine). Several targets get a
+policy each, and `jax.lax.platform_dependent` keeps the one of the platform the program
+is lowered for, at the cost of tracing the layer once per distinct policy.
 """
 
 from __future__ import annotations
@@ -75,25 +59,26 @@ def _power_of_two(name: str, value) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Execution:
-  """How a `RecurrentLayer` runs, never what it computes. Frozen and hashable, so that a
-  layer holding one can be a static argument of `jax.jit`.
+  """How a `RecurrentLayer` runs, never what it computes; each setting 'auto' (the
+  target platform's, `resolve`) or a value. Hashable (a static argument of `jax.jit`).
 
   Attributes:
-    hoist_input: True: W_x x (and its normalisation) for all steps before the scan; False:
-      inside each step.
-    remat: what the backward pass recomputes instead of storing per step: 'none', 'dots'
-      (store the matmul outputs) or 'full' (store only the carry).
+    hoist_input: W_x x (and its normalisation) for all steps before the scan (True) or
+      inside each step (False).
+    remat: what the backward pass stores per step: everything ('none'), the matmul
+      outputs ('dots') or the carry ('full').
     unroll: steps per scan iteration (`lax.scan(unroll=)`).
-    backward: 'scan' (the autodiff of `lax.scan`) or 'layer' (`layer_vjp`'s whole-layer
-      backward pass; no forward-mode derivative: pass 'scan' for `jax.jvp`).
-    batch_sums: 'reduce' or 'contraction' (with ones): how the sums over the batch run.
+    backward: the autodiff of `lax.scan` ('scan') or `layer_vjp`'s whole-layer backward
+      pass ('layer'; no forward-mode derivative).
+    batch_sums: the sums over the batch as a reduction ('reduce') or a contraction with
+      ones ('contraction').
     fused_step: 'none', or `fused_step.py`'s BN-LSTM step with its whole-sequence backward
       pass: as plain JAX ('xla'), one Pallas kernel per step and direction ('pallas'), or
       one Pallas kernel per pass with the time loop inside ('persistent',
       `persistent.py`; H up to `persistent.MAX_HIDDEN`). For BN-LSTM layers with
       per-step statistics (the kernels: on one device); `remat` and `backward` do not
       apply, and the input term is hoisted.
-    block_h: hidden units per Pallas program (a power of two); None: `fused_step.layout`'s.
+    block_h: hidden units per Pallas block (a power of two); None: `fused.layout`'s.
     num_warps: warps per Pallas program on GPUs (a power of two).
 
   Example:
@@ -134,10 +119,8 @@ EXECUTION_FIELDS = tuple(field.name for field in dataclasses.fields(Execution))
 
 @dataclasses.dataclass(frozen=True)
 class ExecutionPolicy:
-  """An `Execution` resolved for one platform and layer call: no 'auto' left.
-
-  `scan` names the `scans.SCANS` entry that runs the recurrence: 'scan', 'layer' or
-  'fused'; `interpret` runs Pallas kernels in Pallas's interpreter (on CPU)."""
+  """An `Execution` resolved for one platform and layer call; `scan` names the
+  `scans.SCANS` entry, `interpret` runs Pallas kernels interpreted (CPU)."""
   hoist_input: bool
   remat: str
   backward: str
@@ -192,11 +175,9 @@ def batch_sums_for(platform: str, batch_sums: str = AUTO) -> str:
 def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
             sequence_input: bool, execution: Execution = Execution(),
             platform: str = 'cpu') -> ExecutionPolicy:
-  """The policy of one layer call on `platform` ('cpu', 'gpu', 'cuda', 'rocm', 'tpu').
-
-  `batch` is the per-device batch, `batch_norm` whether any site is batch-normalised,
-  `sequence_input` whether the input term has sequence-wise statistics (it must hoist:
-  `hoist_input=False` is then a ValueError).
+  """The policy of one layer call on `platform` ('cpu', 'gpu', 'cuda', 'rocm', 'tpu'):
+  `batch` per device, `batch_norm` whether a site is batch-normalised, `sequence_input`
+  whether the input term has sequence-wise statistics (which must hoist).
 
   Example: a BN-LSTM layer of 1000 units at batch 64 (the character-PTB config).
 

@@ -1,40 +1,31 @@
 """The papers' population statistics: minibatch moments averaged over training batches.
 
 Cooijmans et al. (sec. 3) estimate the population statistics after training as the
-average, per time step, of the minibatch means and variances over N training batches,
-computed with the final parameters. This module is that estimate, in two pieces and one
-entry point:
+average, per time step, of the minibatch means and variances over N training batches with
+the final parameters:
 
-  minibatch_moments(model, variables, batch, rngs, **apply_kwargs)
-                                                    one batch's moments, per site and step
-  average_minibatch_moments(records)                their average over N batches
-  estimate_population_stats(model, variables, batches, rng=, **apply_kwargs)
-                                                    both, on one device
+  minibatch_moments(model, variables, batch, rngs, **apply_kwargs)   one batch's moments
+  average_minibatch_moments(records)                                  their average
+  estimate_population_stats(model, variables, batches, rng=, **apply_kwargs)   both
 
-A batch is the arguments of one call of the model: a tuple of positional arguments
-(`(x, mask)`) or a mapping of keyword arguments (`{'inputs': x, 'seq_lengths':
-lengths}`, for a call whose lengths are keyword-only such as `RNN`'s). `apply_kwargs`
-are the keywords that ask the model for batch statistics without dropout:
-Flax's two flags `use_running_average=False, deterministic=True`
-(`modes.BATCH_STATISTICS`) unless given; a module of your own with a flag of its own
-passes that instead (`train=True`). Layers with `initial_state='noise'` draw their h0
-noise in the estimate's pass as in training (from the 'noise' stream of `rngs`, by
-default keys of `jax.random.key(0)`): population statistics are the moments training
-normalised with, and on inputs that are constant across examples for many steps (the
-black rows of in-order MNIST) the noise-free moments are round-off, which inference
-would divide by sqrt(epsilon) (`docs/experiments/figures.md`). The estimate warns where
-its result would otherwise be wrong without a word: a batch that looks zero-padded and
-passes no lengths or mask (`padding_without_lengths`), a site no batch reached (returned
-with count 0, which evaluation refuses).
+A batch is the arguments of one call: a tuple of positional arguments (`(x, mask)`) or a
+mapping of keyword arguments (`{'inputs': x, 'seq_lengths': lengths}`). `apply_kwargs`
+ask the model for batch statistics without dropout: by default Flax's flags
+(`modes.batch_statistics_kwargs`); a module with a flag of its own passes it (`train=True`).
+The pass draws the layers' h0 noise as training does, so the statistics are the moments
+training normalised with (docs/guide/layers.md).
 
-The trainer maps the two pieces over devices (`train.minibatch_moments_step`); notebooks,
-your own loops and the figure scripts call `estimate_population_stats`. Either way the
-result is a `batch_stats` tree to evaluate with (`use_running_average=True`).
+The estimate checks a batch's concrete mask and lengths as the layer's eager call does,
+refuses NaN or inf moments, and warns where its result would otherwise be wrong without
+a word: a zero-padded batch with no lengths, thin rows, and sites no batch reached or
+supported (count 0, which evaluation refuses). The trainer maps the two pieces over
+devices; the NNX estimate (`nnx_bridge`) runs the same batch loop (`records`, `complete`).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 from typing import Any, Mapping, Optional, Sequence
 
@@ -44,7 +35,9 @@ import numpy as np
 from flax import linen as nn
 
 from bn_rnn_jax import batch_stats
+from bn_rnn_jax import flax_cells
 from bn_rnn_jax import modes
+from bn_rnn_jax import sequence
 
 MOMENTS = batch_stats.MOMENTS
 
@@ -74,27 +67,9 @@ def _mode_kwargs(model, apply_kwargs: Mapping[str, Any], batch_kwargs: Mapping[s
 
 
 def minibatch_moments(model: nn.Module, variables, batch, rngs=None, **apply_kwargs) -> Any:
-  """The per-step moments one training batch gives every batch-normalised site.
-
-  Runs the network with batch statistics as training runs it but without dropout
-  (`model.apply(variables, *args, **kwargs, use_running_average=False,
-  deterministic=True)`; h0 noise where a layer has it, as in training), with the
-  `MOMENTS` collection mutable (the running averages are left alone), and returns that
-  collection: per site `{'mean': [R, F], 'var': [R, F], 'count': [R]}`, count the valid
-  sequences behind each row this batch reached.
-
-  Args:
-    model: the module.
-    variables: its `{'params', 'batch_stats'}`.
-    batch: the call's arguments, a tuple of positional arguments or a mapping of
-      keyword arguments (`call_arguments`).
-    rngs: the model's random streams; its 'noise' stream (h0 noise) defaults to
-      `jax.random.key(0)`.
-    **apply_kwargs: keywords that ask `model` for batch statistics, in place of Flax's
-      two flags (`modes.BATCH_STATISTICS`), e.g. `train=True` for a module of your own
-      whose `train` sets its cells' `use_running_average` (what else that flag turns
-      on, such as dropout, runs too).
-  """
+  """The `MOMENTS` collection one batch's pass gives (batch statistics, no dropout, h0
+  noise from `rngs`' 'noise' stream, default `jax.random.key(0)`; the running averages
+  untouched): per site `{'mean': [R, F], 'var': [R, F], 'count': [R]}`."""
   return _moments(model, variables, *call_arguments(batch), apply_kwargs, rngs)
 
 
@@ -107,14 +82,12 @@ def _moments(model, variables, args: tuple, kwargs: dict, apply_kwargs, rngs=Non
 
 
 def is_site(node) -> bool:
-  """Whether `node` of a `batch_stats` (or `MOMENTS`) tree is one site's statistics,
-  `{'mean', 'var', 'count'}`: the `is_leaf` of a `jax.tree.map` over sites."""
+  """Whether `node` is one site's `{'mean', 'var', 'count'}` (an `is_leaf` over sites)."""
   return isinstance(node, Mapping) and set(node) == {'mean', 'var', 'count'}
 
 
 def _average_site(site):
-  """One site's records stacked on a leading axis of N minibatches -> their average,
-  each minibatch's row weighted by its valid count (`normalization.record_weights`)."""
+  """One site's records stacked over N minibatches -> their count-weighted average."""
   weights = jnp.maximum(site['count'], 0.0)
   count = jnp.sum(weights, axis=0)
   denom = jnp.maximum(count, 1e-12)[:, None]
@@ -126,20 +99,13 @@ def _average_site(site):
 
 
 def average_minibatch_moments(records: Sequence[Any]) -> Any:
-  """The population estimate from N records of `minibatch_moments`.
-
-  Per site and row r, over the minibatches i that reached it with at least the layer's
-  `min_step_count` examples (n_ir of them):
+  """The estimate from N records of `minibatch_moments`: per site and row r, over the
+  minibatches i that supported it (n_ir sequences, at least `min_step_count`),
 
     mean_r = sum_i n_ir mean_ir / sum_i n_ir,   var_r = sum_i n_ir var_ir / sum_i n_ir,
 
-  the papers' average of minibatch means and variances (Cooijmans et al. sec. 3) when
-  every minibatch has the same count, and weighted by what each saw when lengths are
-  uneven. `count` is `sum_i n_ir`. Rows no minibatch supported keep mean 0, var 1, and
-  inference reads the nearest supported row instead (`batch_stats.population_rows`).
-  The records are stacked here, so that one compiled program (jit or a device map of
-  this function) does the whole estimate.
-  """
+  the papers' average when counts are equal; `count` is `sum_i n_ir` (rows none supported
+  keep mean 0, var 1, count 0)."""
   if not records:
     raise ValueError('The population estimate needs at least one minibatch record.')
   stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *records)
@@ -147,11 +113,8 @@ def average_minibatch_moments(records: Sequence[Any]) -> Any:
 
 
 def thin_rows(records: Sequence[Any]) -> list[str]:
-  """One line per site whose rows rest on one sequence in every minibatch (a variance of
-  0), and one per site whose rows some minibatch reached with too few sequences (the
-  layer's `min_step_count`) and none supported: which rows,
-  and how many sequences they rested on. Inference normalises those steps with the
-  nearest supported row."""
+  """One line per site whose rows rest on one sequence in every minibatch (variance 0), and
+  per site whose rows only minibatches thinner than `min_step_count` reached."""
   lines = []
   def visit(nodes, path):
     if is_site(nodes[0]):
@@ -192,15 +155,9 @@ def _ranges(rows) -> str:
 
 
 def padding_without_lengths(batch) -> Optional[str]:
-  """What looks like padding in a batch that passes no lengths or mask, or None.
-
-  A float input `x [batch, time, features]` beside no array of shape `[batch]` (lengths)
-  or `[batch, time]` (a mask) looks padded when its rows end in runs of all-zero frames
-  of different lengths and no all-zero frame occurs before a row's run (zero frames only
-  at the ends, as padding puts them; zeros that are data, such as a background pixel,
-  occur elsewhere too). Checked on the host, on concrete arrays only; padding that is
-  not zeros cannot be told from data.
-  """
+  """What looks like padding in a batch with no lengths or mask, or None: a float
+  `x [batch, time, features]`, beside no `[batch]` or `[batch, time]` array, whose rows
+  end in all-zero frames of different lengths with none before (concrete arrays only)."""
   leaves = [leaf for leaf in jax.tree.leaves(call_arguments(batch))
             if hasattr(leaf, 'shape') and not isinstance(leaf, jax.core.Tracer)]
   for x in leaves:
@@ -231,6 +188,53 @@ def padding_warning(function: str, batch) -> Optional[str]:
           "(x, mask) or {'inputs': x, 'seq_lengths': lengths}.")
 
 
+def check_concrete_batch(module, args: tuple, kwargs: dict, where: str) -> None:
+  """The layer's checks of a concrete `mask` and `seq_lengths` (`module.__call__`'s
+  arguments of those names) on one batch before the estimate traces it: the layer's
+  one-line ValueError, after `where`."""
+  try:
+    bound = inspect.signature(module.__call__).bind_partial(*args, **kwargs).arguments
+  except (TypeError, ValueError):
+    return
+  mask, lengths = bound.get('mask'), bound.get('seq_lengths')
+  inputs = bound.get('inputs', args[0] if args else None)
+  try:
+    if mask is not None:
+      check = sequence.check_mask_prefix if np.ndim(mask) == 2 else sequence.check_mask_values
+      check(mask)
+    if lengths is not None and np.ndim(inputs) >= 2:
+      time_major = bound.get('time_major')
+      if time_major is None:
+        time_major = getattr(module, 'time_major', False)
+      shape = np.shape(inputs)
+      batch_shape, length = (shape[1:-1], shape[0]) if time_major else (shape[:-2], shape[-2])
+      flax_cells.check_seq_lengths(lengths, batch_shape, length)
+  except ValueError as e:
+    raise ValueError(f'{where}: {e}') from None
+
+
+def sites(tree) -> list[tuple[str, Any]]:
+  """`[(path, site)]` of the sites (`is_site`) of a `batch_stats` or `MOMENTS` tree."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_site)[0]
+  return [('/'.join(str(getattr(key, 'key', key)) for key in path), node)
+          for path, node in leaves if is_site(node)]
+
+
+def nonfinite_moments(records: Sequence[Any]) -> Optional[str]:
+  """`batch i gives non-finite moments at site 'p' (rows r)` for the first record holding
+  NaN or inf, or None."""
+  for i, record in enumerate(jax.device_get(list(records))):
+    found = []   # (first bad row, path, bad rows): the earliest row is where NaN entered
+    for path, site in sites(record):
+      bad = np.nonzero(~(np.isfinite(site['mean']).all(-1) & np.isfinite(site['var']).all(-1)))[0]
+      if bad.size:
+        found.append((int(bad[0]), path, bad))
+    if found:
+      _, path, bad = min(found, key=lambda entry: entry[:2])
+      return f"batch {i} gives non-finite moments at site '{path}' (rows {_ranges(bad)})"
+  return None
+
+
 def _fresh_site(site):
   """Statistics no batch reached, shaped as `site`: mean 0, var 1, count 0."""
   return {'mean': jnp.zeros_like(site['mean']), 'var': jnp.ones_like(site['var']),
@@ -238,10 +242,8 @@ def _fresh_site(site):
 
 
 def with_every_site(estimate, stats_tree) -> tuple[Any, list[str]]:
-  """`estimate` with every site of `stats_tree` (the model's `batch_stats`) that it
-  lacks, as statistics no batch reached (`_fresh_site`), so that evaluation refuses
-  them (`batch_stats._check_trained`) rather than find them missing; and those sites'
-  paths."""
+  """`estimate` with the sites of `stats_tree` it lacks as fresh statistics (which
+  evaluation refuses), and their paths."""
   missing = []
   def visit(estimate, node, path):
     if is_site(node):
@@ -256,12 +258,57 @@ def with_every_site(estimate, stats_tree) -> tuple[Any, list[str]]:
   return visit(estimate, stats_tree, ()), missing
 
 
-def unreached_warning(function: str, missing: Sequence[str]) -> str:
-  """The one-line warning `function` gives for the sites (paths) no batch reached."""
-  sites = ', '.join(repr(path) for path in missing)
-  return (f'{function}: no batch reached site(s) {sites} (count 0 in every row); '
-          'evaluation with the estimate refuses them until a batch that runs them is '
-          'estimated.')
+_FUNCTION = 'estimate_population_stats'
+
+
+def records(batches, module, record) -> list:
+  """`record(i, args, kwargs)` (one batch's `MOMENTS`) for each batch, after the
+  concrete checks (`check_concrete_batch` of `module`'s call); warns of a batch that
+  looks padded and passes no lengths, and of thin rows; refuses no batch, and NaN or inf
+  moments, in one line."""
+  found, padded = [], None
+  for i, batch in enumerate(batches):
+    args, kwargs = call_arguments(batch)
+    check_concrete_batch(module, args, kwargs, f'{_FUNCTION}: batch {i}')
+    padded = padded or padding_warning(_FUNCTION, batch)
+    found.append(record(i, args, kwargs))
+  if not found:
+    raise ValueError(f'{_FUNCTION} needs at least one batch.')
+  nonfinite = nonfinite_moments(found)
+  if nonfinite:
+    raise ValueError(f'{_FUNCTION}: {nonfinite}: the batch\'s inputs at valid steps, or the '
+                     'parameters, hold NaN or inf, and the estimate would be NaN there.')
+  if padded:
+    warnings.warn(padded, stacklevel=3)
+  for line in thin_rows(found):
+    warnings.warn(f'{_FUNCTION}: {line}.', stacklevel=3)
+  return found
+
+
+def complete(estimates) -> list:
+  """Warn of the sites no batch reached and those no batch supported in any row: given
+  `(prefix, estimate of the sites, their model's batch_stats)` per model part, returns
+  the estimates holding every site (count 0 where none)."""
+  unreached, empty, done = [], [], []
+  for prefix, estimate, stats_tree in estimates:
+    estimate, missing = with_every_site(estimate, stats_tree)
+    name = lambda site: f'{prefix}/{site}' if prefix else site
+    unreached += [name(site) for site in missing]
+    empty += [name(site) for site in batch_stats.untrained_sites(estimate)
+              if site not in missing]
+    done.append(estimate)
+  if unreached:
+    sites_text = ', '.join(map(repr, unreached))
+    warnings.warn(f'{_FUNCTION}: no batch reached site(s) {sites_text} (count 0 in every '
+                  'row); evaluation with the estimate refuses them until a batch that runs '
+                  'them is estimated.', stacklevel=3)
+  if empty:
+    sites_text = ', '.join(map(repr, empty))
+    warnings.warn(f'{_FUNCTION}: the batches give site(s) {sites_text} no supported row '
+                  '(count 0 in every row: the batches are empty, all padding, or thinner '
+                  'than the layer\'s min_step_count); evaluation with the estimate refuses '
+                  'them until batches with valid steps are estimated.', stacklevel=3)
+  return done
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
@@ -274,36 +321,13 @@ _average_jit = jax.jit(average_minibatch_moments)
 
 def estimate_population_stats(model: nn.Module, variables, batches, *, rng=None,
                               **apply_kwargs):
-  """The papers' population statistics of `model` on one device.
+  """The papers' population statistics of `model` (a layer, stack, model, or module of
+  your own holding the library's layers or cells) on one device, from `batches` of
+  training data (see the module docstring), compiled once per model, keywords and batch
+  shape. Batch i draws its h0 noise from `jax.random.fold_in(rng, i)` (default key 0).
 
-  Runs `model` on each batch with batch statistics and the current parameters, as
-  training runs it but without dropout (h0 noise where a layer has it:
-  `minibatch_moments`), and averages the moments each step's row received. Compiled
-  once per model, keywords and batch shape.
-
-  The batches need not be of the training size: larger ones estimate the statistics of
-  sites downstream of other normalised terms (the cell, upper layers) for the
-  population-mode network better (`experiments/analysis/estimate_batch_size.py`).
-
-  Args:
-    model: a module built from `RecurrentLayer` layers (a layer, a stack, a model, or a
-      module of your own with the library's cells or layers).
-    variables: its `{'params', 'batch_stats'}`.
-    batches: iterable of batches of training data, each the arguments of one call: a
-      tuple of positional arguments (`(x, mask)`) or a mapping of keyword arguments
-      (`{'inputs': x, 'seq_lengths': lengths}`). Give them the lengths or mask the model
-      trains with: a batch whose inputs look zero-padded and that passes neither warns
-      (`padding_without_lengths`).
-    rng: the key of the h0 noise (default `jax.random.key(0)`); batch i draws from
-      `jax.random.fold_in(rng, i)`.
-    **apply_kwargs: keywords that ask `model` for batch statistics without dropout;
-      default Flax's two flags, `use_running_average=False, deterministic=True`.
-      A module of your own with a flag of its own passes it here, e.g. `train=True`.
-
-  Returns:
-    A `batch_stats` tree to evaluate with: `{**variables, 'batch_stats': result}`. It
-    holds every site of `variables['batch_stats']`; a site no batch reached has count 0
-    (a warning names it) and evaluation refuses it.
+  Returns a `batch_stats` tree holding every site of `variables['batch_stats']`, to
+  evaluate with (`{**variables, 'batch_stats': result}`).
 
   Example:
     >>> import bn_rnn_jax as br
@@ -323,24 +347,12 @@ def estimate_population_stats(model: nn.Module, variables, batches, *, rng=None,
     try:
       hash(value)
     except TypeError as e:
-      raise ValueError(f'estimate_population_stats compiles once per model and keywords, '
-                       f'so the {what} must be hashable; {name} is not ({e}): give them as '
-                       'tuples or frozen dataclasses, not lists or dicts.') from None
+      raise ValueError(f'{_FUNCTION} compiles once per model and keywords, so the {what} '
+                       f'must be hashable; {name} is not ({e}): give them as tuples or '
+                       'frozen dataclasses, not lists or dicts.') from None
   rng = jax.random.key(0) if rng is None else rng
-  records, padded = [], None
-  for i, batch in enumerate(batches):
-    args, kwargs = call_arguments(batch)
-    padded = padded or padding_warning('estimate_population_stats', batch)
-    records.append(_minibatch_moments_jit(model, variables, args, kwargs, mode,
-                                          jax.random.fold_in(rng, i)))
-  if not records:
-    raise ValueError('estimate_population_stats needs at least one batch.')
-  if padded:
-    warnings.warn(padded, stacklevel=2)
-  for line in thin_rows(records):
-    warnings.warn(f'estimate_population_stats: {line}.', stacklevel=2)
-  estimate, missing = with_every_site(_average_jit(tuple(records)),
-                                      variables.get('batch_stats', {}))
-  if missing:
-    warnings.warn(unreached_warning('estimate_population_stats', missing), stacklevel=2)
+  found = records(batches, model, lambda i, args, kwargs: _minibatch_moments_jit(
+      model, variables, args, kwargs, mode, jax.random.fold_in(rng, i)))
+  (estimate,) = complete([('', _average_jit(tuple(found)),
+                           variables.get('batch_stats', {}))])
   return estimate

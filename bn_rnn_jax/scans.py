@@ -5,7 +5,7 @@ one signature:
 
   'scan'   `lax.scan` of the step (`steps.py`) and its autodiff
   'layer'  the same scan with the whole-layer backward pass (`layer_vjp.py`)
-  'fused'  the fused BN-LSTM step (`fused_step.py`: plain JAX or Pallas kernels)
+  'fused'  the fused BN-LSTM recurrences (`fused.py`: per-step kernels or persistent)
 
 `params` are the layer's parameters (`steps.py` names), `config` its `steps.StepConfig`,
 `carry` `(c, h)` or `h` `[B, H]`, `xs` the time-major inputs: `'x' [T, B, I]` or the
@@ -24,13 +24,12 @@ the backend.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
-from bn_rnn_jax import fused_step
+from bn_rnn_jax import fused
 from bn_rnn_jax import layer_vjp
 from bn_rnn_jax import policy as policy_lib
 from bn_rnn_jax import steps
@@ -45,8 +44,23 @@ def _loop_sites(config: steps.StepConfig, sites, xs) -> tuple[str, ...]:
   return tuple(s.name for s in sites if not (s.name == 'input' and 'input_term' in xs))
 
 
+def _rematerialized(step, remat: str):
+  """`step` under `jax.checkpoint` as `remat` says ('none': as it is)."""
+  if remat == 'none':
+    return step
+  policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if remat == 'dots' else None
+  return jax.checkpoint(step, prevent_cse=False, policy=policy)
+
+
+def _packed(outputs, names):
+  """A step's outputs with its sites' moments as one `[sum 2F]` vector: one scan output
+  in place of six (fewer kernels per step)."""
+  flat = [v for name in names for v in outputs['moments'][name][:2]]
+  return {'h': outputs['h'], 'moments': jnp.concatenate(flat) if flat else None}
+
+
 def _unpacked(packed, names, sites):
-  """`steps.pack_moments`' `[T, sum 2F]` as `{name: (mean [T, F], var [T, F])}`."""
+  """`_packed`'s moments over all steps `[T, sum 2F]` as `{name: (mean, var)}` `[T, F]`."""
   width = {s.name: s.features for s in sites}
   moments, offset = {}, 0
   for name in names:
@@ -67,9 +81,13 @@ def _stepped_xs(xs):
 def autodiff_scan(policy, params, config, carry, xs, sites):
   """`lax.scan` of the step, differentiated by JAX ('scan')."""
   names = _loop_sites(config, sites, xs)
-  step = functools.partial(steps.step_function(config), params, config)
-  step = steps.rematerialized(steps.pack_moments(step, names), policy.remat)
-  carry, ys = jax.lax.scan(step, carry, _stepped_xs(xs), unroll=policy.unroll)
+  step_fn = steps.step_function(config)
+
+  def step(carry, inputs):
+    carry, outputs = step_fn(params, config, carry, inputs)
+    return carry, _packed(outputs, names)
+  carry, ys = jax.lax.scan(_rematerialized(step, policy.remat), carry, _stepped_xs(xs),
+                           unroll=policy.unroll)
   return carry, ys['h'], _unpacked(ys['moments'], names, sites) if names else {}
 
 
@@ -80,7 +98,7 @@ def layer_backward_scan(policy, params, config, carry, xs, sites):
 
   def cell(pointwise_params, carry, terms, inputs):
     carry, outputs = cell_fn(pointwise_params, config, carry, terms, inputs)
-    return carry, steps.packed_outputs(outputs, names)
+    return carry, _packed(outputs, names)
 
   # The input and recurrent terms meet as a plain sum (no separate normalisation).
   tied = config.input_norm is None and (config.cell == 'rnn' or config.recurrent_norm is None)
@@ -93,7 +111,7 @@ def layer_backward_scan(policy, params, config, carry, xs, sites):
 
 def fused_scan(policy, params, config, carry, xs, sites):
   """The fused BN-LSTM step over time ('fused'), on the hoisted input term."""
-  fused_step.check_fits(config.cell, (config.recurrent_norm, config.input_norm,
+  fused.check_fits(config.cell, (config.recurrent_norm, config.input_norm,
                                       config.cell_norm),
                         next((k for k in ('shared', 'sequence') if any(s.kind == k for s in sites)),
                              'per_step'),
@@ -103,7 +121,7 @@ def fused_scan(policy, params, config, carry, xs, sites):
     raise ValueError('Execution(fused_step=...) reads one statistics row per step for all '
                      "rows: give first_step as a scalar, or use fused_step='none'.")
   population = None if config.batch_statistics else {s: rows[s] for s in ('recurrent', 'cell')}
-  return fused_step.scan(
+  return fused.scan(
       params, carry, xs['input_term'], xs.get('mask'), population, epsilon=config.epsilon,
       kernel=policy.fused_step, interpret=policy.interpret, block_h=policy.block_h,
       num_warps=policy.num_warps, compute_dtype=config.compute_dtype,

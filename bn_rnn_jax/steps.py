@@ -1,8 +1,7 @@
 """Recurrent step functions: pure `(params, carry, step_inputs) -> (carry, step_outputs)`.
 
-The layers in `recurrent.py` scan these over time. A step never touches the `batch_stats`
-collection: in training it *returns* the batch moments it used, in
-inference it *receives* the population statistics of its time step as inputs.
+A step never touches the `batch_stats` collection: in training it returns the batch
+moments it used, in inference it receives its step's population rows as inputs.
 
 Gate order is `(f, i, o, g)` (Cooijmans et al. eq. 6): forget, input, output, candidate.
 A gated pre-activation `[B, 4H]` is the concatenation of the four `[B, H]` gate blocks.
@@ -16,9 +15,6 @@ Parameter names (all float32 unless a compute dtype is set):
   cell_scale, cell_bias [H]    gamma_c, beta_c (LSTM cell normalised)
   scale             [H]        gamma of tanh-RNN BN inside the recurrence (bias = beta)
 with G = 4 for the LSTM and 1 for the tanh RNN.
-
-`rematerialized` and `pack_moments` wrap a step for the layer's scan (`jax.checkpoint`;
-its sites' moments as one flat output, `unpack_moments` undoes it over all steps).
 """
 
 from __future__ import annotations
@@ -50,27 +46,9 @@ def batch_sites(hidden_size: int, gates: int, recurrent_norm: Optional[str],
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
-  """Static settings of a step function (hashable, so it can close over a jitted scan).
-
-  Attributes:
-    cell: 'lstm' (`lstm_step`) or 'rnn' (`rnn_step`).
-    recurrent_norm: normalisation of the recurrent term W_h h (None, 'batch', 'layer').
-    input_norm: normalisation of the input term W_x x, when it is computed in the step.
-    cell_norm: normalisation of c_t before the output tanh (LSTM only).
-    batch_statistics: batch statistics (True) or the population statistics given per
-      step (False).
-    epsilon: variance epsilon of every normalisation.
-    axis_name: pmap axis for cross-device batch moments.
-    compute_dtype: dtype of the matmuls (e.g. bfloat16); None: float32, or float64 with
-      float64 operands (`matmul`). Normalisation runs in float32 or wider.
-    padded_statistics: batch moments count padded entries too (see
-      `RecurrentLayer.padded_statistics`); the state still ignores padding.
-    min_step_count: a training step whose batch moments average fewer valid entries is
-      normalised with the population rows given as `inputs['stats']` instead (see
-      `RecurrentLayer.min_step_count`).
-    batch_sums: how the sums over the batch run ('reduce' or 'contraction';
-      `policy.py`).
-  """
+  """Static settings of a step (hashable): the `RecurrentLayer` fields of the same names,
+  `cell` ('lstm' or 'rnn'), `batch_statistics` (else the population rows given per step),
+  `compute_dtype` (the matmuls'; `matmul`) and `batch_sums` (`normalization.batch_sum`)."""
   cell: str = 'lstm'
   recurrent_norm: Optional[str] = None
   input_norm: Optional[str] = None
@@ -91,12 +69,8 @@ def _statistics_mask(cfg: StepConfig, mask: Optional[Array]) -> Optional[Array]:
 
 def matmul(a: Array, b: Array, compute_dtype, contract=None) -> Array:
   """`a . b` over `contract` (`(a_axes, b_axes)`; default a's last axis with b's first) in
-  `compute_dtype`, returned in (at least) float32 for the statistics.
-
-  `compute_dtype` None follows the operands, at least float32: with `jax_enable_x64` and
-  float64 operands the product is computed and returned in float64, so a float64 layer
-  stays float64 end to end. A given dtype (bfloat16) is kept as asked.
-  """
+  `compute_dtype` (None: the operands', at least float32), returned in at least float32
+  (float64 for float64 operands)."""
   wide = jnp.promote_types(jnp.result_type(a, b), jnp.float32)
   compute_dtype = wide if compute_dtype is None else compute_dtype
   contract = ((a.ndim - 1,), (0,)) if contract is None else contract
@@ -109,16 +83,10 @@ def apply_norm(kind: Optional[str], z: Array, scale: Optional[Array], bias: Opti
                *, batch_statistics: bool, mask: Optional[Array] = None, stats=None,
                reduce_axes=(0,), epsilon: float, axis_name: Optional[str] = None,
                min_count: int = 1, batch_sums: str = 'reduce'):
-  """Normalise `z [..., F]` by `kind`.
-
-  Returns `(y, moments)`. `moments` is `(mean, var, count)` of a training-mode batch norm
-  (to be folded into the population statistics) and None otherwise. In inference a batch
-  norm uses `stats = (mean, var)` broadcastable against z. In training, `stats` (given
-  only with `min_count > 1`) replaces the batch moments of every statistic that averages
-  fewer than `min_count` valid entries: too few rows give moments that are noise, and
-  rows that coincide give a zero variance whose backward pass multiplies the gradient by
-  gamma / sqrt(epsilon). No gradient flows into `stats`.
-  """
+  """`(y, moments)`: `z [..., F]` normalised by `kind` (None, 'batch', 'layer'), and a
+  training batch norm's `(mean, var, count)` (else None). Inference reads `stats = (mean,
+  var)`; in training they replace the moments of statistics with fewer than `min_count`
+  valid entries (no gradient into them)."""
   if kind is None:
     y = z
     if scale is not None:
@@ -140,8 +108,7 @@ def apply_norm(kind: Optional[str], z: Array, scale: Optional[Array], bias: Opti
       population_mean, population_var = jax.lax.stop_gradient(stats)
       y = jnp.where(few, normalization.normalize(z, population_mean, population_var, scale,
                                                  bias, epsilon), y)
-    # The moments only feed the population statistics; stopping their gradient here lets
-    # the backward pass skip their (zero) cotangents.
+    # The moments feed only the population statistics: no cotangents to carry.
     return y, jax.lax.stop_gradient((mean, var, count))
   mean, var = stats
   return normalization.normalize(z, mean, var, scale, bias, epsilon), None
@@ -157,11 +124,9 @@ def _zero_padded(mask: Optional[Array], value: Array) -> Array:
 
 
 def step_terms(params: Params, cfg: StepConfig, carry, inputs: dict[str, Any]):
-  """The matmuls of one step: `{'recurrent': W_h h_{t-1} [B, G*H]}` and, when the input
-  term is computed in the step, `'input': W_x x_t`; else `'input_term'`, the normalised
-  input term computed outside the scan. The rest of the step (`lstm_cell`, `rnn_cell`) is
-  pointwise math and normalisations of these terms; `layer_vjp` differentiates it apart
-  from the matmuls."""
+  """The matmuls of one step: `{'recurrent': W_h h_{t-1} [B, G*H]}` and `'input': W_x x_t`,
+  or the hoisted `'input_term'` as given. The rest of the step (`lstm_cell`, `rnn_cell`)
+  is pointwise; `layer_vjp` differentiates it apart from the matmuls."""
   h_prev = carry[1] if isinstance(carry, tuple) else carry
   terms = {'recurrent': matmul(h_prev, params['recurrent_kernel'], cfg.compute_dtype)}
   if 'input_term' in inputs:
@@ -191,8 +156,7 @@ def _fuse_batch_norms(cfg: StepConfig, terms) -> bool:
 
 @jax.custom_vjp
 def _add_halves(y: Array) -> Array:
-  """`y[..., :F] + y[..., F:]` for `y [..., 2F]`, whose backward pass is a concatenation
-  (autodiff pads the cotangent twice and adds, a pass over `[..., 2F]` of its own)."""
+  """`y[..., :F] + y[..., F:]` for `y [..., 2F]`, its backward pass one concatenation."""
   half = y.shape[-1] // 2
   return y[..., :half] + y[..., half:]
 
@@ -202,15 +166,8 @@ _add_halves.defvjp(lambda y: (_add_halves(y), None),
 
 
 def _fused_batch_norm_terms(params: Params, cfg: StepConfig, terms, mask, stats):
-  """BN(W_x x) + BN(W_h h) as one batch norm over the `[B, 2 * 4H]` concatenation.
-
-  Each feature column keeps its own statistics, so the two terms keep separate
-  statistics and gammas; one call instead of two halves the kernels the scanned step
-  launches, which is what the time goes to at small sizes (benchmarks/rnn_speed.py).
-  Concatenated on the feature axis (not stacked on a new one) the block has the single
-  layout that both the batch sums (a contraction) and the pointwise work read, so XLA
-  materialises it once per pass instead of once per consumer.
-  """
+  """BN(W_x x) + BN(W_h h) as one batch norm of their `[B, 2 * 4H]` concatenation: each
+  column keeps its own statistics and gamma, and the step launches half the kernels."""
   z = jnp.concatenate([terms['input'], terms['recurrent']], axis=-1)
   scale = jnp.concatenate([params['input_scale'], params['recurrent_scale']])
   rows = None
@@ -228,35 +185,23 @@ def _fused_batch_norm_terms(params: Params, cfg: StepConfig, terms, mask, stats)
 
 def lstm_step(params: Params, cfg: StepConfig, carry: tuple[Array, Array],
               inputs: dict[str, Any]):
-  """One LSTM / BN-LSTM / LN-LSTM step (Cooijmans et al. eq. 6-8 and 14-16).
+  """One LSTM / BN-LSTM / LN-LSTM step (Cooijmans et al. eq. 6-8 and 14-16), each N the
+  identity, a batch norm or a layer norm as `cfg` says:
 
     gates = N_h(W_h h_{t-1}; gamma_h) + N_x(W_x x_t; gamma_x) + b
     c_t   = sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(g)
     h_t   = sigmoid(o) * tanh(N_c(c_t; gamma_c, beta_c))
 
-  where each N is the identity, a batch norm or a layer norm as `cfg` says.
-
-  Args:
-    params: see the module docstring.
-    cfg: static settings.
-    carry: `(c, h)`, each `[B, H]` float32.
-    inputs: dict with either `'x' [B, I]` (input term computed here) or
-      `'input_term' [B, 4H]` (computed and normalised outside the scan); optionally
-      `'mask' [B, 1]`; `'stats'`: `{site: (mean [F], var [F])}`, the population rows of
-      this step (in inference; in training only with `cfg.min_step_count > 1`, for a
-      batch with fewer valid rows).
-
-  Returns:
-    `(carry, outputs)`: the new `(c, h)` (padded rows keep the old state) and
-    `{'h': [B, H] (0 on padded rows), 'moments': {site: (mean, var, count)}}`.
-  """
+  `carry` `(c, h)` `[B, H]`; `inputs`: `'x' [B, I]` or `'input_term' [B, 4H]`, optionally
+  `'mask' [B, 1]` and `'stats'` (`{site: (mean [F], var [F])}`, this step's population
+  rows). Returns the new carry (padded rows keep theirs) and `{'h': [B, H] (0 on padded
+  rows), 'moments': {site: (mean, var, count)}}`."""
   return lstm_cell(params, cfg, carry, step_terms(params, cfg, carry, inputs), inputs)
 
 
 def lstm_cell(params: Params, cfg: StepConfig, carry: tuple[Array, Array],
               terms: dict[str, Array], inputs: dict[str, Any]):
-  """`lstm_step` after its matmuls: `terms` as returned by `step_terms`; reads only the
-  pointwise parameters (biases and gammas) of `params`, and `mask` / `stats` of `inputs`."""
+  """`lstm_step` after its matmuls (`terms` of `step_terms`)."""
   c_prev, h_prev = carry
   mask = inputs.get('mask')
   stats = inputs.get('stats', {})
@@ -292,16 +237,9 @@ def lstm_cell(params: Params, cfg: StepConfig, carry: tuple[Array, Array],
 
 
 def rnn_step(params: Params, cfg: StepConfig, carry: Array, inputs: dict[str, Any]):
-  """One tanh-RNN step, in Laurent et al.'s three forms.
-
-    no BN / input-only BN (eq. 18):
-        h_t = tanh(W_h h_{t-1} + N_x(W_x x_t) + b)
-    BN in the recurrence (eq. 17, their appendix A):
-        h_t = tanh(BN(W_h h_{t-1} + W_x x_t; gamma, beta))
-
-  `cfg.recurrent_norm` normalises the *sum* (the appendix-A form); `cfg.input_norm` only
-  the input term. Arguments and outputs as in `lstm_step`, with carry `h [B, H]`.
-  """
+  """One tanh-RNN step (Laurent et al.): `h_t = tanh(W_h h_{t-1} + N_x(W_x x_t) + b)`
+  (eq. 18), or with `cfg.recurrent_norm` the sum normalised, `tanh(BN(W_h h_{t-1} +
+  W_x x_t; gamma, beta))` (eq. 17, App. A). As `lstm_step`, with carry `h [B, H]`."""
   return rnn_cell(params, cfg, carry, step_terms(params, cfg, carry, inputs), inputs)
 
 
@@ -328,45 +266,6 @@ def rnn_cell(params: Params, cfg: StepConfig, carry: Array, terms: dict[str, Arr
       moments['recurrent'] = recurrent_moments
   h = jnp.tanh(pre)
   return _keep_padded(mask, h, h_prev), {'h': _zero_padded(mask, h), 'moments': moments}
-
-
-def rematerialized(step, remat: str):
-  """`step` under `jax.checkpoint` as `remat` says ('none': as it is)."""
-  if remat == 'none':
-    return step
-  policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if remat == 'dots' else None
-  return jax.checkpoint(step, prevent_cse=False, policy=policy)
-
-
-def pack_moments(step, sites: tuple[str, ...]):
-  """Wrap a step so that it emits its sites' moments as one flat `[sum 2F]` vector.
-
-  One scan output instead of six stacked arrays (and no per-step counts, which the layer
-  derives from the mask) trims the kernels each scanned step runs.
-  """
-  def packed(carry, inputs):
-    carry, outputs = step(carry, inputs)
-    return carry, packed_outputs(outputs, sites)
-  return packed
-
-
-def packed_outputs(outputs, sites: tuple[str, ...]):
-  """A step's outputs with its sites' moments packed as in `pack_moments`."""
-  flat = [v for site in sites for v in outputs['moments'][site][:2]]
-  return {'h': outputs['h'], 'moments': jnp.concatenate(flat) if flat else None}
-
-
-def unpack_moments(packed: Optional[Array], sites: tuple[str, ...], features, counts):
-  """Inverse of `pack_moments` over all steps: `{site: (mean [T, F], var [T, F],
-  count [T])}`; `features`: `{site: F}`."""
-  moments, offset = {}, 0
-  for site in sites:
-    width = features[site]
-    mean = packed[:, offset:offset + width]
-    var = packed[:, offset + width:offset + 2 * width]
-    moments[site] = (mean, var, counts)
-    offset += 2 * width
-  return moments
 
 
 def step_function(cfg: StepConfig):

@@ -1,7 +1,7 @@
-"""The papers' layers by name, and layer options.
+"""The papers' layers by name.
 
 `VARIANTS` maps a name to the `RecurrentLayer` fields that make it; `make_layer(name,
-hidden_size, **fields)` builds one with any field overridden:
+features, **fields)` builds one with any field overridden:
 
   lstm               gates = W_h h + W_x x + b                        baseline
   bn_lstm            gates = BN(W_h h; γ_h) + BN(W_x x; γ_x) + b,     Cooijmans eq. 14-16
@@ -15,16 +15,15 @@ hidden_size, **fields)` builds one with any field overridden:
   rnn_bn_input       h = tanh(W_h h + BN(W_x x; γ, b))                Laurent eq. 18
   rnn_bn_recurrence  h = tanh(BN(W_h h + W_x x; γ, β))                Laurent eq. 17, App. A
 
-`LayerOptions` carries field overrides through stacks and models
-(`StackedRNN(layer_options=...)`): an immutable, hashable mapping, so that a model holding
-one can be a static argument of `jax.jit`.
+Stacks and models take a layer as their template (`StackedRNN(layer=make_layer(...))`),
+cloned per layer and direction, as `nn.RNN` takes its cell.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from bn_rnn_jax import initializers
 from bn_rnn_jax import recurrent
@@ -60,49 +59,7 @@ def check_fields(fields: Mapping[str, Any]) -> None:
     raise ValueError(f'Unknown RecurrentLayer fields {unknown}{hint}.')
 
 
-@dataclasses.dataclass(frozen=True)
-class LayerOptions(Mapping[str, Any]):
-  """`RecurrentLayer` field overrides, immutable and hashable.
-
-  `LayerOptions(max_length=784, execution=policy.Execution(remat='full'))`; reads like a
-  dict (`options['max_length']`, `dict(options)`, `options.get('axis_name')`). A field
-  not given keeps the variant's (or the layer's) default.
-  """
-  items_: tuple[tuple[str, Any], ...] = ()
-
-  def __init__(self, mapping: Mapping[str, Any] = (), /, **fields):
-    fields = {**dict(mapping), **fields}
-    check_fields(fields)
-    object.__setattr__(self, 'items_', tuple(sorted(fields.items())))
-
-  def __getitem__(self, key: str) -> Any:
-    for name, value in self.items_:
-      if name == key:
-        return value
-    raise KeyError(key)
-
-  def __iter__(self) -> Iterator[str]:
-    return (name for name, _ in self.items_)
-
-  def __len__(self) -> int:
-    return len(self.items_)
-
-  def replace(self, **fields) -> 'LayerOptions':
-    """A copy with `fields` set (or overridden)."""
-    return LayerOptions({**dict(self), **fields})
-
-  def __repr__(self) -> str:
-    return f'LayerOptions({", ".join(f"{k}={v!r}" for k, v in self.items_)})'
-
-
-def as_layer_options(options: Mapping[str, Any] | None) -> LayerOptions:
-  """`options` as `LayerOptions` (a dict is converted; None is empty)."""
-  if isinstance(options, LayerOptions):
-    return options
-  return LayerOptions(options or {})
-
-
-def make_layer(variant: str, hidden_size: int, **fields) -> recurrent.RecurrentLayer:
+def make_layer(variant: str, features: int, **fields) -> recurrent.RecurrentLayer:
   """A `RecurrentLayer` of the `VARIANTS` preset `variant`, with any field overridden.
 
   Example:
@@ -116,4 +73,4 @@ def make_layer(variant: str, hidden_size: int, **fields) -> recurrent.RecurrentL
   name = fields.pop('name', None)
   fields = {**VARIANTS[variant], **fields}
   check_fields(fields)
-  return recurrent.RecurrentLayer(hidden_size=hidden_size, name=name, **fields)
+  return recurrent.RecurrentLayer(features=features, name=name, **fields)

@@ -22,21 +22,33 @@
 #                    (XLA_PYTHON_CLIENT_PREALLOCATE=false, so each takes memory on demand)
 #   QUICK=1          the campaigns' tiny budgets (--tiny): a check of this script, not results
 #
-# Steps: the wheels; `campaign run TRAINING` with train.time_budget_s set to what is left
-# of the deadline less MARGIN_S, so that every launch stops at a checkpoint in time; when
-# `campaign status` shows every training run finished, `campaign run EVALUATION` under
-# `timeout` for what is left; then OUTDIR/runs.tgz: every run's records without its
+# Steps: the wheels; the campaign names checked (EVALUATION must evaluate TRAINING's runs);
+# `campaign run TRAINING --train_until=<the deadline less MARGIN_S>`, so that every launch,
+# a queued one too, gets what is left of that time as its train.time_budget_s and stops
+# at a checkpoint in time (a run whose turn comes with under 30 s left is not started);
+# when `campaign status` shows every training run finished, `campaign run EVALUATION`
+# under `timeout` for what is left; then OUTDIR/runs.tgz: every run's records without its
 # checkpoints (config, metrics.jsonl, campaign_launches.jsonl, stdout.log, an evaluation's
 # JSON), which `campaign collect --runs_dir` reads, and OUTDIR/campaign.log (all output).
-# Exits 0 when both campaigns finished, 3 when time ran out first (the records of what
-# ran come back either way), 1 on a failure.
+# Exits 0 when both campaigns finished, 3 when time ran out first or SIGTERM or SIGHUP
+# stopped it (a time limit's `timeout`), 130 after Ctrl-C, 1 on a failure, 2 on a usage
+# error (a misspelt campaign, a DEADLINE_S that is not a whole number); stopped by a
+# signal, it stops the step under way and packs runs.tgz all the same.
 set -uo pipefail
 
-if [[ $# -lt 2 || $# -gt 3 ]]; then
-  echo "usage: $0 TRAINING[,EVALUATION] OUTDIR [WHEEL_DIR]" >&2
+usage() {
+  echo "usage: $0 TRAINING[,EVALUATION] OUTDIR [WHEEL_DIR]${1:+: $1}" >&2
   exit 2
-fi
+}
+[[ $# -lt 2 || $# -gt 3 ]] && usage
+deadline=${DEADLINE_S:-570}
+margin=${MARGIN_S:-60}
+[[ "$deadline" =~ ^[0-9]+$ ]] || usage "DEADLINE_S=$deadline is not a whole number of seconds"
+[[ "$margin" =~ ^[0-9]+$ ]] || usage "MARGIN_S=$margin is not a whole number of seconds"
+[[ -z "${PARALLEL:-}" || "$PARALLEL" =~ ^[1-9][0-9]*$ ]] \
+  || usage "PARALLEL=$PARALLEL is not a positive whole number"
 start=$SECONDS
+end=$(($(date +%s) + deadline))   # the deadline, in seconds since the epoch
 training=${1%%,*}
 evaluation=""
 [[ "$1" == *,* ]] && evaluation=${1#*,}
@@ -46,11 +58,10 @@ wheels=${3:-}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
 site=${SITE:-/tmp/site}
-deadline=${DEADLINE_S:-570}
-margin=${MARGIN_S:-60}
 runs=${RUNS_DIR:-/tmp/accel_runs}
 cd "$repo" || exit 2
-exec > >(tee -a "$outdir/campaign.log") 2>&1
+# tee ignores the signals that stop this script, so that its last lines reach the log.
+exec > >(trap '' TERM INT HUP; exec tee -a "$outdir/campaign.log") 2>&1
 
 export PYTHONPATH="$repo:$site${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
@@ -64,12 +75,39 @@ status_args=(--runs_dir="$runs")
 [[ "${QUICK:-0}" == 1 ]] && status_args+=(--tiny)
 campaign_args=("${status_args[@]}" --compile_cache)
 [[ -n "${PARALLEL:-}" ]] && campaign_args+=(--parallel="$PARALLEL")
-left() { echo $((deadline - (SECONDS - start))); }
+left() { echo $((end - $(date +%s))); }
 
 pack() {
   tar -czf "$outdir/runs.tgz" -C "$runs" --exclude=checkpoints --exclude=best \
     --exclude=jax_cache --exclude=lock . \
     && echo "records of $(ls "$runs" | tr '\n' ' ')in $outdir/runs.tgz ($(du -h "$outdir/runs.tgz" | cut -f1))"
+}
+
+finish() {  # pack the records, say how it ended, exit with $1
+  local rc=$1
+  pack || (( rc )) || rc=1
+  echo "accelerator_campaign: exit $rc after $((SECONDS - start)) s"
+  exit "$rc"
+}
+
+child=0
+step() {  # run "$@" as a child that a signal's trap can stop; returns its exit status
+  "$@" &
+  child=$!
+  wait "$child"
+  local rc=$?
+  child=0
+  return $rc
+}
+
+stopped() {  # a signal: stop the step under way, pack what ran, exit with $2
+  trap '' TERM INT HUP
+  echo "=== stopped by SIG$1 after $((SECONDS - start)) s; run this again to resume"
+  if (( child )); then
+    kill -TERM "$child" 2>/dev/null
+    wait "$child"
+  fi
+  finish "$2"
 }
 
 unfinished() {  # the runs of campaign $1 that `campaign status` does not call finished
@@ -82,26 +120,38 @@ unfinished() {  # the runs of campaign $1 that `campaign status` does not call f
 echo "accelerator_campaign: $(date -u +%Y-%m-%dT%H:%M:%SZ), $training${evaluation:+ then $evaluation}," \
      "deadline ${deadline} s, runs in $runs"
 mkdir -p "$runs" || exit 1
-[[ -n "$wheels" ]] && install_wheels
-"$python" -c 'import jax; print("devices:", jax.devices())' || exit 1
+trap 'stopped TERM 3' TERM
+trap 'stopped HUP 3' HUP
+trap 'stopped INT 130' INT
+[[ -n "$wheels" ]] && step install_wheels
+step "$python" -c 'import jax; print("devices:", jax.devices())' || finish 1
+step "$python" -c '
+import sys
+from experiments.campaign import spec
+training, evaluation = sys.argv[1:]
+try:
+  spec.get(training)
+  if evaluation and spec.get(evaluation).source != training:
+    raise ValueError(f"{evaluation} is no campaign that evaluates the runs of {training}")
+except ValueError as e:
+  sys.exit(f"error: {e}")
+' "$training" "$evaluation" || finish 2
 
-budget=$(($(left) - margin))
-if (( budget <= 0 )); then
+if (( $(left) - margin <= 0 )); then
   echo "no time left to train (deadline ${deadline} s, margin ${margin} s)"
-  pack
-  exit 3
+  finish 3
 fi
-echo "=== $training: train.time_budget_s=$budget"
-"$python" -m experiments.campaign run "$training" "${campaign_args[@]}" \
-  --set=train.time_budget_s="$budget"
+echo "=== $training: launches train until $((end - margin)) (seconds since the epoch), $(($(left) - margin)) s from now"
+step "$python" -m experiments.campaign run "$training" "${campaign_args[@]}" \
+  --train_until=$((end - margin))
 trained=$?
-"$python" -m experiments.campaign status "$training" "${status_args[@]}"
+step "$python" -m experiments.campaign status "$training" "${status_args[@]}"
 rc=0
 if (( trained != 0 )); then
   echo "=== $training: exit $trained"
   rc=1
 elif [[ -n "$(unfinished "$training")" ]]; then
-  echo "=== $training: stopped by its time budget; run this again to resume"
+  echo "=== $training: stopped by its time to train; run this again to resume"
   rc=3
 elif [[ -n "$evaluation" ]]; then
   limit=$(($(left) - 15))
@@ -110,9 +160,9 @@ elif [[ -n "$evaluation" ]]; then
     rc=3
   else
     echo "=== $evaluation: at most $limit s"
-    timeout "$limit" "$python" -m experiments.campaign run "$evaluation" "${campaign_args[@]}"
+    step timeout "$limit" "$python" -m experiments.campaign run "$evaluation" "${campaign_args[@]}"
     evaluated=$?
-    "$python" -m experiments.campaign status "$evaluation" "${status_args[@]}"
+    step "$python" -m experiments.campaign status "$evaluation" "${status_args[@]}"
     if (( evaluated == 124 )); then
       echo "=== $evaluation: out of time; run this again to finish it"
       rc=3
@@ -122,6 +172,4 @@ elif [[ -n "$evaluation" ]]; then
     fi
   fi
 fi
-pack || rc=1
-echo "accelerator_campaign: exit $rc after $((SECONDS - start)) s"
-exit $rc
+finish $rc

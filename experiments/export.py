@@ -43,6 +43,7 @@ with extras.needed_by('experiments/export.py', exit=True):
 
   from bn_rnn_jax import batch_stats
   from bn_rnn_jax import export as export_lib
+  from bn_rnn_jax import models
   from bn_rnn_jax.training import checkpoint as checkpoint_lib
   from bn_rnn_jax.training import loop
   from bn_rnn_jax.training import parallel
@@ -97,9 +98,7 @@ def load_run(workdir: str, checkpoint: str = 'best') -> Run:
   if untrained:
     raise ValueError(f'{os.path.abspath(workdir)}: the population statistics of '
                      f'{", ".join(untrained)} were never trained (count 0).')
-  options = dict(trainer.model.layer_options)
-  options.pop('axis_name', None)
-  model = trainer.model.clone(layer_options=options)
+  model = models.with_layer_fields(trainer.model, axis_name=None)
   return Run(config, trainer, int(host.step), model,
              {'params': host.params, 'batch_stats': stats})
 

@@ -25,6 +25,20 @@ import signal
 import sys
 import threading
 
+STOPPED_BEFORE_THE_RUN = ('Stopped (Ctrl-C) before the run started; the same command '
+                          'starts it.')
+
+
+def _stop_before_the_run(signum, frame):
+  """Ctrl-C before `main` (an import, the config file's, the flags' parse): one line."""
+  del signum, frame
+  sys.stderr.write(STOPPED_BEFORE_THE_RUN + '\n')
+  raise SystemExit(130)
+
+
+if __name__ == '__main__' and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+  signal.signal(signal.SIGINT, _stop_before_the_run)
+
 # Config files import their siblings as `experiments.configs.<name>`; run as a script, the
 # repository root must be importable as it is under `python -m`.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -166,6 +180,8 @@ def stopped(workdir: str) -> str:
 
 def main(argv):
   del argv  # parse_flags refused any positional argument
+  if signal.getsignal(signal.SIGINT) is _stop_before_the_run:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
   if FLAGS.show_config:
     show_config(FLAGS.config)
     return

@@ -17,7 +17,8 @@ with the runs in `<workdir>/quickstart/<variant>_s<seed>`. The default workdir i
 user's own (`bn_rnn_jax/quickstart` under `$XDG_CACHE_HOME`, else `~/.cache`), so users
 of one machine run side by side; a quickstart started on a workdir another one is
 running in stops at once, naming it. Started again after it ended, it skips the finished
-runs and resumes the others. Any field of `experiments/configs/quickstart.py`
+runs and resumes the others; below the table it then says how many of its runs finished
+before this command, when and where, and how to train afresh (another `--workdir`). Any field of `experiments/configs/quickstart.py`
 can be set for every run with `--config.a.b=value`, `--config.variants` picks the
 variants and `--seeds` the seeds. Sequential MNIST at 14x14 (196 steps) instead:
 
@@ -26,9 +27,13 @@ variants and `--seeds` the seeds. Sequential MNIST at 14x14 (196 steps) instead:
       --config.train.num_steps=600 --config.eval.every=100
 """
 
+import datetime
+import json
 import os
 import subprocess
 import sys
+import time
+from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:   # run as a script: the package imports from the repository
@@ -46,17 +51,51 @@ with extras.needed_by('experiments/quickstart.py', exit=True):
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file(
-    'config', os.path.join(ROOT, 'experiments', 'configs', 'quickstart.py'),
-    'The quickstart config; `--config.a.b=value` sets a field of every run.')
-flags.DEFINE_string('workdir', quickstart.default_workdir(), 'Directory of the runs, table '
-                    'and plot (default: bn_rnn_jax/quickstart in the user\'s cache folder).')
-flags.DEFINE_list('seeds', None, 'Seeds (default: the campaign\'s five).')
-flags.DEFINE_integer('parallel', 0, 'Runs at a time (default: the campaign\'s two).')
+
+
+def define_flags() -> None:
+  """The command line's flags (defined when run, not at import: the tests import the
+  functions here beside other scripts' flags)."""
+  config_flags.DEFINE_config_file(
+      'config', os.path.join(ROOT, 'experiments', 'configs', 'quickstart.py'),
+      'The quickstart config; `--config.a.b=value` sets a field of every run.')
+  flags.DEFINE_string('workdir', quickstart.default_workdir(), 'Directory of the runs, '
+                      'table and plot (default: bn_rnn_jax/quickstart in the user\'s cache '
+                      'folder).')
+  flags.DEFINE_list('seeds', None, 'Seeds (default: the campaign\'s five).')
+  flags.DEFINE_integer('parallel', 0, 'Runs at a time (default: the campaign\'s two).')
 
 
 def _value(value) -> str:
   return repr(tuple(value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def finished_before(result: dict, since: float) -> dict[str, float]:
+  """`{run: when it finished (seconds since the epoch)}` of the runs of a results JSON
+  that no launch since `since` trained: they finished before."""
+  out = {}
+  for name, run in result['runs'].items():
+    launches = [(datetime.datetime.fromisoformat(l['started']).timestamp(),
+                 l.get('wall_s') or 0.0) for l in run.get('launches') or []]
+    if launches and max(start for start, _ in launches) < since:
+      out[name] = max(start + wall for start, wall in launches)
+  return out
+
+
+def earlier_runs_note(result: dict, runs_dir: str, since: float) -> Optional[str]:
+  """The lines saying that the table holds runs finished before `since`, when, where,
+  and how to train afresh; None when every run trained since."""
+  earlier = finished_before(result, since)
+  if not earlier:
+    return None
+  when = lambda seconds: datetime.datetime.fromtimestamp(
+      seconds, datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')
+  first, last = when(min(earlier.values())), when(max(earlier.values()))
+  span = f'on {first}' if first == last else f'between {first} and {last}'
+  return (f'{len(earlier)} of the {len(result["runs"])} runs in this table finished before '
+          f'this command, {span}, in {runs_dir}: they were not trained again.\n'
+          'To train afresh: python experiments/quickstart.py --workdir NEW_FOLDER (or '
+          f'remove {runs_dir}).')
 
 
 def main(argv):
@@ -73,12 +112,18 @@ def main(argv):
            ['collect', 'quickstart', f'--runs_dir={workdir}', f'--results_dir={workdir}'],
            ['report', 'quickstart', f'--results_dir={workdir}',
             f'--figure={os.path.join(workdir, "learning_curves.png")}'])
+  since = time.time()
   for step in steps:
     # `-m` from the repository root: the campaign package imports as it does in the tests.
     code = subprocess.call(campaign + step + options, cwd=ROOT)
     if code:
       sys.exit(code)
+  with open(os.path.join(workdir, 'quickstart.json')) as f:
+    note = earlier_runs_note(json.load(f), os.path.join(workdir, 'quickstart'), since)
+  if note:
+    print(note)
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)

@@ -470,8 +470,8 @@ def attentive_reader(params, document, document_mask, query, query_mask, candida
     if not bidirectional:
       carry, out, _ = run_layer(params[name]['layer_0'], x, mask, layer_variant)
       return out, carry[1]
-    # A bidirectional stack's forward and backward layers (Flax's automatic names).
-    forward, backward = params[name]['RecurrentLayer_0'], params[name]['RecurrentLayer_1']
+    # A bidirectional stack's layer holds its forward and backward layers.
+    forward, backward = (params[name]['layer_0'][d] for d in ('forward_layer', 'backward_layer'))
     carry_f, out_f, _ = run_layer(forward, x, mask, layer_variant)
     carry_b, out_b, _ = run_layer(backward, reverse_each(x, mask), mask, layer_variant)
     return (np.concatenate([out_f, reverse_each(out_b, mask)], -1),

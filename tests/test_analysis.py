@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 
 from absl import flags
 from absl.testing import flagsaver
@@ -19,6 +20,7 @@ import pytest
 from scipy import integrate
 
 import bn_rnn_jax as br
+from bn_rnn_jax import extras
 from bn_rnn_jax import input_pipeline
 from bn_rnn_jax import normalization
 from bn_rnn_jax.training import parallel
@@ -495,6 +497,15 @@ def test_estimate_trained_reads_a_run_without_writing_in_it(tmp_path, caplog):
   assert estimate_trained.restore(run_dir)[2] == int(best)
   assert estimate_trained.restore(run_dir, step=int(best))[2] == int(best)
   assert _tree(run_dir) == before
+
+
+def test_estimate_trained_without_matplotlib_refuses_before_the_work(tmp_path, monkeypatch):
+  """The missing package is named before the run is read (here: there is none, which
+  the work would have found first)."""
+  monkeypatch.setitem(sys.modules, 'matplotlib', None)
+  with pytest.raises(extras.MissingExtra, match="needs matplotlib \\(the 'plot' extra\\)"):
+    estimate_trained.run(str(tmp_path / 'no_run'), str(tmp_path / 'out'))
+  assert not os.path.exists(tmp_path / 'out')
 
 
 def test_estimate_trained_names_a_workdir_without_a_run(tmp_path):

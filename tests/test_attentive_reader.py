@@ -24,10 +24,9 @@ MAX_LENGTH = 48   # T_max of the tiny readers; the fixtures' batches are 32 wide
 # ====================================================================== fixtures
 def tiny_reader(arrays, variant, max_length=None):
   max_length = max_length or MAX_LENGTH
-  return models.AttentiveReader(
-      vocab_size=len(arrays['vocab']), num_entities=int(arrays['num_entities']),
-      variant=variant, hidden_size=4, embed_size=3,
-      layer_options=dict(max_length=max_length, execution=policy.Execution(remat='none')))
+  return models.attentive_reader(
+      variant, len(arrays['vocab']), int(arrays['num_entities']), 4, embed_size=3,
+      layer_fields=dict(max_length=max_length, execution=policy.Execution(remat='none')))
 
 
 # ====================================================================== model
@@ -58,16 +57,17 @@ def test_every_variant_has_the_papers_normalisation_sites(shapes):
     bn = variant.startswith('bn_')
     bidirectional = variant in ('bn_e_star_star', 'lstm_bidirectional')
     for encoder in ('document_encoder', 'query_encoder'):
-      # A bidirectional stack holds its forward and backward layers (Flax's names).
-      names = ('RecurrentLayer_0', 'RecurrentLayer_1') if bidirectional else ('layer_0',)
-      assert set(params[encoder]) == set(names), (variant, encoder)
+      # A bidirectional stack's layer holds its forward and backward layers.
+      assert set(params[encoder]) == {'layer_0'}, (variant, encoder)
+      names = ('forward_layer', 'backward_layer') if bidirectional else (None,)
+      layer = lambda tree, name: tree['layer_0'] if name is None else tree['layer_0'][name]
       for name in names:
         assert ({'input_scale', 'recurrent_scale', 'cell_scale'} <= set(
-            params[encoder][name])) == bn, variant
+            layer(params[encoder], name))) == bn, variant
         if bn:
           # Per-step rows for the recurrent term and the cell; the input term per step
           # (bn_lstm, bn_everywhere) or sequence-wise, one row (BN-e*, BN-e**).
-          one_stats = stats[encoder][name]
+          one_stats = layer(stats[encoder], name)
           assert one_stats['recurrent']['mean'].shape[0] == MAX_LENGTH
           assert one_stats['cell']['mean'].shape[0] == MAX_LENGTH
           assert one_stats['input']['mean'].shape[0] == (1 if 'star' in variant
@@ -250,11 +250,11 @@ def test_a_question_drawn_twice_keeps_bn_e_star_gradients_finite(cloze_arrays):
   labels = inputs['candidates'].argmax(1).astype(np.int32)
 
   def largest_gradient(min_step_count):
-    model = models.AttentiveReader(
-        vocab_size=len(cloze_arrays['vocab']), num_entities=int(cloze_arrays['num_entities']),
-        variant='bn_e_star', hidden_size=4, embed_size=3, layer_options=dict(
-            max_length=MAX_LENGTH, execution=policy.Execution(remat='none'),
-            min_step_count=min_step_count))
+    model = models.attentive_reader(
+        'bn_e_star', len(cloze_arrays['vocab']), int(cloze_arrays['num_entities']), 4,
+        embed_size=3, layer_fields=dict(max_length=MAX_LENGTH,
+                                        execution=policy.Execution(remat='none'),
+                                        min_step_count=min_step_count))
     variables = model.init(jax.random.PRNGKey(1), inputs, use_running_average=True,
                            deterministic=True)
     def loss(p):

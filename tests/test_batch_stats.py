@@ -37,8 +37,8 @@ def _modules():
   """(name, module, args): a batch-normalised layer, a stack of them, a MaskedBatchNorm."""
   return [
       ('layer', variants.make_layer('bn_lstm', H, max_length=T), (X, MASK)),
-      ('stack', stack.StackedRNN(variant='bn_input_only', hidden_size=H, num_layers=2,
-                                 layer_options=dict(max_length=T)), (X, MASK)),
+      ('stack', stack.StackedRNN(variants.make_layer('bn_input_only', H, max_length=T),
+                                 num_layers=2), (X, MASK)),
       ('masked_batch_norm', batch_stats.MaskedBatchNorm(max_length=T), (X, MASK)),
   ]
 

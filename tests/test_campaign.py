@@ -11,6 +11,7 @@
   config the spec means.
 """
 
+import datetime
 import glob
 import importlib
 import io
@@ -36,6 +37,7 @@ from experiments.campaign import runner
 from experiments.campaign import show
 from experiments.campaign import spec
 from experiments import campaign_specs
+from experiments import quickstart as quickstart_script
 from experiments.campaign_specs import ptb_word_small
 from experiments.campaign_specs import quickstart
 import helpers
@@ -255,6 +257,22 @@ def test_quickstart_default_workdir_is_the_users_own(monkeypatch, tmp_path):
                                              'quickstart')
   monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
   assert quickstart.default_workdir() == str(tmp_path / 'cache' / 'bn_rnn_jax' / 'quickstart')
+
+
+def test_quickstart_says_which_runs_of_its_table_finished_before_it_and_how_to_train_afresh():
+  launch = lambda started, wall: {'started': started, 'wall_s': wall}
+  result = {'runs': {
+      'lstm_s0': {'launches': [launch('2026-01-02T10:00:00+00:00', 50.0)]},
+      'bn_lstm_s0': {'launches': [launch('2026-01-02T10:00:00+00:00', 20.0),
+                                  launch('2026-01-02T11:00:00+00:00', 90.0)]},
+      'lstm_s1': {'launches': [launch('2026-01-03T09:00:00+00:00', 30.0)]}}}
+  since = datetime.datetime(2026, 1, 3, tzinfo=datetime.timezone.utc).timestamp()
+  assert quickstart_script.earlier_runs_note(result, '/w/quickstart', since) == (
+      '2 of the 3 runs in this table finished before this command, between 2026-01-02 '
+      '10:00 UTC and 2026-01-02 11:01 UTC, in /w/quickstart: they were not trained again.\n'
+      'To train afresh: python experiments/quickstart.py --workdir NEW_FOLDER (or remove '
+      '/w/quickstart).')
+  assert quickstart_script.earlier_runs_note(result, '/w/quickstart', 0.0) is None
 
 
 def test_quickstart_table_refuses_runs_of_other_image_counts():
@@ -612,19 +630,25 @@ def test_run_again_skips_finished_runs_and_resumes_the_others(data, tiny_runs, t
 @pytest.mark.exhaustive
 def test_quickstart_runs_end_to_end(tmp_path):
   """`experiments/quickstart.py` (the README's first command) at a tiny budget: it runs
-  the quickstart campaign, prints its table and draws the curves."""
-  result = helpers.run_python(['experiments/quickstart.py', '--workdir', str(tmp_path),
-                               '--seeds=0', '--config.train.num_steps=4',
-                               '--config.eval.every=2', '--config.train.log_every=2',
-                               '--config.model.hidden_size=8',
-                               '--config.eval.population_batches=1',
-                               '--config.eval.max_batches=1',
-                               "--config.variants=('bn_lstm',)"],  # one variant: the budget
-                              one_device=True)
+  the quickstart campaign, prints its table and draws the curves; run again, it trains
+  nothing and says that its table's runs finished before, and how to train afresh."""
+  args = ['--workdir', str(tmp_path), '--seeds=0', '--config.train.num_steps=4',
+          '--config.eval.every=2', '--config.train.log_every=2',
+          '--config.model.hidden_size=8', '--config.eval.population_batches=1',
+          '--config.eval.max_batches=1',
+          "--config.variants=('bn_lstm',)"]  # one variant: the budget
+  result = helpers.run_python(['experiments/quickstart.py', *args], one_device=True)
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'bn_lstm' in result.stdout and 'acc@end' in result.stdout
+  assert 'finished before this command' not in result.stdout
   assert os.path.getsize(tmp_path / 'learning_curves.png') > 1000
   assert os.path.exists(tmp_path / 'quickstart' / 'bn_lstm_s0' / 'metrics.jsonl')
+  again = helpers.run_python(['experiments/quickstart.py', *args], one_device=True)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert again.stdout.rstrip().endswith(
+      f'To train afresh: python experiments/quickstart.py --workdir NEW_FOLDER (or remove '
+      f'{tmp_path / "quickstart"}).')
+  assert '1 of the 1 runs in this table finished before this command, on ' in again.stdout
 
 
 # A stopped runner: tests/test_campaign_faults.py; a killed run resumes exactly:

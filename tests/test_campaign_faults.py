@@ -39,7 +39,8 @@ def _fake_runs(runs_dir, last_steps, **own):
       for step in range(1, last_steps[task.config.model.variant] + 1):
         for split in ('train', 'valid'):
           f.write(json.dumps({'step': step, 'split': split, 'loss': 1.0, 'accuracy': 0.5,
-                              'time_s': float(step)}) + '\n')
+                              'time_s': float(step),
+                              **({'count': 16} if split == 'valid' else {})}) + '\n')
   return tasks
 
 
@@ -131,6 +132,55 @@ def test_damaged_or_incomplete_results_json_is_one_line_naming_it(tmp_path):
       'again (python -m experiments.campaign collect).')
 
 
+@pytest.mark.parametrize('runs,kind', [([{'arm': 'lstm'}], 'a list'), ('lstm_s0', 'text')])
+def test_a_results_json_whose_runs_are_not_an_object_is_one_line_naming_it(tmp_path, runs,
+                                                                          kind):
+  path = collect.path_of('quickstart', str(tmp_path))
+  with open(path, 'w') as f:
+    json.dump({'campaign': 'quickstart', 'spec': {'arms': {}}, 'runs': runs}, f)
+  with pytest.raises(ValueError) as error:
+    show.render(CAMPAIGN, 'quickstart', str(tmp_path))
+  assert helpers.one_line(error) == (
+      f'{path} is not a results JSON ("runs" is {kind}, not an object of runs); collect it '
+      'again (python -m experiments.campaign collect).')
+
+
+@pytest.mark.parametrize('field,value,shown,rule', [
+    ('accuracy', 7.5, '7.5', 'accuracy is a fraction from 0 to 1'),
+    ('accuracy', -0.3, '-0.3', 'accuracy is a fraction from 0 to 1'),
+    ('accuracy', True, 'true', 'accuracy is a number'),
+    ('accuracy', '0.5', '"0.5"', 'accuracy is a number'),
+    ('loss', -1.0, '-1.0', 'loss is not negative'),
+    ('step', 1.5, '1.5', 'step is an integer'),
+    ('split', 3, '3', 'a record names its split'),
+])
+def test_a_results_value_of_the_wrong_type_or_range_is_one_line_naming_file_run_and_field(
+    tmp_path, field, value, shown, rule):
+  _fake_runs(tmp_path / 'runs', {'lstm': 2, 'bn_lstm': 2})
+  result = collect.collect(CAMPAIGN, str(tmp_path / 'runs'), [0], None, EXTRA)
+  path = collect.path_of('quickstart', str(tmp_path))
+  result['runs']['bn_lstm_s0']['records'][3][field] = value
+  collect.write(result, path)
+  with pytest.raises(ValueError) as error:
+    show.render(CAMPAIGN, 'quickstart', str(tmp_path))
+  assert helpers.one_line(error) == (
+      f'{path}: run bn_lstm_s0 holds {shown} in records[3].{field}; {rule} (repair the '
+      'value, or run the run again).')
+
+
+def test_include_unfinished_leaves_out_a_run_the_tables_cannot_read(tmp_path, capsys):
+  """A run stopped before its first evaluation has no validation record for the table:
+  collected with the others, `report` would refuse the results JSON."""
+  _fake_runs(tmp_path / 'runs', {'lstm': 2, 'bn_lstm': 0})
+  result = collect.collect(CAMPAIGN, str(tmp_path / 'runs'), [0], None, EXTRA,
+                           include_unfinished=True)
+  assert list(result['runs']) == ['lstm_s0']
+  assert ('note: bn_lstm_s0 is unfinished and left out: the result lacks what the '
+          "'quickstart' table reads") in capsys.readouterr().out
+  collect.write_results(result, collect.path_of('quickstart', str(tmp_path)))
+  assert 'lstm' in show.render(CAMPAIGN, 'quickstart', str(tmp_path))
+
+
 def test_report_of_a_results_json_without_runs_is_one_line_naming_it(tmp_path):
   path = collect.path_of('quickstart', str(tmp_path))
   expected = (f'{path} holds no runs; collect it again once runs have finished (python -m '
@@ -202,6 +252,15 @@ def test_a_second_runner_on_the_campaign_is_told_it_is_busy(tmp_path):
       f'The campaign quickstart is busy: another runner (pid {os.getpid()}) holds {lock}; '
       'wait for it to finish or stop it.')
   assert not os.path.exists(os.path.join(tmp_path, 'quickstart', 'lstm_s0'))
+
+
+def test_a_run_whose_turn_comes_too_close_to_train_until_is_not_started(tmp_path, capsys):
+  failed = runner.run(CAMPAIGN, str(tmp_path), 1, [0], None, EXTRA,
+                      train_until=time.time() + runner.MIN_BUDGET_S - 2)
+  assert failed == [] and os.listdir(tmp_path / 'quickstart') == ['runner.lock']
+  assert (f'not started, as fewer than {runner.MIN_BUDGET_S} s were left of the time to '
+          'train until: quickstart/lstm_s0, quickstart/bn_lstm_s0; the same command starts '
+          'them') in capsys.readouterr().err
 
 
 def _training(log: str) -> bool:

@@ -34,11 +34,11 @@ def test_bad_values_are_one_line_errors(field, value, message):
 
 
 def test_layer_fields_are_recurrent_layer_or_execution_fields():
-  """Every field the config passes to the layers (`train.layer_options`, the initialisers'
+  """Every field the config passes to the layers (`train.layer_fields`, the initialisers'
   names made callables) is one `RecurrentLayer` has, or a setting of `policy.Execution`
   (every one of which the config has)."""
   config = config_lib.default_config()
-  variants.check_fields(dict(train.layer_options(config, 10)))
+  variants.check_fields(dict(train.layer_fields(config, 10)))
   assert set(policy.EXECUTION_FIELDS) <= set(config_lib.LAYER_FIELDS)
   fields = config_lib.layer_fields(config)
   assert set(config_lib.LAYER_FIELDS) - {'max_length'} >= set(fields) - {'dtype'}

@@ -310,7 +310,7 @@ def test_config_file_builds_every_variant_and_the_cpu_preset():
           (40, 8e-4) if fast else (64, 8e-5))
       assert config.model.hidden_size == (64 if arg.endswith(',cpu') else 240)
       # The guard on few-row per-step statistics reaches the layers of the masked variants.
-      assert train.layer_options(config, 100)['min_step_count'] == (8 if fast else 1)
+      assert train.layer_fields(config, 100)['min_step_count'] == (8 if fast else 1)
   with pytest.raises(ValueError, match='variant must be one of'):
     module.get_config('gru')
   with pytest.raises(ValueError, match=r"'gpu' is no variant and no preset; .* presets are "
@@ -324,12 +324,12 @@ def test_laurent_and_brown_configs_build_the_papers_model():
     loaded[name] = helpers.load_experiment_config(name).get_config()
     config_lib.validate_config(loaded[name])
   config = loaded['laurent_speech']
-  options = train.layer_options(config, config.data.max_frames)
+  options = train.layer_fields(config, config.data.max_frames)
   assert options['kernel_init'] is options['recurrent_kernel_init'] is (
       initializers.GLOROT_UNIFORM)
   model = tasks.get('tagging').build_model(config, {'num_classes': 3546}, options)
-  assert (model.num_layers, model.hidden_size, model.bidirectional, model.variant) == (
-      5, 250, True, 'bn_input_only_seq')
+  assert (model.num_layers, model.layer.features, model.bidirectional) == (5, 250, True)
+  assert (model.layer.input_norm, model.layer.statistics) == ('batch', 'sequence')
   assert model.kernel_init == 'glorot_uniform' and model.vocab_size is None
   assert (config.optimizer.name, config.optimizer.learning_rate, config.optimizer.momentum,
           config.train.batch_size) == ('sgd', 1e-4, 0.9, 24)

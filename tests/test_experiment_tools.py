@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import pytest
 
 from experiments import plot
 from experiments import report
+from experiments.campaign import collect
 from experiments.campaign import show
 from experiments.campaign import spec
 import helpers
@@ -146,6 +148,65 @@ def test_accelerator_campaign_refuses_a_bad_call_and_a_deadline_too_short_to_tra
   assert short.returncode == 3, short.stdout[-2000:] + short.stderr[-2000:]
   assert 'no time left to train (deadline 30 s, margin 60 s)' in short.stdout
   assert os.path.exists(tmp_path / 'out' / 'runs.tgz')
+
+
+@pytest.mark.parametrize('names,env,line', [
+    ('quickstart', {'DEADLINE_S': 'abc'}, 'DEADLINE_S=abc is not a whole number of seconds'),
+    ('quickstart', {'MARGIN_S': '-5'}, 'MARGIN_S=-5 is not a whole number of seconds'),
+    ('quickstart', {'PARALLEL': '0'}, 'PARALLEL=0 is not a positive whole number'),
+])
+def test_accelerator_campaign_settings_that_are_no_numbers_are_usage_errors(tmp_path, names,
+                                                                            env, line):
+  """Exit 2 (a usage error), not 3 ("out of time", which a caller would retry)."""
+  done = subprocess.run(['bash', ACCELERATOR_CAMPAIGN, names, str(tmp_path / 'out')],
+                        env=helpers.subprocess_env(**env), capture_output=True, text=True,
+                        check=False)
+  assert done.returncode == 2 and done.stdout == ''
+  assert done.stderr.strip() == (f'usage: {ACCELERATOR_CAMPAIGN} TRAINING[,EVALUATION] '
+                                 f'OUTDIR [WHEEL_DIR]: {line}')
+
+
+def test_accelerator_campaign_refuses_a_misspelt_evaluation_before_training(tmp_path):
+  done = subprocess.run(
+      ['bash', ACCELERATOR_CAMPAIGN, 'quickstart,ptb_char_1000_lenghts', str(tmp_path / 'out')],
+      env=helpers.subprocess_env(PYTHON=sys.executable, RUNS_DIR=str(tmp_path / 'runs'),
+                                 QUICK='1'), capture_output=True, text=True, timeout=300,
+      check=False)
+  assert done.returncode == 2, done.stdout[-2000:]
+  assert "error: Unknown campaign 'ptb_char_1000_lenghts'" in done.stdout
+  assert os.listdir(tmp_path / 'runs') == []   # nothing trained
+
+
+@pytest.mark.slow
+def test_accelerator_campaign_stopped_by_a_timeout_packs_the_records_and_queued_runs_keep_the_deadline(
+    tmp_path):
+  """SIGTERM to the script's process group, as `timeout` sends it, while the third run
+  trains: the runs stop, the records of those that finished come back in runs.tgz, exit
+  3; each queued launch's time budget is what was left of the deadline at its start."""
+  import tarfile  # pylint: disable=g-import-not-at-top
+  proc = subprocess.Popen(
+      ['bash', ACCELERATOR_CAMPAIGN, 'quickstart', str(tmp_path / 'out')],
+      env=helpers.subprocess_env(PYTHON=sys.executable, RUNS_DIR=str(tmp_path / 'runs'),
+                                 QUICK='1', PARALLEL='1', DEADLINE_S='400', MARGIN_S='60'),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  lines = []
+  for line in proc.stdout:
+    lines.append(line)
+    if line.startswith('started quickstart/lstm_s2'):
+      os.killpg(proc.pid, signal.SIGTERM)
+  assert proc.wait(timeout=120) == 3, ''.join(lines)
+  assert any(l.startswith('=== stopped by SIGTERM') for l in lines), ''.join(lines)
+  with tarfile.open(tmp_path / 'out' / 'runs.tgz') as packed:
+    packed.extractall(tmp_path / 'back', filter='data')
+  launches = []
+  for run in ('lstm_s0', 'lstm_s1'):
+    workdir = tmp_path / 'back' / 'quickstart' / run
+    assert (workdir / 'metrics.jsonl').stat().st_size > 0
+    launch, = collect.read_launches(str(workdir))
+    launches.append(launch)
+  assert launches[0]['time_budget_s'] <= 400 - 60
+  assert launches[1]['time_budget_s'] <= launches[0]['time_budget_s'] - int(
+      launches[0]['wall_s'])
 
 
 @pytest.mark.exhaustive

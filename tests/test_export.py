@@ -3,14 +3,18 @@
 A run is trained with `loop.train_and_evaluate`, exported with the command's function,
 and reloaded in a fresh Python process that imports only jax and numpy; its outputs must
 equal the model's own on held-out batches, including a batch of another size and length
-(the batch and length axes are symbolic), within the command's RTOL, ATOL.
+(the batch and length axes are symbolic), within the command's RTOL, ATOL. A saved file
+carries its SHA-256: any damage is one line naming it, and JAX alone still reads it.
 """
 
 import json
+import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import export as jax_export
 
 from bn_rnn_jax import export
 from bn_rnn_jax import variants
@@ -128,6 +132,52 @@ def test_reloaded_model_runs_any_batch_and_length(tmp_path):
     np.testing.assert_allclose(got, infer(x_k), rtol=export_command.RTOL,
                                atol=export_command.ATOL)
   assert export.load(path).in_avals[0].shape[2] == 3
+
+
+def _damaged(data: bytes, how: str) -> bytes:
+  third = len(data) // 3
+  return {'cut_short': data[:len(data) // 2],
+          'emptied': b'',
+          'header_flipped': bytes([data[0] ^ 0xFF]) + data[1:],
+          'bytes_flipped': data[:third] + bytes(b ^ 0xFF for b in data[third:third + 8])
+                           + data[third + 8:],
+          'checksum_flipped': data[:-2] + bytes([data[-2] ^ 0x01]) + data[-1:]}[how]
+
+
+_DAMAGE = {
+    'cut_short': 'it does not end with the SHA-256 line bn_rnn_jax.export.save writes (cut '
+                 'short, or not saved by it)',
+    'emptied': 'it is empty',
+    'header_flipped': 'its content does not match the SHA-256 saved with it',
+    'bytes_flipped': 'its content does not match the SHA-256 saved with it',
+    'checksum_flipped': 'its content does not match the SHA-256 saved with it',
+}
+
+
+def test_a_saved_export_is_checked_and_any_damage_is_one_line_naming_it(tmp_path):
+  """`save` appends the program's SHA-256; `load` checks it, so no damaged file is
+  deserialized (whose errors were tracebacks) or run (whose constants could be NaN or
+  slightly off). JAX's own reader ignores the line."""
+  exported = export.export(lambda x: 2 * x, [jax.ShapeDtypeStruct((2,), jnp.float32)])
+  path = str(tmp_path / 'model.jax')
+  export.save(exported, path)
+  with open(path, 'rb') as f:
+    data = f.read()
+  assert data.endswith(b'\n') and export.CHECKSUM_PREFIX in data[-100:]
+  np.testing.assert_array_equal(export.load(path).call(jnp.ones(2)), [2.0, 2.0])
+  np.testing.assert_array_equal(jax_export.deserialize(bytearray(data)).call(jnp.ones(2)),
+                                [2.0, 2.0])
+  for how, problem in _DAMAGE.items():
+    damaged = str(tmp_path / f'{how}.jax')
+    with open(damaged, 'wb') as f:
+      f.write(_damaged(data, how))
+    with pytest.raises(ValueError) as error:
+      export.load(os.path.relpath(damaged))
+    assert helpers.one_line(error) == (f'The exported model {damaged} is damaged: {problem}; '
+                                       'export the model again.'), how
+  with pytest.raises(ValueError, match=f'Cannot write the exported model {tmp_path}/no/m.jax '
+                     r'\(No such file or directory\)\.$'):
+    export.save(exported, str(tmp_path / 'no' / 'm.jax'))
 
 
 def test_untrained_statistics_are_not_exported():

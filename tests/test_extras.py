@@ -42,20 +42,35 @@ def test_importing_a_training_module_without_its_extra_is_one_line(monkeypatch, 
   assert isinstance(raised.value, ModuleNotFoundError)
 
 
+@pytest.mark.parametrize('packages, module, distribution', [
+    (('orbax', 'orbax.checkpoint'), 'bn_rnn_jax.training.checkpoint', 'orbax-checkpoint'),
+    (('optax',), 'bn_rnn_jax.training.optim', 'optax'),
+    (('tensorboardX',), 'bn_rnn_jax.training.metric_writer', 'tensorboardX')])
+def test_the_trainer_without_a_package_of_its_extra_is_one_line_at_import(
+    monkeypatch, packages, module, distribution):
+  """The trainer imports every package it needs with its modules, so a missing one is
+  found before a run starts (no step trained, no workdir file): importing the loop
+  without tensorboardX, which the first metrics record used to need, is the line."""
+  for package in packages:
+    _hide(monkeypatch, package)
+  training = importlib.import_module('bn_rnn_jax.training')
+  for name in (module, 'bn_rnn_jax.training.loop'):   # imported again, not found loaded
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    if name.split('.')[-1] in vars(training):   # (hasattr would import it: __getattr__)
+      monkeypatch.delattr(training, name.split('.')[-1])
+  importing = ['bn_rnn_jax.training.loop', module] if distribution == 'tensorboardX' else [module]
+  for name in importing:
+    with pytest.raises(extras.MissingExtra) as raised:
+      importlib.import_module(name)
+    assert str(raised.value) == _line(module, distribution, 'train')
+
+
 def test_the_digits_without_scikit_learn_is_one_line(monkeypatch):
   from bn_rnn_jax.input_pipeline import mnist  # pylint: disable=g-import-not-at-top
   _hide(monkeypatch, 'sklearn', 'sklearn.datasets')
   with pytest.raises(extras.MissingExtra, match=re.escape(_line(
       'The 8x8 digits (config.data.name=digits)', 'scikit-learn', 'data'))):
     mnist.load_digits()
-
-
-def test_the_event_files_without_tensorboardx_are_one_line(monkeypatch, tmp_path):
-  from bn_rnn_jax.training import metric_writer  # pylint: disable=g-import-not-at-top
-  _hide(monkeypatch, 'tensorboardX')
-  writer = metric_writer.MetricWriter(str(tmp_path))
-  with pytest.raises(extras.MissingExtra, match="needs tensorboardX \\(the 'train' extra\\)"):
-    writer.write(1, 'train', {'loss': 1.0})
 
 
 def test_saving_an_export_without_flatbuffers_is_one_line(monkeypatch, tmp_path):

@@ -136,6 +136,26 @@ def test_ctrl_c_ends_main_with_one_line_naming_the_checkpoint_it_resumes_from(tm
       f'{run / "checkpoints" / str(step)}.')
 
 
+def test_ctrl_c_while_absl_imports_the_config_file_is_one_line(tmp_path):
+  config = tmp_path / 'interrupted.py'
+  config.write_text('import os, signal, time\n'
+                    'os.kill(os.getpid(), signal.SIGINT)\n'
+                    'time.sleep(5)\n'
+                    'def get_config():\n'
+                    '  return None\n')
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  done = subprocess.run(
+      [sys.executable, 'experiments/main.py', f'--config={config}',
+       f'--workdir={tmp_path / "run"}'], cwd=REPO,
+      env=helpers.subprocess_env(env, JAX_PLATFORMS='cpu'), capture_output=True, text=True,
+      timeout=120, check=False,
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+  assert done.returncode == 130, done.stderr[-3000:]
+  assert done.stderr.strip() == ('Stopped (Ctrl-C) before the run started; the same '
+                                 'command starts it.')
+  assert not os.path.exists(tmp_path / 'run')
+
+
 # Ctrl-C landing while a garbage-collection callback runs (JAX registers one): raised
 # there, the KeyboardInterrupt would be printed and dropped, and the launch train on.
 # Python's own Ctrl-C handler, as a process started from a terminal has it (a shell's

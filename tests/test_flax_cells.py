@@ -271,3 +271,26 @@ def test_misuse_is_a_one_line_error():
   with pytest.raises(TypeError, match=r'LSTMCarry\(c, h, step\) or \(c, h\)') as error:
     rnn.apply(variables, x, initial_carry=jnp.zeros((B, H)), mutable=['batch_stats'])
   helpers.one_line(error)
+  with pytest.raises(ValueError, match='run the cell with bn_rnn_jax.RNN') as error:
+    nn.RNN(cell.clone(use_running_average=True)).init(jax.random.key(0), x)  # Flax's own
+  helpers.one_line(error)
+  for field, value in (('variable_broadcast', ['params', 'batch_stats']), ('unroll', 2)):
+    with pytest.raises(ValueError, match=f'RNN.*{field}') as error:
+      flax_cells.RNN(cell, **{field: value}).init(jax.random.key(0), x)
+    helpers.one_line(error)
+
+
+def test_the_carry_indexes_as_flax_and_restarts_its_rows_with_state():
+  """`LSTMCarry` is Flax's `(c, h)` to index and unpack, with each row's `step` beside it;
+  `carry.state` drops the steps (a new segment starts at statistics row 0)."""
+  cell = flax_cells.BNLSTMCell(H, max_length=MAX_LEN, use_running_average=False)
+  rnn = flax_cells.RNN(cell, return_carry=True)
+  x, lengths = jnp.ones((B, T, I)), jnp.asarray(UNEVEN)
+  variables = rnn.init(jax.random.key(0), x)
+  (carry, _), _ = rnn.apply(variables, x, seq_lengths=lengths, mutable=['batch_stats'])
+  c, h = carry
+  assert carry[0] is c is carry.c and carry[1] is h is carry.h and len(carry) == 2
+  np.testing.assert_array_equal(carry.step, UNEVEN)
+  restarted = flax_cells.as_carry(carry.state, (B,))
+  np.testing.assert_array_equal(restarted.step, np.zeros(B))
+  assert restarted.c is c and restarted.h is h

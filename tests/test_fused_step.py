@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bn_rnn_jax import fused
 from bn_rnn_jax import fused_step
 from bn_rnn_jax import policy
 from bn_rnn_jax import variants
@@ -181,14 +182,14 @@ def test_layers_it_does_not_cover_are_refused_in_one_line():
 def test_layout_pads_to_powers_of_two():
   """The Pallas layout: the batch to a power of two, H to a multiple of the block; the
   pure-JAX path pads nothing."""
-  assert fused_step.layout(B, H, block_h=BLOCK_H) == fused_step.Layout(8, 8, 4)
-  assert fused_step.layout(64, 100) == fused_step.Layout(64, 128, 32)
-  assert fused_step.layout(64, 1000) == fused_step.Layout(64, 1024, 32)
-  assert fused_step.layout(B, H, 'xla') == fused_step.Layout(B, H, H)
+  assert fused.layout(B, H, block_h=BLOCK_H) == fused_step.Layout(8, 8, 4)
+  assert fused.layout(64, 100) == fused_step.Layout(64, 128, 32)
+  assert fused.layout(64, 1000) == fused_step.Layout(64, 1024, 32)
+  assert fused.layout(B, H, 'xla') == fused_step.Layout(B, H, H)
   with pytest.raises(ValueError, match='power of two'):
-    fused_step.layout(B, H, block_h=6)
+    fused.layout(B, H, block_h=6)
   with pytest.raises(ValueError, match='kernel must be one of'):
-    fused_step.layout(B, H, 'cuda')
+    fused.layout(B, H, 'cuda')
 
 
 def test_kernels_refuse_what_they_cannot_hold_in_one_line():

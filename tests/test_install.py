@@ -54,7 +54,7 @@ print(' '.join(sorted(name for name in sys.modules if name.startswith('bn_rnn_ja
 
 #: The public names of the layers, cells, models and statistics (the package docstring).
 MODEL_NAMES = (
-    'RecurrentLayer', 'make_layer', 'VARIANTS', 'LayerOptions', 'Execution', 'StackedRNN',
+    'RecurrentLayer', 'make_layer', 'VARIANTS', 'Execution', 'StackedRNN',
     'Bidirectional', 'MaskedBatchNorm', 'reverse_valid', 'BNLSTMCell', 'BNInputLSTMCell',
     'LNLSTMCell', 'NormalizedLSTMCell', 'LSTMCarry', 'RNN', 'SequenceClassifier',
     'LanguageModel', 'SequenceTagger', 'AttentiveReader', 'estimate_population_stats',

@@ -5,10 +5,14 @@ state with the same metrics records (exact resume, also across the pmap and shar
 backends); a run keeps its K latest checkpoints and the best one, stops on a non-finite
 loss keeping the last good state, and evaluates with population statistics (the running
 averages or the papers' estimate, checked against float64 moments of the parameters).
+A run on a dataset object logs its progress, records the dataset in config.json and keeps
+every launch's test metrics.
 """
 
 import json
+import logging
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +21,7 @@ import pytest
 
 from bn_rnn_jax.training import loop
 from bn_rnn_jax.training import metric_writer
+from bn_rnn_jax.training import workdir as workdir_lib
 import helpers
 import training_fixtures as fx
 
@@ -115,6 +120,37 @@ def test_rerunning_a_finished_run_changes_nothing(runs):
   before = fx.records_without_time(straight)
   loop.train_and_evaluate(config, straight, dataset)
   assert fx.records_without_time(straight) == before
+
+
+def test_a_run_on_a_dataset_object_shows_progress_records_it_and_keeps_each_test(
+    runs, tmp_path, caplog):
+  """`train_and_evaluate(..., dataset=...)` in a program that set up no logging (here
+  pytest's root handler at WARNING): its INFO lines are logged. config.json records the
+  dataset given (name, lengths, example shapes), not the config's; a longer relaunch
+  keeps the first launch's test record beside its own; loading the run without the
+  dataset is one line."""
+  config, dataset, straight, _, _ = runs
+  with open(os.path.join(straight, 'config.json')) as f:
+    assert json.load(f)['data'] == workdir_lib.dataset_fields(dataset)
+  assert workdir_lib.dataset_fields(dataset)['example'] == {
+      'inputs': 'float32[6, 2]', 'labels': 'int32[]', 'weights': 'float32[]'}
+  run = str(tmp_path / 'run')
+  shutil.copytree(straight, run)
+  longer = config.copy_and_resolve_references()
+  longer.train.num_steps = 9
+  loop.train_and_evaluate(longer, run, dataset)
+  info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+  for line in ('Resumed from the checkpoint of step 7.', 'Training steps 8 to 9 (batch 16, 2 '
+               'devices)', 'step 9/9: ', 'step 9 test: accuracy='):
+    assert any(m.startswith(line) for m in info), (line, info)
+  test = [(r['step'], r['checkpoint_step']) for r in metric_writer.read_metrics(run)
+          if r['split'] == 'test']
+  assert len(test) == 2 and [step for step, _ in test] == [7, 9]
+  with pytest.raises(ValueError) as error:
+    loop.Trainer(workdir_lib.load_config(run), run)
+  assert helpers.one_line(error).startswith(
+      "The run was trained on a dataset object (config.data.name='SequenceDataset', given "
+      'to train_and_evaluate), which config.json cannot hold')
 
 
 @pytest.mark.slow

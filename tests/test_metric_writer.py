@@ -51,11 +51,14 @@ def test_truncate_drops_the_records_after_the_resumed_step(tmp_path):
   _metrics_file(tmp_path, ''.join(json.dumps(r) + '\n' for r in records))
   writer = metric_writer.MetricWriter(str(tmp_path))
   try:
+    writer.truncate(4, retest=False)
+    # A longer run resuming from step 4: the earlier launch's end-of-run test stays.
+    assert _lines(tmp_path) == records[:4]
     writer.truncate(4)
   finally:
     writer.close()
   # The records of step 4 were written before its checkpoint, except the end-of-run test
-  # record, which follows the last checkpoint and is redone.
+  # record, which follows the last checkpoint and is redone by a launch ending there.
   assert _lines(tmp_path) == records[:3]
 
 

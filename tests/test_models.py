@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import models
+from bn_rnn_jax import variants
 import helpers
 import reference
 
@@ -45,8 +46,7 @@ def test_final_hidden_reads_h_of_each_direction():
 # ------------------------------------------------------------------ classifier
 @pytest.mark.slow
 def test_classifier_logits_are_the_last_valid_state_through_the_softmax_layer():
-  model = models.SequenceClassifier(num_classes=C, variant='bn_lstm', hidden_size=H,
-                                    layer_options={'max_length': T})
+  model = models.SequenceClassifier(C, variants.make_layer('bn_lstm', H, max_length=T))
   x = _frames(1)
   variables = model.init(jax.random.PRNGKey(0), x, MASK, use_running_average=True,
                          deterministic=True)
@@ -63,8 +63,7 @@ def test_classifier_logits_are_the_last_valid_state_through_the_softmax_layer():
 
 def test_classifier_bidirectional_reads_both_final_states():
   x = _frames()
-  model = models.SequenceClassifier(num_classes=3, variant='lstm', hidden_size=H,
-                                    bidirectional=True)
+  model = models.SequenceClassifier(3, variants.make_layer('lstm', H), bidirectional=True)
   variables = model.init(jax.random.PRNGKey(0), x, MASK, use_running_average=True,
                          deterministic=True)
   assert variables['params']['classifier']['kernel'].shape == (2 * H, 3)
@@ -93,9 +92,8 @@ def reference_lm(params, tokens, mask, variant, embed, *, train_mode=True, popul
 
 
 def make_lm(variant, embed):
-  return models.LanguageModel(vocab_size=VOCAB, embed_size=EMBED if embed else None,
-                              variant=variant, hidden_size=HIDDEN, num_layers=2,
-                              layer_options=dict(max_length=LENGTH))
+  return models.LanguageModel(VOCAB, variants.make_layer(variant, HIDDEN, max_length=LENGTH),
+                              embed_size=EMBED if embed else None, num_layers=2)
 
 
 def tokens_and_mask(seed=0):
@@ -190,9 +188,9 @@ def test_language_model_input_errors_are_one_line():
 # ------------------------------------------------------------------ tagger
 def test_token_tagger_logits_are_the_reference_layer_through_the_softmax_layer():
   """Unidirectional, one layer, token ids: embedding -> reference layer -> softmax."""
-  model = models.SequenceTagger(num_classes=C, vocab_size=VOCAB, embed_size=EMBED,
-                                variant='bn_input_only', hidden_size=H, num_layers=1,
-                                bidirectional=False, layer_options={'max_length': T})
+  model = models.SequenceTagger(C, variants.make_layer('bn_input_only', H, max_length=T),
+                                vocab_size=VOCAB, embed_size=EMBED, num_layers=1,
+                                bidirectional=False)
   tokens = np.random.default_rng(5).integers(0, VOCAB, size=(B, T)).astype(np.int32)
   variables = model.init(jax.random.PRNGKey(0), tokens, MASK, use_running_average=True,
                          deterministic=True)
@@ -210,11 +208,12 @@ def test_token_tagger_logits_are_the_reference_layer_through_the_softmax_layer()
 
 def test_tagger_input_errors_are_one_line():
   with pytest.raises(ValueError, match=r'token ids \[batch, time\]; got shape \(2, 3, 4\)'):
-    models.SequenceTagger(num_classes=3, vocab_size=5, num_layers=1, hidden_size=2).init(
+    models.SequenceTagger(3, variants.make_layer('lstm', 2), vocab_size=5, num_layers=1).init(
         jax.random.PRNGKey(0), jnp.zeros((2, 3, 4), jnp.int32), use_running_average=True,
         deterministic=True)
   with pytest.raises(ValueError, match="kernel_init must be one of"):
-    models.SequenceTagger(num_classes=3, kernel_init='he', num_layers=1, hidden_size=2).init(
+    models.SequenceTagger(3, variants.make_layer('lstm', 2), kernel_init='he',
+                          num_layers=1).init(
         jax.random.PRNGKey(0), jnp.zeros((2, 3, 4)), use_running_average=True,
         deterministic=True)
 
@@ -224,10 +223,9 @@ def test_reader_input_errors_are_one_line():
   inputs = {'document': jnp.zeros((2, 5), jnp.int32), 'document_mask': jnp.ones((2, 4)),
             'query': jnp.zeros((2, 3), jnp.int32), 'query_mask': jnp.ones((2, 3)),
             'candidates': jnp.ones((2, 4))}
-  reader = models.AttentiveReader(vocab_size=9, num_entities=4, hidden_size=2)
+  reader = models.attentive_reader('lstm', vocab_size=9, num_entities=4, features=2)
   with pytest.raises(ValueError, match=r'document and document_mask \[batch, time\]; got '
                      r'\(2, 5\) and \(2, 4\)'):
     reader.init(jax.random.PRNGKey(0), inputs, use_running_average=True, deterministic=True)
-  unknown = models.AttentiveReader(vocab_size=9, num_entities=4, variant='bn_gru')
   with pytest.raises(ValueError, match="Unknown attentive-reader variant 'bn_gru'"):
-    unknown.init(jax.random.PRNGKey(0), inputs, use_running_average=True, deterministic=True)
+    models.attentive_reader('bn_gru', vocab_size=9, num_entities=4)

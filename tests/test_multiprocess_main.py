@@ -122,3 +122,22 @@ def test_processes_with_different_configs_stop_naming_the_fields(tmp_path):
     assert line.startswith('error: The processes of this run hold different configs: '
                            'process 1 differs from process 0 in seed (0 vs 3)'), line
   assert not os.path.exists(workdir)
+
+
+@pytest.mark.slow
+def test_a_process_whose_peer_never_starts_ends_with_one_line(tmp_path):
+  """Process 0 of two, alone: after config.distributed.init_timeout_s it ends with one
+  line and status 1, before JAX's client would abort it with a C++ stack dump."""
+  workdir = str(tmp_path / 'run')
+  started = time.monotonic()
+  proc = _launch(workdir, helpers.free_port(), 0, '--config.distributed.init_timeout_s=3')
+  err = proc.communicate(timeout=120)[1]
+  assert proc.returncode == 1, err[-3000:]
+  assert time.monotonic() - started < 60
+  port = err.split('waited 3 s at 127.0.0.1:')[1].split(' ')[0]
+  assert helpers.last_line_without_traceback(err) == (
+      f'error: process 0 of a 2-process run waited 3 s at 127.0.0.1:{port} and the other '
+      'processes did not all start (config.distributed.init_timeout_s); start every process '
+      'with the same command, each with its own distributed.process_id.')
+  assert 'Check failure' not in err and 'fatal errors' not in err, err[-3000:]
+  assert not os.path.exists(workdir)

@@ -30,7 +30,7 @@ import reference as ref
 B, T, I, H, C = 8, 6, 2, 8, 3
 STEPS = 4
 RTOL, ATOL = 1e-5, 1e-6
-OPTIONS = dict(max_length=T)
+LAYER = variants.make_layer('bn_lstm', H, max_length=T)
 
 
 def _batches(count, seed):
@@ -51,10 +51,10 @@ VALID = _batches(1, 2)[0]
 
 
 class Classifier(nnx.Module):
-  """`models.SequenceClassifier(num_classes=C, variant='bn_lstm', hidden_size=H)` in NNX."""
+  """`models.SequenceClassifier(C, LAYER)` in NNX."""
 
   def __init__(self, rngs: nnx.Rngs):
-    rnn = stack.StackedRNN(variant='bn_lstm', hidden_size=H, layer_options=OPTIONS)
+    rnn = stack.StackedRNN(LAYER)
     self.rnn = br_nnx.FromLinen(rnn, jnp.zeros((1, T, I)), rngs=rngs)
     self.head = nnx.Linear(H, C, rngs=rngs)
 
@@ -108,8 +108,7 @@ def _close(got, want, what):
 @pytest.fixture(scope='module')
 def trained():
   """Linen and NNX classifiers trained from the same initial values."""
-  linen = models.SequenceClassifier(num_classes=C, variant='bn_lstm', hidden_size=H,
-                                    layer_options=OPTIONS)
+  linen = models.SequenceClassifier(C, LAYER)
   x, mask, _ = TRAIN[0]
   initial = linen.init(jax.random.key(0), x, mask, use_running_average=True,
                        deterministic=True)
@@ -235,6 +234,23 @@ def test_the_nnx_estimate_warns_of_padding_and_unreached_sites():
   assert sorted(batch_stats.untrained_sites(
       model.unused.cell.linen_variables()['batch_stats'])) == ['cell', 'input', 'recurrent']
   assert not batch_stats.untrained_sites(model.used.cell.linen_variables()['batch_stats'])
+
+
+def test_the_nnx_estimate_checks_lengths_and_warns_of_batches_with_no_valid_step():
+  """As the Linen estimate: concrete lengths outside 0..T are the layer's line before the
+  pass is traced, and batches whose lengths are all 0 leave the sites the call ran with
+  no supported row, named in a warning."""
+  model = TwoCells(nnx.Rngs(0))
+  x, _, _ = VALID
+  with pytest.raises(ValueError) as error:
+    br_nnx.estimate_population_stats(model, [{'inputs': x, 'seq_lengths': np.full(B, T + 1)}])
+  assert helpers.one_line(error) == ('estimate_population_stats: batch 0: seq_lengths[0] = '
+                                     f'{T + 1} is outside 0..{T} (the time steps of the inputs).')
+  with pytest.warns(UserWarning) as record:
+    br_nnx.estimate_population_stats(model, [{'inputs': x, 'seq_lengths': np.zeros(B, int)}])
+  empty = [str(w.message) for w in record if 'no supported row' in str(w.message)]
+  assert len(empty) == 1 and all(f"'used/cell/{site}'" in empty[0]
+                                 for site in ('recurrent', 'input', 'cell')), empty
 
 
 # ----------------------------------------------------------------------------- native cells

@@ -93,8 +93,7 @@ def test_layer_step_equals_the_whole_sequence(variant, masked):
 @pytest.mark.parametrize('variant', helpers.core_cases(['bn_lstm', 'rnn_bn_recurrence'],
                                                        core=['rnn_bn_recurrence']))
 def test_stack_step_equals_the_whole_sequence(variant):
-  rnn = stack.StackedRNN(variant=variant, hidden_size=H, num_layers=2,
-                         layer_options=dict(max_length=MAX_LEN))
+  rnn = stack.StackedRNN(variants.make_layer(variant, H, max_length=MAX_LEN), num_layers=2)
   x_train, mask_train = _data(2, T_TRAIN, TRAIN_LENGTHS, True)
   variables = _trained(rnn, (x_train, mask_train))
   x, mask = _data(3, T_EVAL, EVAL_LENGTHS, True)
@@ -107,8 +106,8 @@ def test_stack_step_equals_the_whole_sequence(variant):
 @pytest.mark.slow
 def test_language_model_steps_in_a_scan_equal_the_whole_sequence():
   """The sampler's form: `step` inside `lax.scan`, the step index a traced counter."""
-  model = models.LanguageModel(vocab_size=7, hidden_size=H, num_layers=2,
-                               layer_options=dict(max_length=MAX_LEN))
+  model = models.LanguageModel(7, variants.make_layer('bn_lstm', H, max_length=MAX_LEN),
+                               num_layers=2)
   rng = np.random.default_rng(4)
   tokens_train = rng.integers(0, 7, size=(B, T_TRAIN)).astype(np.int32)
   variables = _trained(model, (tokens_train, None))
@@ -130,8 +129,8 @@ def test_language_model_steps_in_a_scan_equal_the_whole_sequence():
 
 
 def test_bidirectional_layers_refuse_to_step():
-  rnn = stack.StackedRNN(variant='bn_lstm', hidden_size=H, bidirectional=True,
-                         layer_options=dict(max_length=MAX_LEN))
+  rnn = stack.StackedRNN(variants.make_layer('bn_lstm', H, max_length=MAX_LEN),
+                         bidirectional=True)
   x, _ = _data(5, T_TRAIN, TRAIN_LENGTHS, False)
   variables = _trained(rnn, (x, None))
   with pytest.raises(ValueError, match='bidirectional layer cannot run one step at a time'):

@@ -255,7 +255,7 @@ def test_execution_values_are_checked_in_one_line():
 def test_config_keys_become_the_execution_value():
   config = fx.tiny_config('bn_lstm', **{'model.remat': 'dots', 'model.unroll': 2,
                                         'model.hoist_input': True})
-  options = train.layer_options(config, 5)
+  options = train.layer_fields(config, 5)
   assert options['execution'] == policy.Execution(hoist_input=True, remat='dots', unroll=2)
   assert not set(options) & set(policy.EXECUTION_FIELDS)
 
@@ -347,7 +347,7 @@ def _trainer_config(forced: dict):
 def _trainer_step(forced: dict):
   config = _trainer_config({**_cpu_fields('bn_lstm'), **forced})
   dataset = fx.synthetic_dataset(config)
-  options = train.layer_options(config, dataset.train_length)
+  options = train.layer_fields(config, dataset.train_length)
   resolved = variants.make_layer('bn_lstm', H, **options).execution_policy(B)
   return resolved, fx.one_step(config, dataset, num_devices=1)
 

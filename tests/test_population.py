@@ -3,7 +3,9 @@ each step's minibatch moments) against float64 moments of the parameters' projec
 the reference's average of records; its compiled pass is reused across calls. A batch is
 positional or keyword arguments, the keywords asking for batch statistics are arguments
 too, and the estimate warns where its result would be wrong without a word: batches that
-look zero-padded but pass no lengths, sites no batch reached."""
+look zero-padded but pass no lengths, sites no batch reached or none supported; it checks
+a concrete mask and lengths as the layer does before it traces them, and refuses batches
+whose moments are NaN."""
 
 import warnings
 
@@ -101,8 +103,7 @@ def test_estimate_population_stats_compiles_once_per_model(data):
   """Repeated estimates (one per evaluation in a training loop) reuse the compiled pass,
   also for a model with an unhashable dict field."""
   x, mask = data
-  model = br.SequenceClassifier(num_classes=2, variant='bn_lstm', hidden_size=H,
-                                layer_options={'max_length': T})
+  model = br.SequenceClassifier(2, br.make_layer('bn_lstm', H, max_length=T))
   variables = model.init(jax.random.key(0), x, mask, use_running_average=True,
                          deterministic=True)
   before = population._minibatch_moments_jit._cache_size()
@@ -121,8 +122,7 @@ def test_the_estimate_draws_the_h0_noise_of_training_and_no_dropout(data):
   x, mask = data
   noise = {'max_length': T, 'initial_state': 'noise'}
   model = lambda rate, options: br.SequenceClassifier(
-      num_classes=2, variant='bn_lstm', hidden_size=H, num_layers=2, dropout_rate=rate,
-      layer_options=options)
+      2, br.make_layer('bn_lstm', H, **options), num_layers=2, dropout_rate=rate)
   plain, noisy, dropout = model(0.0, {'max_length': T}), model(0.0, noise), model(0.5, noise)
   variables = plain.init(jax.random.key(0), x, mask, use_running_average=True,
                          deterministic=True)
@@ -151,13 +151,13 @@ def test_unhashable_model_is_a_clear_error(data):
   class Unhashable(br.StackedRNN):
     __hash__ = None
 
-  model = Unhashable('lstm', H)
+  model = Unhashable(br.make_layer('lstm', H))
   variables = model.init(jax.random.key(0), x, mask, use_running_average=True,
                          deterministic=True)
   with pytest.raises(ValueError, match='the model must be hashable; Unhashable is not'):
     br.estimate_population_stats(model, variables, [(x, mask)])
   with pytest.raises(ValueError, match='needs at least one batch'):
-    br.estimate_population_stats(br.StackedRNN('lstm', H), variables, [])
+    br.estimate_population_stats(br.StackedRNN(br.make_layer('lstm', H)), variables, [])
 
 
 def test_rows_of_one_sequence_are_named_and_fall_back_with_a_threshold():
@@ -265,6 +265,69 @@ def test_zero_padding_without_lengths_is_detected(data):
                     r".*Pass the lengths or mask the model trains with") as record:
     br.estimate_population_stats(layer, variables, [(padded,)] * 2)
   assert sum('Pass the lengths' in str(w.message) for w in record) == 1
+
+
+def _eager_error(call) -> str:
+  with pytest.raises(ValueError) as error:
+    call()
+  return helpers.one_line(error)
+
+
+@pytest.mark.parametrize('bad', ['half', 'double', 'valid_after_padding', 'long', 'negative'])
+def test_a_concrete_mask_or_lengths_are_checked_before_the_estimate_traces_them(data, bad):
+  """The estimate's pass is compiled, so the mask and lengths it gets are traced: it
+  checks their concrete values first, with the line the layer's eager call gives, after
+  the batch's index (here the second batch is bad)."""
+  x, mask = data
+  if bad in ('long', 'negative'):
+    model = br.RNN(br.BNLSTMCell(H, max_length=T))
+    lengths = np.asarray(mask).sum(1).astype(np.int32)
+    wrong = lengths.copy()
+    wrong[2] = T + 1 if bad == 'long' else -1
+    batches = [{'inputs': x, 'seq_lengths': lengths}, {'inputs': x, 'seq_lengths': wrong}]
+    variables = model.init(jax.random.key(0), x, seq_lengths=lengths,
+                           use_running_average=True)
+    eager = lambda: model.apply(variables, x, seq_lengths=wrong, use_running_average=False,
+                                mutable=['batch_stats'])
+  else:
+    model = br.make_layer('bn_lstm', H, max_length=T)
+    wrong = {'half': mask * 0.5, 'double': mask * 2.0,
+             'valid_after_padding': np.roll(mask, 1, axis=1)}[bad]
+    batches = [(x, mask), (x, wrong)]
+    variables = model.init(jax.random.key(0), x, mask, use_running_average=True,
+                           deterministic=True)
+    eager = lambda: model.apply(variables, x, wrong, use_running_average=False,
+                                deterministic=True, mutable=['batch_stats'])
+  line = _eager_error(eager)
+  with pytest.raises(ValueError) as error:
+    br.estimate_population_stats(model, variables, batches)
+  assert helpers.one_line(error) == f'estimate_population_stats: batch 1: {line}'
+
+
+def test_batches_with_no_valid_step_warn_and_nan_at_a_valid_step_is_refused(data):
+  """All-padding or empty batches give every site count 0: a warning names them (as
+  evaluation will refuse them). A NaN input at a valid step would make the estimate NaN:
+  one line names the batch, the site and the rows; NaN in padding is inert."""
+  x, mask = data
+  layer = br.make_layer('bn_lstm', H, max_length=T)
+  variables = layer.init(jax.random.key(0), x, mask, use_running_average=True,
+                         deterministic=True)
+  for batch in ((x, np.zeros_like(mask)), (x[:0], mask[:0])):
+    with pytest.warns(UserWarning, match=r"estimate_population_stats: the batches give "
+                      r"site\(s\) 'cell', 'input', 'recurrent' no supported row \(count 0 in "
+                      'every row'):
+      stats = br.estimate_population_stats(layer, variables, [batch])
+    assert batch_stats.untrained_sites(stats) == ['cell', 'input', 'recurrent']
+  nan_valid, nan_padding = np.array(x), np.array(x)
+  nan_valid[1, 2, 0] = np.nan                       # row 1 has 4 valid steps
+  nan_padding[2, 4, 0] = np.nan                     # row 2 has 2
+  with pytest.raises(ValueError) as error:
+    br.estimate_population_stats(layer, variables, [(x, mask), (nan_valid, mask)])
+  assert helpers.one_line(error).startswith(
+      "estimate_population_stats: batch 1 gives non-finite moments at site 'cell' (rows "
+      "2-5): the batch's inputs at valid steps, or the parameters, hold NaN or inf")
+  stats = br.estimate_population_stats(layer, variables, [(nan_padding, mask)])
+  assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(stats))
 
 
 class _Branches(nn.Module):

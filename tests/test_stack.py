@@ -1,6 +1,6 @@
-"""`stack.py`: `StackedRNN` (depth, dropout, bidirectional) and `Bidirectional` against
-the float64 reference (`tests/reference.py`). Stepping a stack one step at a time is in
-`test_one_step_at_a_time.py`."""
+"""`stack.py`: `StackedRNN` (depth, dropout, bidirectional, templates, the flags) and
+`Bidirectional` against the float64 reference (`tests/reference.py`). Stepping a stack one
+step at a time is in `test_one_step_at_a_time.py`."""
 
 import functools
 
@@ -28,7 +28,7 @@ def data():
 def test_stack_equals_reference_layers_in_sequence(data):
   """Two stacked bn_lstm layers (no dropout) = the reference run twice, output to input."""
   x, mask = data
-  rnn = br.StackedRNN('bn_lstm', H, num_layers=2, layer_options={'max_length': T})
+  rnn = br.StackedRNN(br.make_layer('bn_lstm', H, max_length=T), num_layers=2)
   variables = rnn.init(jax.random.key(0), x, mask, use_running_average=False,
                        deterministic=False)
   (carries, out), _ = rnn.apply(variables, x, mask, use_running_average=False,
@@ -49,11 +49,8 @@ def _return_carry_modules():
   tokens = np.arange(B * T).reshape(B, T) % 7
   return [('layer', layer(), (x, mask)),
           ('bidirectional', stack.Bidirectional(layer(), layer()), (x, mask)),
-          ('stack', br.StackedRNN('bn_lstm', H, num_layers=2,
-                                  layer_options={'max_length': T}), (x, mask)),
-          ('language_model', br.LanguageModel(vocab_size=7, hidden_size=H,
-                                              layer_options={'max_length': T}),
-           (tokens, mask))]
+          ('stack', br.StackedRNN(layer(), num_layers=2), (x, mask)),
+          ('language_model', br.LanguageModel(7, layer()), (tokens, mask))]
 
 
 @pytest.mark.parametrize('name,module,args', _return_carry_modules(),
@@ -74,7 +71,7 @@ def test_a_call_returns_the_outputs_or_with_return_carry_the_carry_too(name, mod
 @pytest.mark.slow
 def test_stack_dropout_is_active_only_in_training(data):
   x, mask = data
-  rnn = br.StackedRNN('lstm', H, num_layers=2, dropout_rate=0.5)
+  rnn = br.StackedRNN(br.make_layer('lstm', H), num_layers=2, dropout_rate=0.5)
   variables = rnn.init(jax.random.key(0), x, mask, use_running_average=True,
                        deterministic=True)
   run = functools.partial(rnn.apply, variables, x, mask)
@@ -95,7 +92,8 @@ def test_stack_dropout_is_active_only_in_training(data):
 @pytest.mark.slow
 def test_bidirectional_stack_shapes_and_halves(data):
   x, mask = data
-  rnn = br.StackedRNN('bn_input_only_seq', H, num_layers=2, bidirectional=True)
+  rnn = br.StackedRNN(br.make_layer('bn_input_only_seq', H), num_layers=2,
+                      bidirectional=True)
   variables = rnn.init(jax.random.key(0), x, mask, use_running_average=False,
                        deterministic=False)
   (carries, out), _ = rnn.apply(variables, x, mask, use_running_average=False,
@@ -109,32 +107,32 @@ def test_bidirectional_stack_shapes_and_halves(data):
 
 def test_stack_rejects_carries_when_bidirectional(data):
   x, mask = data
-  rnn = br.StackedRNN('lstm', H, bidirectional=True)
+  rnn = br.StackedRNN(br.make_layer('lstm', H), bidirectional=True)
   with pytest.raises(ValueError, match='initial_carries'):
     rnn.init(jax.random.key(0), x, mask, use_running_average=True, deterministic=True,
              initial_carries=[None])
 
 
-# ----------------------------------------------------------------------------- layer factories
+# ----------------------------------------------------------------------------- templates
 class GRULayer(nn.Module):
   """A layer of one's own: Flax's GRU cell under `nn.RNN`, called as a `RecurrentLayer`
   is (the mask as sequence lengths; it keeps no statistics and draws no noise)."""
-  hidden_size: int
+  features: int
 
   @nn.compact
   def __call__(self, x, mask=None, *, use_running_average, deterministic,
                return_carry=False):
     del use_running_average, deterministic
     lengths = None if mask is None else jnp.sum(mask, axis=1).astype(jnp.int32)
-    return nn.RNN(nn.GRUCell(self.hidden_size))(x, seq_lengths=lengths,
-                                                return_carry=return_carry)
+    return nn.RNN(nn.GRUCell(self.features))(x, seq_lengths=lengths,
+                                             return_carry=return_carry)
 
 
-def test_a_layer_factory_stacks_a_layer_of_ones_own(data):
-  """`StackedRNN(GRULayer, ...)`: each layer built by the factory, named `layer_i`, fed
-  the previous one's outputs; bidirectional stacks and the models take it too."""
+def test_a_template_of_ones_own_is_cloned_per_layer(data):
+  """`StackedRNN(GRULayer(H), ...)`: each layer a clone of the template, named `layer_i`,
+  fed the previous one's outputs; bidirectional stacks and the models take it too."""
   x, mask = data
-  rnn = br.StackedRNN(GRULayer, H, num_layers=2)
+  rnn = br.StackedRNN(GRULayer(H), num_layers=2)
   variables = rnn.init(jax.random.key(0), x, mask, use_running_average=True,
                        deterministic=True)
   assert sorted(variables) == ['params'] and sorted(variables['params']) == [
@@ -149,42 +147,48 @@ def test_a_layer_factory_stacks_a_layer_of_ones_own(data):
     np.testing.assert_array_equal(np.asarray(carries[index]), np.asarray(carry))
   np.testing.assert_array_equal(np.asarray(out), np.asarray(hidden))
 
-  both = br.StackedRNN(GRULayer, H, bidirectional=True)
+  both = br.StackedRNN(GRULayer(H), bidirectional=True)
   out = both.apply(both.init(jax.random.key(0), x, mask, use_running_average=True,
                              deterministic=True),
                    x, mask, use_running_average=True, deterministic=True)
   assert out.shape == (B, T, 2 * H)
-  classifier = br.SequenceClassifier(num_classes=3, variant=GRULayer, hidden_size=H)
+  classifier = br.SequenceClassifier(3, GRULayer(H))
   logits = classifier.apply(classifier.init(jax.random.key(0), x, mask,
                                             use_running_average=True, deterministic=True),
                             x, mask, use_running_average=True, deterministic=True)
   assert logits.shape == (B, 3)
 
 
-def test_a_variant_that_is_no_name_nor_factory_is_a_one_line_error(data):
+def test_a_template_that_is_no_module_is_a_one_line_error(data):
   x, mask = data
-  for variant, got in ((GRULayer(H), 'a GRULayer instance'), (3, '3')):
-    with pytest.raises(ValueError, match='a name in VARIANTS or a layer factory') as error:
-      br.StackedRNN(variant, H).init(jax.random.key(0), x, mask, use_running_average=True,
-                                     deterministic=True)
-    assert helpers.one_line(error).endswith(f'got {got}.')
+  for layer in ('bn_lstm', 3):
+    with pytest.raises(ValueError, match='StackedRNN.layer is a template layer') as error:
+      br.StackedRNN(layer).init(jax.random.key(0), x, mask, use_running_average=True,
+                                deterministic=True)
+    assert helpers.one_line(error).endswith(f'got {layer!r}.')
 
 
-def test_a_partial_of_the_layer_is_the_variant_of_that_name(data):
-  """A factory takes the stack's `layer_options` as keywords, as `make_layer` does."""
+def test_the_flags_are_fields_or_call_arguments(data):
+  """Flax's two flags as fields of the model (`nn.merge_param`'s rule: one or the other)
+  give what the call's arguments give; a flag given neither way follows the other one."""
   x, mask = data
-  by_name = br.StackedRNN('bn_lstm', H, num_layers=2, layer_options={'max_length': T})
-  by_factory = by_name.clone(
-      variant=functools.partial(br.RecurrentLayer, **variants.VARIANTS['bn_lstm']))
-  variables = by_name.init(jax.random.key(0), x, mask, use_running_average=True,
-                           deterministic=True)
-  helpers.assert_trees_equal(by_factory.init(jax.random.key(0), x, mask,
-                                             use_running_average=True, deterministic=True),
-                             variables)
-  run = lambda rnn: rnn.apply(variables, x, mask, use_running_average=False,
-                              deterministic=False, mutable=['batch_stats'],
-                              return_carry=True)
-  helpers.assert_trees_equal(run(by_factory), run(by_name))
+  rnn = br.StackedRNN(br.make_layer('bn_lstm', H, max_length=T), num_layers=2,
+                      dropout_rate=0.5)
+  variables = rnn.init(jax.random.key(0), x, mask, use_running_average=True)
+  train = lambda rnn, **flags: rnn.apply(variables, x, mask, mutable=['batch_stats'],
+                                         rngs={'dropout': jax.random.key(1)}, **flags)
+  by_call = train(rnn, use_running_average=False, deterministic=False)
+  helpers.assert_trees_equal(train(rnn.clone(use_running_average=False),
+                                   deterministic=False), by_call)
+  helpers.assert_trees_equal(train(rnn.clone(use_running_average=False)), by_call)
+  quiet = train(rnn, use_running_average=False, deterministic=True)
+  assert not np.allclose(quiet[0], by_call[0])  # dropout is on in `by_call`
+  with pytest.raises(ValueError, match='use_running_average was given both as a field and '
+                     'in the call') as error:
+    rnn.clone(use_running_average=True).apply(variables, x, mask, use_running_average=False)
+  helpers.one_line(error)
+  with pytest.raises(TypeError, match='Say how StackedRNN runs'):
+    rnn.apply(variables, x, mask)
 
 
 # ----------------------------------------------------------------------------- Bidirectional

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bn_rnn_jax import models
+from bn_rnn_jax import variants
 from bn_rnn_jax.input_pipeline import tagging
 from bn_rnn_jax.training import tasks
 import helpers
@@ -22,8 +23,8 @@ MASK = helpers.prefix_mask(LENGTHS, T)
 
 
 def _tagger(variant):
-  return models.SequenceTagger(num_classes=C, variant=variant, hidden_size=H, num_layers=2,
-                               bidirectional=True, layer_options={'max_length': T})
+  return models.SequenceTagger(C, variants.make_layer(variant, H, max_length=T), num_layers=2,
+                               bidirectional=True)
 
 
 def _frames(seed=0):
@@ -126,8 +127,8 @@ def test_stacked_bidirectional_tagger_matches_float64_reference(variant):
   out = _run(variant, variables, x, labels)
   params = jax.tree.map(lambda p: np.asarray(p, np.float64), variables['params'])
   rnn = params['rnn']
-  # StackedRNN names its layers in creation order: layer l forward, then its backward.
-  layers = [(rnn[f'RecurrentLayer_{2 * l}'], rnn[f'RecurrentLayer_{2 * l + 1}'])
+  # Each layer of the stack holds its forward and its backward layer.
+  layers = [(rnn[f'layer_{l}']['forward_layer'], rnn[f'layer_{l}']['backward_layer'])
             for l in range(2)]
   def reference(layer0_forward_bias):
     stack = [({**layers[0][0], 'bias': layer0_forward_bias}, layers[0][1]), layers[1]]
@@ -144,11 +145,11 @@ def test_stacked_bidirectional_tagger_matches_float64_reference(variant):
   numeric = ref.numerical_grad(
       lambda a: ref.frame_metrics(reference(a['bias'])[0], labels, MASK)[0],
       {'bias': layers[0][0]['bias']})['bias']
-  np.testing.assert_allclose(out['grads']['rnn']['RecurrentLayer_0']['bias'], numeric,
+  np.testing.assert_allclose(out['grads']['rnn']['layer_0']['forward_layer']['bias'], numeric,
                              rtol=2e-3, atol=2e-5)
   if variant != 'lstm':
     # The input term's moments: sequence-wise (one row) or frame-wise (a row per step).
-    stats = out['stats']['rnn']['RecurrentLayer_1']['input']
+    stats = out['stats']['rnn']['layer_0']['backward_layer']['input']
     mom = moments[0][1]['input']
     mean = mom[0] if variant == 'bn_input_only_seq' else np.stack([m[0] for m in mom])
     np.testing.assert_allclose(np.asarray(stats['mean']).reshape(mean.shape), mean,

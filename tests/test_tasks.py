@@ -147,12 +147,11 @@ def _config(**model):
     ('reading_comprehension', {'vocab_size': 9, 'num_entities': 4}, models.AttentiveReader),
 ])
 def test_each_task_builds_its_model_from_the_config(name, kwargs, cls):
-  options = variants.LayerOptions(max_length=12)
   variant = 'bn_e_star' if name == 'reading_comprehension' else 'bn_lstm'
-  model = tasks.get(name).build_model(_config(variant=variant), kwargs, options)
+  model = tasks.get(name).build_model(_config(variant=variant), kwargs, {'max_length': 12})
   assert type(model) is cls  # pylint: disable=unidiomatic-typecheck
-  assert (model.variant, model.hidden_size, model.num_layers) == (variant, 6, 2)
-  assert model.layer_options == options
+  assert (model.layer.features, model.layer.max_length, model.num_layers) == (6, 12, 2)
+  assert model.layer.recurrent_norm == model.layer.input_norm == 'batch'
   for key, value in kwargs.items():
     assert getattr(model, key) == value
 
@@ -160,8 +159,7 @@ def test_each_task_builds_its_model_from_the_config(name, kwargs, cls):
 @pytest.mark.slow
 def test_apply_returns_the_mutated_collections_only_when_asked():
   task = tasks.get('classification')
-  model = task.build_model(_config(num_layers=1), {'num_classes': 3},
-                           variants.LayerOptions(max_length=4))
+  model = task.build_model(_config(num_layers=1), {'num_classes': 3}, {'max_length': 4})
   batch = {'inputs': np.ones((2, 4, 3), np.float32), 'mask': np.ones((2, 4), np.float32)}
   variables = model.init(jax.random.key(0), batch['inputs'], batch['mask'],
                          use_running_average=True, deterministic=True)

@@ -8,6 +8,7 @@ import optax
 import pytest
 
 from bn_rnn_jax import models
+from bn_rnn_jax import variants
 from bn_rnn_jax.training import parallel
 from bn_rnn_jax.training import tasks
 from bn_rnn_jax.training import train
@@ -43,8 +44,7 @@ def test_train_step_takes_the_sgd_step_of_the_reference_gradient():
   """Plain LSTM classifier, SGD: the new parameters are `params - lr * grad` of the mean
   loss over the valid examples (reference gradient by finite differences), on 2 devices
   with the batch split between them; the metrics are the global batch's."""
-  model = models.SequenceClassifier(num_classes=C, variant='lstm', hidden_size=H,
-                                    layer_options={'axis_name': train.AXIS})
+  model = models.SequenceClassifier(C, variants.make_layer('lstm', H, axis_name=train.AXIS))
   task, tx = tasks.get('classification'), optax.sgd(LEARNING_RATE)
   batch = _batch()
   params = model.init(jax.random.key(0), batch['inputs'], batch['mask'],

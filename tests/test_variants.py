@@ -1,12 +1,11 @@
 """`variants.py`: the papers' layers by name (each preset against the reference's own
-spelling of the paper), `make_layer`, and `LayerOptions` (hashable field overrides, an
-unknown field refused in one line)."""
+spelling of the paper) and `make_layer` (an unknown field refused in one line)."""
 
 import pytest
 
 from bn_rnn_jax import initializers
+from bn_rnn_jax import models
 from bn_rnn_jax import policy
-from bn_rnn_jax import recurrent
 from bn_rnn_jax import variants
 import reference as ref
 
@@ -24,7 +23,7 @@ def test_every_variant_normalises_the_sites_the_paper_names():
 
 def test_make_layer_overrides_fields_and_names_the_layer():
   layer = variants.make_layer('bn_lstm', 7, max_length=9, momentum=0.5, name='encoder')
-  assert (layer.hidden_size, layer.max_length, layer.momentum, layer.name) == (
+  assert (layer.features, layer.max_length, layer.momentum, layer.name) == (
       7, 9, 0.5, 'encoder')
   assert variants.make_layer('ln_lstm', 3).scale_init == initializers.Constant(1.0)  # Ba et al.
   with pytest.raises(ValueError, match=r"Unknown RNN variant 'bn_gru'"):
@@ -35,12 +34,15 @@ def test_make_layer_overrides_fields_and_names_the_layer():
 
 def test_unknown_layer_field_names_a_close_match():
   with pytest.raises(ValueError, match="did you mean 'max_length'"):
-    variants.LayerOptions(max_lenght=3)
+    variants.make_layer('bn_lstm', 4, max_lenght=3)
 
 
-def test_layer_options_are_hashable_mappings():
-  full, none = policy.Execution(remat='full'), policy.Execution(remat='none')
-  a = variants.LayerOptions({'max_length': 7}, execution=full)
-  b = variants.LayerOptions(execution=full, max_length=7)
-  assert a == b and hash(a) == hash(b) and dict(a) == {'max_length': 7, 'execution': full}
-  assert a.replace(execution=none)['execution'] == none and a['execution'] == full
+def test_layers_and_models_holding_them_are_hashable_values():
+  """A layer and a model holding it as its template compare and hash by their fields, so
+  either is a static argument of `jax.jit` (the estimate compiles once per model)."""
+  full = policy.Execution(remat='full')
+  a = variants.make_layer('bn_lstm', 7, max_length=9, execution=full)
+  b = variants.make_layer('bn_lstm', 7, execution=policy.Execution(remat='full'), max_length=9)
+  assert a == b and hash(a) == hash(b)
+  assert a != a.clone(execution=policy.Execution(remat='none'))
+  assert hash(models.SequenceClassifier(3, a)) == hash(models.SequenceClassifier(3, b))

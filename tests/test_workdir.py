@@ -106,7 +106,8 @@ def test_an_allowed_change_is_recorded_with_its_step_and_becomes_the_runs(first,
   assert [(r['step'], r['changed']) for r in records] == [
       (4, {'optimizer.learning_rate': [0.001, 0.0001]})]
   # The run's config is now the changed one: the same flags pass, the first ones do not.
-  assert workdir_lib.check(_config(**lower), run).changed == {}
+  as_run = workdir_lib.with_dataset(_config(**lower), dataset)  # what config.json records
+  assert workdir_lib.check(as_run, run).changed == {}
   with pytest.raises(ValueError, match=r'optimizer.learning_rate \(0.0001 -> 0.001\)'):
     loop.train_and_evaluate(_config(**{'train.num_steps': 10}), run, dataset)
 
@@ -126,7 +127,8 @@ def test_an_allowed_change_the_checkpoint_refuses_leaves_the_workdir_untouched(
   assert helpers.one_line(error).startswith('The checkpoint of step 4 in ')
   assert _snapshot(run) == before
   assert not os.path.exists(os.path.join(run, workdir_lib.CHANGES))
-  assert workdir_lib.check(_config(), run).changed == {}
+  as_run = workdir_lib.with_dataset(_config(), dataset)
+  assert workdir_lib.check(as_run, run).changed == {}
   loop.train_and_evaluate(_config(**{'train.num_steps': 6}), run, dataset)
   assert max(r['step'] for r in metric_writer.read_metrics(run)) == 6
 
@@ -190,6 +192,28 @@ def test_a_best_checkpoint_of_another_config_is_moved_aside(first, tmp_path, cap
     loop.train_and_evaluate(_config(**{'seed': 2, 'train.num_steps': 6}), other, dataset)
   assert 'it was saved under another config.json' in caplog.text
   assert os.path.isdir(os.path.join(other, 'other_runs', f'best_{old}'))
+
+
+def test_a_deleted_config_json_is_a_warning_and_the_runs_best_stays_its_own(first, tmp_path,
+                                                                          caplog):
+  """Resumed without config.json: a warning says so, the file is written again from this
+  launch, and the run's own best checkpoint (its lineage travels with the checkpoints)
+  is not moved aside though the new file's bytes differ (another num_steps)."""
+  _, dataset, _ = first
+  run = _copy(first, tmp_path)
+  best = os.listdir(os.path.join(run, 'best'))
+  os.remove(os.path.join(run, 'config.json'))
+  with caplog.at_level(logging.WARNING):
+    loop.train_and_evaluate(_config(**{'train.num_steps': 6}), run, dataset)
+  assert caplog.messages[0] == (
+      f"{os.path.join(run, 'config.json')} is missing, though the workdir holds checkpoints "
+      "up to step 4: written again from this launch's config, which could not be checked "
+      "against the run's.")
+  assert "is not this run's" not in caplog.text and not os.path.exists(
+      os.path.join(run, 'other_runs'))
+  assert set(best) <= set(os.listdir(os.path.join(run, 'best'))) | {'4'} and os.listdir(
+      os.path.join(run, 'best'))
+  assert workdir_lib.run_config(run)['train.num_steps'] == 6
 
 
 def test_no_best_checkpoint_at_the_end_is_a_warning_naming_the_step_tested(tmp_path, caplog):

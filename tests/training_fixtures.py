@@ -57,6 +57,11 @@ class KillAt:
   def __getattr__(self, name):
     return getattr(self._dataset, name)
 
+  @property
+  def name(self):
+    """The name config.json records: the wrapped dataset's (a resume gives it unwrapped)."""
+    return getattr(self._dataset, 'name', type(self._dataset).__name__)
+
   def train_batch(self, step):
     if step == self._kill_step:
       raise Killed(step)

@@ -7,6 +7,7 @@
   parallel       device layout: replicate / shard, pmap or jit of shard_map
   trainer        `Trainer`: one run's model, optimizer, device-mapped steps, evaluation
   loop           `train_and_evaluate`: the loop, evaluation, resume
+  environment    what a run sets up around itself: log lines shown, compilation cache
   workdir        what a workdir remembers: the first launch's config, changes since
   checkpoint     orbax checkpoints (latest K, best), content hashes, workdir lock
   metric_writer  metrics.jsonl, TensorBoard, progress lines
@@ -18,8 +19,8 @@ config` (what experiment configs import) does not import JAX.
 
 import importlib
 
-_MODULES = ('checkpoint', 'config', 'loop', 'metric_writer', 'optim', 'parallel', 'tasks',
-            'train', 'trainer', 'workdir')
+_MODULES = ('checkpoint', 'config', 'environment', 'loop', 'metric_writer', 'optim',
+            'parallel', 'tasks', 'train', 'trainer', 'workdir')
 
 __all__ = list(_MODULES)
 

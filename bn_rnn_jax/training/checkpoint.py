@@ -47,8 +47,12 @@ from typing import Any, Optional
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
-from absl import logging as absl_logging
+
+from bn_rnn_jax import extras
+
+with extras.needed_by(__name__):
+  import orbax.checkpoint as ocp
+  from absl import logging as absl_logging
 
 
 def _manager(path: str, keep: int, read_only: bool = False) -> ocp.CheckpointManager:
@@ -446,7 +450,7 @@ def _read_holder(handle) -> str:
     return 'unknown holder'
 
 
-class _DropOrbaxInfo(std_logging.Filter):
+class OrbaxInfoFilter(std_logging.Filter):
   """Orbax logs several INFO lines per save; keep its warnings and errors only, except
   the traceback it logs when Ctrl-C cuts its wait for a save (the launcher reports the
   stop in one line, and closing the checkpointer finishes the save)."""
@@ -462,6 +466,6 @@ class _DropOrbaxInfo(std_logging.Filter):
 def quiet_orbax_logs() -> None:
   """Hide orbax's INFO chatter, and its traceback of a wait cut by Ctrl-C, from absl
   logging (launchers call this once)."""
-  flt = _DropOrbaxInfo()
+  flt = OrbaxInfoFilter()
   absl_logging.get_absl_handler().addFilter(flt)
   std_logging.getLogger('absl').addFilter(flt)

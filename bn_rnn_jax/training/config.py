@@ -26,7 +26,7 @@ EVAL_STATISTICS = ('estimate', 'running', 'batch')
 
 #: `config.model` fields that are `RecurrentLayer` fields, passed to every layer of the
 #: model (None = the variant's or the layer's default), and the `policy.Execution`
-#: settings, which `train.layer_options` passes as the layers' one `execution`.
+#: settings, which `train.layer_fields` passes as the layers' one `execution`.
 #: `max_length` is resolved against the training length by the trainer.
 LAYER_FIELDS = ('statistics', 'recurrent_init', 'input_init', 'initial_state',
                 'initial_state_noise', 'gamma_init', 'momentum', 'epsilon', 'forget_bias',
@@ -151,6 +151,8 @@ def default_config() -> ml_collections.ConfigDict:
   d.num_processes = _placeholder(int)    # None = auto-detect
   d.process_id = _placeholder(int)       # None = auto-detect
   d.heartbeat_timeout_s = 100    # a process silent this long is lost: the others stop
+  d.init_timeout_s = 120         # processes not all started by then: each ends with one
+                                 # line (exit status 1)
   return config
 
 
@@ -212,6 +214,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       'config.model.max_length': config.model.max_length,
       'config.train.num_devices': config.train.num_devices,
       'config.eval.max_batches': config.eval.max_batches,
+      'config.distributed.init_timeout_s': config.distributed.get('init_timeout_s'),
   }
   for name, value in optional_positive.items():
     if value is not None and (not isinstance(value, int) or value <= 0):

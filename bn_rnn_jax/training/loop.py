@@ -29,16 +29,17 @@ from typing import Optional
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
-from absl import logging
 
 from bn_rnn_jax import extras
 
 with extras.needed_by(__name__):
   import ml_collections
+  from absl import logging
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from bn_rnn_jax.training import checkpoint as checkpoint_lib
 from bn_rnn_jax.training import config as config_lib
+from bn_rnn_jax.training import environment
 from bn_rnn_jax.training import metric_writer
 from bn_rnn_jax.training import parallel
 from bn_rnn_jax.training import train
@@ -52,8 +53,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   """Train, evaluate, checkpoint; resume from the newest intact checkpoint in `workdir`.
 
   `dataset` is any object with the interface of `bn_rnn_jax.input_pipeline` (e.g.
-  `input_pipeline.mnist.SequenceDataset` of your own arrays); None reads the dataset
-  `config.data` names.
+  `input_pipeline.mnist.SequenceDataset` of your own arrays), which config.json then
+  records as `config.data` (`workdir.dataset_fields`: its name, task, lengths and example
+  shapes); None reads the dataset `config.data` names.
+
+  It logs its progress (steps/s, ETA), evaluations and checkpoints with absl logging,
+  shown on stderr while it runs when the program has set up no logging
+  (`environment.log_lines_shown`). A compilation cache folder it cannot write is one
+  warning line (`environment.compilation_cache`).
 
   Returns the last metrics of every split logged, e.g. `{'valid': {...}, 'test': {...}}`
   (no 'test' when `config.train.time_budget_s` stopped the launch before the last step).
@@ -64,8 +71,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   data, for processes with different configs, and for a config the workdir's run was not
   started with (`workdir.check`: refused before anything is written).
   """
+  with environment.log_lines_shown(checkpoint_lib.OrbaxInfoFilter()), \
+      environment.compilation_cache():
+    return _train_and_evaluate(config, workdir, dataset)
+
+
+def _train_and_evaluate(config, workdir: str, dataset) -> dict:
   started = time.monotonic()
   parallel.maybe_initialize_distributed(config)  # before any call that starts a backend
+  if dataset is not None:
+    config = workdir_lib.with_dataset(config, dataset)
   config_lib.validate_config(config)
   parallel.check_same_config(config)
   if workdir is None:
@@ -84,6 +99,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     trainer = Trainer(config, workdir, dataset, checked=True)
     _check_eval_splits(trainer)
     if primary:
+      if launch.saved is None and launch.latest_step is not None:
+        logging.warning('%s is missing, though the workdir holds checkpoints up to step %d: '
+                        'written again from this launch\'s config, which could not be '
+                        'checked against the run\'s.', os.path.join(workdir, workdir_lib.CONFIG),
+                        launch.latest_step)
       workdir_lib.write_config(trainer.config, workdir, launch)
     writer = metric_writer.MetricWriter(workdir, enabled=primary)
     ckpt = checkpoint_lib.Checkpointer(workdir, keep=trainer.config.checkpoint.keep)
@@ -193,9 +213,15 @@ class _Run:
     if ckpt.latest_step() is not None:
       host_state, meta = ckpt.restore(self.template)
       logging.info('Resumed from the checkpoint of step %d.', int(host_state.step))
+      # The run's lineage travels with its checkpoints: a config.json written again
+      # (deleted, then relaunched) does not make the run's own best checkpoint another's.
+      self.lineage = meta.get('lineage') or lineage
     self.start = int(host_state.step)
     self._check_best()
-    writer.truncate(self.start)
+    # A launch that resumes at its last step tests again; an earlier launch's test of the
+    # step it resumes from stays.
+    writer.truncate(self.start, retest=self.start >= self.config.train.num_steps
+                    and self.config.eval.test_at_end)
     self.state = trainer.to_devices(host_state)
     self._check(self.start)
     self.pending = []

@@ -8,9 +8,11 @@ import os
 import time
 from typing import Optional
 
-from absl import logging
-
 from bn_rnn_jax import extras
+
+with extras.needed_by(__name__):
+  from absl import logging
+  from tensorboardX import SummaryWriter
 
 
 #: The split of the record a run writes when a non-finite step stops it: `{'step': the
@@ -28,9 +30,11 @@ class MetricWriter:
     self._tb_dir = os.path.join(workdir, 'tensorboard')
     self._tb = None  # opened at the first record: a launch that fails before writes none
 
-  def truncate(self, step: int) -> None:
-    """Drop records past `step` (written after the checkpoint a run resumes from), and
-    a partial last line that a crash mid-write left (with a warning). A run resuming
+  def truncate(self, step: int, retest: bool = True) -> None:
+    """Drop records past `step` (written after the checkpoint a run resumes from), the
+    end-of-run test record of `step` when `retest` (the launch resumes at its last step and
+    tests it again; an earlier launch's test of the step a longer run resumes from stays),
+    and a partial last line that a crash mid-write left (with a warning). A run resuming
     without its file warns that the history before `step` is gone; one starting from step
     0 over records (its checkpoints gone, or none saved yet) warns that they are dropped."""
     if not self.enabled:
@@ -49,8 +53,9 @@ class MetricWriter:
                       len(records), min(steps), max(steps))
     with open(self.path, 'w') as f:
       for record in records:
-        # The end-of-run test record follows the last checkpoint: it is redone too.
-        if record['step'] < step or record['step'] == step and record['split'] != 'test':
+        # The end-of-run test record follows the last checkpoint.
+        if record['step'] < step or record['step'] == step and (
+            record['split'] != 'test' or not retest):
           f.write(json.dumps(record) + '\n')
 
   def write(self, step: int, split: str, metrics: dict, **extra) -> None:
@@ -64,8 +69,6 @@ class MetricWriter:
       f.write(json.dumps(record) + '\n')
       f.flush()
     if self._tb is None:
-      with extras.needed_by(__name__):
-        from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self._tb = SummaryWriter(self._tb_dir)
     for name, value in metrics.items():
       self._tb.add_scalar(f'{split}/{name}', float(value), step)

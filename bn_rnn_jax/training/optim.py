@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
-import optax
+
+from bn_rnn_jax import extras
+
+with extras.needed_by(__name__):
+  import optax
 
 
 def learning_rate_schedule(config, steps_per_epoch: int):

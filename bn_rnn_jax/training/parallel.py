@@ -32,16 +32,22 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import sys
+import threading
 from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bn_rnn_jax import extras
 from bn_rnn_jax.training import workdir as workdir_lib
 from bn_rnn_jax.training.config import PARALLEL_BACKENDS as BACKENDS
+
+with extras.needed_by(__name__):
+  from absl import logging
 
 AXIS = 'batch'
 
@@ -52,7 +58,10 @@ def maybe_initialize_distributed(config) -> None:
   Called before anything starts a JAX backend. Empty fields are left to JAX's
   auto-detection (SLURM, TPU pods, ...). Cross-process collectives on CPU use gloo.
   A process whose peers miss heartbeats for `config.distributed.heartbeat_timeout_s`
-  seconds is stopped by JAX's coordination service.
+  seconds is stopped by JAX's coordination service. When the processes have not all
+  started within `config.distributed.init_timeout_s` seconds, this process ends with one
+  line (`_end_waiting_for_peers`): JAX's client would abort it a little later with a
+  C++ stack dump, which no Python code can catch.
   """
   dist = config.get('distributed')
   if dist is None or not dist.get('enabled', False):
@@ -70,12 +79,46 @@ def maybe_initialize_distributed(config) -> None:
     kwargs['process_id'] = dist.process_id
   if dist.get('heartbeat_timeout_s') is not None:
     kwargs['heartbeat_timeout_seconds'] = int(dist.heartbeat_timeout_s)
+  timeout = dist.get('init_timeout_s')
+  if timeout is not None:
+    if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0:
+      raise ValueError('config.distributed.init_timeout_s must be None (JAX\'s default) or a '
+                       f'positive integer; got {timeout!r}.')
+    kwargs['initialization_timeout'] = timeout + _INIT_GRACE_S
   logging.info('jax.distributed.initialize(%s)', kwargs)
+  watchdog = None
+  if timeout is not None:
+    watchdog = threading.Timer(timeout, _end_waiting_for_peers, (kwargs, timeout))
+    watchdog.daemon = True
+    watchdog.start()
   try:
     jax.distributed.initialize(**kwargs)
   except RuntimeError as e:
     raise ValueError(f'jax.distributed.initialize({_kwargs_text(kwargs)}) failed: '
                      f'{" ".join(str(e).split())}') from None
+  finally:
+    if watchdog is not None:
+      watchdog.cancel()
+
+
+#: How much longer than `config.distributed.init_timeout_s` JAX's own client waits, so
+#: that the line of `_end_waiting_for_peers` comes first.
+_INIT_GRACE_S = 30
+
+
+def _end_waiting_for_peers(kwargs: dict, timeout: int) -> None:
+  """End this process with one line: its `jax.distributed.initialize` has waited
+  `timeout` seconds for the other processes (run in a timer thread)."""
+  where = kwargs.get('coordinator_address', 'the auto-detected coordinator')
+  who = (f'process {kwargs["process_id"]}' if 'process_id' in kwargs else 'this process')
+  count = kwargs.get('num_processes')
+  sys.stdout.flush()
+  sys.stderr.write(
+      f'error: {who} of a {count or "multi"}-process run waited {timeout} s at {where} and '
+      'the other processes did not all start (config.distributed.init_timeout_s); start '
+      'every process with the same command, each with its own distributed.process_id.\n')
+  sys.stderr.flush()
+  os._exit(1)  # pylint: disable=protected-access
 
 
 def _kwargs_text(kwargs: dict) -> str:

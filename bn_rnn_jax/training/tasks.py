@@ -6,9 +6,9 @@ several (`register(name, task, unit=...)`). Adding a task (a model, its loss and
 metrics) is `register('name', Task(...))` here or from your own module; the loop in
 `train.py` never changes.
 
-  build_model(config, model_kwargs, layer_options) -> flax module
-      `model_kwargs` come from the dataset (sizes such as `num_classes`), `layer_options`
-      are the `RecurrentLayer` fields of `config.model` (`train.layer_options`).
+  build_model(config, model_kwargs, layer_fields) -> flax module
+      `model_kwargs` come from the dataset (sizes such as `num_classes`), `layer_fields`
+      are the `RecurrentLayer` fields of `config.model` (`train.layer_fields`).
   apply(model, variables, batch, *, use_running_average, deterministic, carry,
         **apply_kwargs) -> ((final_carries | None, outputs), mutated collections)
       The two flags as the models take them (`modes.py`; one given, the other follows
@@ -45,10 +45,14 @@ import math
 from typing import Any, Callable, Optional
 
 import jax.numpy as jnp
-import optax
 
+from bn_rnn_jax import extras
 from bn_rnn_jax import models
 from bn_rnn_jax import modes
+from bn_rnn_jax import variants
+
+with extras.needed_by(__name__):
+  import optax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,9 +92,13 @@ def get(name: str, unit: Optional[str] = None) -> Task:
 # ---------------------------------------------------------------------- shared pieces
 def model_fields(config) -> dict:
   """The recurrent stack's fields every model takes from `config.model`."""
-  m = config.model
-  return dict(variant=m.variant, hidden_size=m.hidden_size, num_layers=m.num_layers,
-              dropout_rate=m.dropout_rate)
+  return dict(num_layers=config.model.num_layers, dropout_rate=config.model.dropout_rate)
+
+
+def layer(config, layer_fields):
+  """The model's layer template: `config.model.variant` with `hidden_size` units and
+  `layer_fields` (`train.layer_fields`)."""
+  return variants.make_layer(config.model.variant, config.model.hidden_size, **layer_fields)
 
 
 def apply_model(model, variables, args, mode: modes.Mode, apply_kwargs, **call_kwargs):
@@ -121,15 +129,15 @@ def token_weights(batch):
 
 
 # ---------------------------------------------------------------------- classification
-def _build_classifier(config, model_kwargs, layer_options):
-  return models.SequenceClassifier(**model_kwargs, **model_fields(config),
-                                   layer_options=layer_options)
+def _build_classifier(config, model_kwargs, layer_fields):
+  return models.SequenceClassifier(**model_kwargs, layer=layer(config, layer_fields),
+                                   **model_fields(config))
 
 
 def _apply_classifier(model, variables, batch, *, carry, use_running_average=None,
                       deterministic=None, **kwargs):
   del carry  # a classifier starts every sequence afresh
-  mode = modes.resolve(use_running_average, deterministic)
+  mode = modes.resolve(model, use_running_average, deterministic)
   logits, mutated = apply_model(model, variables, (batch['inputs'], batch.get('mask')),
                                 mode, kwargs)
   return (None, logits), mutated
@@ -143,14 +151,14 @@ def _classification_sums(logits, batch):
 
 
 # ---------------------------------------------------------------------- language model
-def _build_language_model(config, model_kwargs, layer_options):
-  return models.LanguageModel(**model_kwargs, embed_size=config.model.embed_size,
-                              **model_fields(config), layer_options=layer_options)
+def _build_language_model(config, model_kwargs, layer_fields):
+  return models.LanguageModel(**model_kwargs, layer=layer(config, layer_fields),
+                              embed_size=config.model.embed_size, **model_fields(config))
 
 
 def _apply_language_model(model, variables, batch, *, carry, use_running_average=None,
                           deterministic=None, **kwargs):
-  mode = modes.resolve(use_running_average, deterministic)
+  mode = modes.resolve(model, use_running_average, deterministic)
   return apply_model(model, variables, (batch['inputs'], batch.get('mask')), mode, kwargs,
                      initial_carries=carry, return_carry=True)
 
@@ -189,12 +197,12 @@ register('language_model', _language_model(
 # 'tagging'  `SequenceTagger`, logits `[B, T, C]`, labels / mask `[B, T]` (Laurent et al.
 # sec. 5.1 frame classification; Brown POS tagging). Metrics over valid steps only:
 # `loss` = frame cross-entropy (FCE, nats per frame), `fer` = frame error rate.
-def _build_tagger(config, model_kwargs, layer_options):
+def _build_tagger(config, model_kwargs, layer_fields):
   m = config.model
   optional = {name: m[name] for name in ('embed_size', 'input_projection', 'kernel_init')
               if m[name] is not None}
-  return models.SequenceTagger(**model_kwargs, **optional, **model_fields(config),
-                               bidirectional=m.bidirectional, layer_options=layer_options)
+  return models.SequenceTagger(**model_kwargs, layer=layer(config, layer_fields), **optional,
+                               **model_fields(config), bidirectional=m.bidirectional)
 
 
 def _tagging_sums(logits, batch):
@@ -214,15 +222,16 @@ register('tagging', Task(_build_tagger, _apply_classifier, _tagging_sums, _taggi
 
 
 # ---------------------------------------------------------------------- reading comprehension
-def _build_reader(config, model_kwargs, layer_options):
-  return models.AttentiveReader(**model_kwargs, embed_size=config.model.embed_size,
-                                **model_fields(config), layer_options=layer_options)
+def _build_reader(config, model_kwargs, layer_fields):
+  return models.attentive_reader(config.model.variant, features=config.model.hidden_size,
+                                 layer_fields=layer_fields, **model_kwargs,
+                                 embed_size=config.model.embed_size, **model_fields(config))
 
 
 def _apply_reader(model, variables, batch, *, carry, use_running_average=None,
                   deterministic=None, **kwargs):
   del carry  # every question starts afresh
-  mode = modes.resolve(use_running_average, deterministic)
+  mode = modes.resolve(model, use_running_average, deterministic)
   logits, mutated = apply_model(model, variables, (batch['inputs'], None), mode, kwargs)
   return (None, logits), mutated
 

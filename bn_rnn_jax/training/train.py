@@ -28,18 +28,20 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax import lax
 
+from bn_rnn_jax import extras
 from bn_rnn_jax import initializers
 from bn_rnn_jax import modes
 from bn_rnn_jax import policy
 from bn_rnn_jax import population
-from bn_rnn_jax import variants
 from bn_rnn_jax.training import config as config_lib
 from bn_rnn_jax.training import parallel
 from bn_rnn_jax.training import tasks
 from bn_rnn_jax.training.tasks import Task
+
+with extras.needed_by(__name__):
+  import optax
 
 AXIS = parallel.AXIS
 
@@ -70,7 +72,7 @@ class TrainState:
 
 
 # ====================================================================== construction
-def layer_options(config, train_length: int) -> variants.LayerOptions:
+def layer_fields(config, train_length: int) -> dict:
   """The `RecurrentLayer` fields of `config.model`, with T_max and the device axis; the
   execution keys (`model.remat`, `model.unroll`, ...) as one `policy.Execution`; the
   initialisers by name (`recurrent_init`, `input_init`) and value (`gamma_init`) as the
@@ -89,14 +91,13 @@ def layer_options(config, train_length: int) -> variants.LayerOptions:
     fields['scale_init'] = initializers.Constant(float(fields.pop('gamma_init')))
   settings = {name: fields.pop(name) for name in policy.EXECUTION_FIELDS if name in fields}
   execution = policy.Execution(**settings)
-  return variants.LayerOptions(fields, execution=execution, max_length=max_length,
-                               axis_name=AXIS)
+  return {**fields, 'execution': execution, 'max_length': max_length, 'axis_name': AXIS}
 
 
 def create_model(config, dataset):
   """The task's model for `dataset`, its layers configured by `config.model`."""
-  options = layer_options(config, dataset.train_length)
-  return tasks.get(dataset.task).build_model(config, dict(dataset.model_kwargs), options)
+  fields = layer_fields(config, dataset.train_length)
+  return tasks.get(dataset.task).build_model(config, dict(dataset.model_kwargs), fields)
 
 
 def initial_variables(model, batch, seed: int):

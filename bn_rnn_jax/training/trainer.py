@@ -20,8 +20,6 @@ from typing import Callable, NamedTuple, Optional
 
 import jax
 import numpy as np
-import optax
-from absl import logging
 
 from bn_rnn_jax import extras
 from bn_rnn_jax import input_pipeline
@@ -35,6 +33,8 @@ from bn_rnn_jax.training.train import TrainState
 
 with extras.needed_by(__name__):
   import ml_collections
+  import optax
+  from absl import logging
 
 _EVAL_LOG_EVERY_S = 10.0  # an evaluation logs its progress at most this often
 
@@ -78,7 +78,8 @@ class Trainer:
   `config` is validated first, and the distributed runtime started where it asks for
   one, unless `checked` says the caller did both (`loop.train_and_evaluate`, which
   checks before it reads the workdir); `dataset` defaults to
-  `input_pipeline.get_dataset(config)`.
+  `input_pipeline.get_dataset(config)`, and must be given for a run whose config.json
+  records a dataset object (`config.data.given`).
   """
 
   def __init__(self, config, workdir: Optional[str] = None, dataset=None, *,
@@ -94,6 +95,10 @@ class Trainer:
                              'config.train.batch_size')
     parallel.check_divisible(config.eval.batch_size, global_devices,
                              'config.eval.batch_size')
+    if dataset is None and config.data.get('given'):
+      raise ValueError(f'The run was trained on a dataset object (config.data.name='
+                       f'{config.data.name!r}, given to train_and_evaluate), which '
+                       'config.json cannot hold: pass the same dataset again (dataset=...).')
     self.dataset = dataset or input_pipeline.get_dataset(
         config, workdir=workdir, process_index=jax.process_index(),
         process_count=jax.process_count())

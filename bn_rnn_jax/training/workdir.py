@@ -60,6 +60,44 @@ def flat_config(config) -> dict:
   return flat
 
 
+def _example_shape(value):
+  """`'float32[20, 2]'`: the dtype and shape of one example (the leading batch axis
+  dropped) of a batch's array, or of each array of a mapping of them."""
+  if isinstance(value, dict):
+    return {key: _example_shape(v) for key, v in sorted(value.items())}
+  shape, dtype = tuple(getattr(value, 'shape', ())), getattr(value, 'dtype', type(value).__name__)
+  return f'{dtype}[{", ".join(map(str, shape[1:]))}]'
+
+
+def dataset_fields(dataset) -> dict:
+  """What config.json records as `config.data` for a dataset object given to the trainer
+  (`train_and_evaluate(..., dataset=...)`), in place of the fields of a dataset by name:
+  its `name` (the object's `name` attribute, else its class's name), `given: True`
+  (config.json cannot hold the object: a run is resumed, evaluated or exported with it
+  given again), the interface's `task`, `model_kwargs`, `train_length` and
+  `steps_per_epoch`, and the dtype and shape of one example of each array of its
+  training batches (`example`, e.g. `{'inputs': 'float32[20, 2]', 'labels': 'int32[]'}`).
+  """
+  name = getattr(dataset, 'name', None)
+  return {'name': name if isinstance(name, str) else type(dataset).__name__,
+          'given': True,
+          'task': str(dataset.task),
+          'model_kwargs': json.loads(json.dumps(dict(dataset.model_kwargs), default=str)),
+          'train_length': int(dataset.train_length),
+          'steps_per_epoch': int(dataset.steps_per_epoch),
+          'example': _example_shape(dict(dataset.train_batch(0)))}
+
+
+def with_dataset(config, dataset):
+  """A copy of `config` whose `data` is `dataset_fields(dataset)`."""
+  with extras.needed_by(f'{__name__}.with_dataset'):
+    import ml_collections  # pylint: disable=g-import-not-at-top
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.data = ml_collections.ConfigDict(dataset_fields(dataset))
+  return config
+
+
 def harmless(field: str) -> bool:
   return any(field == h or (h.endswith('.') and field.startswith(h)) for h in HARMLESS)
 

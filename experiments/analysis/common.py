@@ -34,6 +34,7 @@ import numpy as np
 
 from bn_rnn_jax import extras
 from bn_rnn_jax import input_pipeline
+from bn_rnn_jax import models
 from bn_rnn_jax.input_pipeline import mnist
 from bn_rnn_jax.input_pipeline import text
 from bn_rnn_jax.training import config as config_lib
@@ -234,15 +235,13 @@ def evaluate_with(trainer: loop.Trainer, state: train.TrainState, batch_stats,
 
 def unmapped_model(trainer: loop.Trainer):
   """`trainer`'s model without the pmap axis name, to apply it outside `pmap`."""
-  options = dict(trainer.model.layer_options)
-  options.pop('axis_name', None)
-  return trainer.model.clone(layer_options=options)
+  return models.with_layer_fields(trainer.model, axis_name=None)
 
 
 def without_h0_noise(model):
   """`model` with `initial_state='zeros'`: the same parameters, whose estimate's pass
   draws no h0 noise (the estimate as inference alone would run it)."""
-  return model.clone(layer_options={**model.layer_options, 'initial_state': 'zeros'})
+  return models.with_layer_fields(model, initial_state='zeros')
 
 
 def host_variables(trainer: loop.Trainer, state: train.TrainState) -> dict:

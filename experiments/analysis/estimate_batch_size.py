@@ -98,6 +98,7 @@ def run(output_dir: str, mnist_dir: Optional[str], num_steps: int = 300,
   `site_from_small[site]` = accuracy of the largest estimate with `site` replaced by the
   average over training-size batches.
   """
+  common.matplotlib_pyplot()   # a missing matplotlib refuses before the work
   start = time.time()
   config = common.mnist_config(
       mnist_dir, resolution=image_size, permutation_seed=seed if permute else None,

@@ -60,6 +60,7 @@ def run(output_dir: str, mnist_dir: Optional[str], num_steps: int = 300,
         batch_size: int = 100, hidden_size: int = 100, valid_examples: int = 2000,
         draws: int = 3, estimate_batch: int = 1000, seed: int = 0) -> dict:
   """Writes `estimate_noise.{png,json}`; returns the JSON dict."""
+  common.matplotlib_pyplot()   # a missing matplotlib refuses before the work
   start = time.time()
   config = common.mnist_config(
       mnist_dir, resolution=28, hidden_size=hidden_size, batch_size=batch_size,

@@ -79,6 +79,7 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, draws: int = 
         num_batches: int = 2, size: int = 1000, seed: int = 0) -> dict:
   """Writes `estimate_spread_<run folder>.{png,json}` in `output_dir`; returns the
   JSON's dict (the accuracies above, `per_row`, `nonzero_inputs`, the run, its step)."""
+  common.matplotlib_pyplot()   # a missing matplotlib refuses before the work
   start = time.time()
   trainer, state, done = estimate_trained.restore(run_dir, step)
   logging.info('Restored step %d of %s', done, run_dir)

@@ -103,6 +103,7 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, draws: int = 
   accuracies of the draws of each setting ('n x size'); `valid_examples`, `step`, `run`
   (campaign/run folder), `data`, `seconds`, `machine`.
   """
+  common.matplotlib_pyplot()   # a missing matplotlib refuses before the work
   start = time.time()
   trainer, state, done = restore(run_dir, step)
   logging.info('Restored step %d of %s', done, run_dir)

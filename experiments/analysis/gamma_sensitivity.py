@@ -109,6 +109,7 @@ def run(output_dir: str, mnist_dir: Optional[str], ptb_dir: str, gammas: Sequenc
   unknown = set(tasks) - {'mnist', 'ptb'}
   if unknown or not tasks:
     raise ValueError(f"tasks must be among 'mnist', 'ptb'; got {list(tasks)}.")
+  common.matplotlib_pyplot()   # a missing matplotlib refuses before the work
   start = time.time()
   results = {}
   if 'mnist' in tasks:

@@ -122,6 +122,7 @@ def run(output_dir: str, mnist_dir: Optional[str], gammas: Sequence[float],
   JSON: `grad_norm[init][gamma]` = `[T]` geometric mean over batches of ||dL/dh_t||;
   `ratio_first_to_last[init][gamma]` = ||dL/dh_0|| / ||dL/dh_{T-1}||.
   """
+  common.matplotlib_pyplot()   # a missing matplotlib refuses before the work
   start = time.time()
   # Only the data of this config is used (no training): batch_size=1 fits any split.
   config = common.mnist_config(mnist_dir, resolution=image_size, batch_size=1, seed=seed)

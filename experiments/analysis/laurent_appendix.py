@@ -73,6 +73,7 @@ def run(output_dir: str, ptb_dir: str, variants: Sequence[tuple[str, float]], *,
   JSON: `curves[label]` = training history (`step`, `train_loss` in nats, `eval_step`,
   `eval` = [{'loss', 'metric' (bits/char)}]), `final_valid_bpc[label]`.
   """
+  common.matplotlib_pyplot()   # a missing matplotlib refuses before the work
   start = time.time()
   curves, data = {}, None
   for name, gamma in variants:

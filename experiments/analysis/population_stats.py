@@ -84,6 +84,7 @@ def run(output_dir: str, ptb_dir: str, hidden_size: int = 128, num_steps: int = 
   `running_average[site]` likewise, `convergence[site]` = `{'mean_shift', 'var_change':
   [T]}` over all units, `units[site]` = the feature indices shown.
   """
+  common.matplotlib_pyplot()   # a missing matplotlib refuses before the work
   start = time.time()
   config = common.ptb_config(ptb_dir, hidden_size=hidden_size, batch_size=batch_size,
                              length=length, learning_rate=learning_rate, eval_batches=4,

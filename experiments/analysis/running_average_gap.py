@@ -125,6 +125,7 @@ def hybrids(accuracy, base, other, bounds=(1, 4, 16, 64, 256)) -> dict[str, floa
 
 def run(run_dir: str, output_dir: str, step: Optional[int] = None, num_batches: int = 2,
         size: int = 1000, seed: int = 0) -> dict:
+  common.matplotlib_pyplot()   # a missing matplotlib refuses before the work
   start = time.time()
   trainer, state, done = estimate_trained.restore(run_dir, step)
   logging.info('Restored step %d of %s', done, run_dir)

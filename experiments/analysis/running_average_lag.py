@@ -85,6 +85,7 @@ def run(run_dir: str, output_dir: str, step: Optional[int] = None, num_steps: in
   if num_steps < every or every <= 0:
     raise ValueError(f'--lag_steps ({num_steps}) must be at least --lag_every ({every}) '
                      '> 0.')
+  common.matplotlib_pyplot()   # a missing matplotlib refuses before the work
   start = time.time()
   trainer, state, done = estimate_trained.restore(run_dir, step)
   logging.info('Restored step %d of %s', done, run_dir)

@@ -52,6 +52,7 @@ def run(output_dir: str, num_stds: int = 51, max_std: float = 1.0, samples: int 
   if num_stds < 2 or max_std <= 0 or samples < 10 or nodes < 2:
     raise ValueError(f'Need num_stds >= 2, max_std > 0, samples >= 10, nodes >= 2; got '
                      f'{num_stds}, {max_std}, {samples}, {nodes}.')
+  common.matplotlib_pyplot()   # a missing matplotlib refuses before the work
   start = time.time()
   stds = np.linspace(0.0, max_std, num_stds)
   draws = derivative_samples(stds, samples, seed)

@@ -102,8 +102,8 @@ def classifier(variant: str, hidden: int, max_length: int,
                fields: Optional[dict] = None) -> br.SequenceClassifier:
   """The task's model: a two-class `SequenceClassifier` of `variant` with `max_length`
   rows of per-step statistics and any other layer `fields`."""
-  return br.SequenceClassifier(num_classes=2, variant=variant, hidden_size=hidden,
-                               layer_options={'max_length': max_length, **(fields or {})})
+  return br.SequenceClassifier(2, br.make_layer(variant, hidden, max_length=max_length,
+                                               **(fields or {})))
 
 
 def train_arm(variant: str, fields: dict, seed: int, steps: int, hidden: int,

@@ -80,6 +80,7 @@ import numpy as np
 import optax
 
 import bn_rnn_jax as br
+from bn_rnn_jax import extras
 from bn_rnn_jax import initializers
 from bn_rnn_jax import normalization
 from experiments import machine_facts
@@ -431,6 +432,9 @@ FIGURES = {'cause': plot, 'rate': plot_rates}
 
 def main(argv) -> None:
   del argv
+  if _ARM_SET.value in FIGURES:   # a missing matplotlib refuses before the work
+    with extras.needed_by('Drawing a figure'):
+      import matplotlib  # pylint: disable=g-import-not-at-top,unused-import
   result = run([int(s) for s in _STEPS.value], _SEEDS.value, _ESTIMATE.value,
                _WORKERS.value, _ARM_SET.value)
   _, _, name = ARM_SETS[_ARM_SET.value]

@@ -2,6 +2,7 @@ r"""Run, follow, collect and report the campaigns of experiments/campaign_specs/
 
   python -m experiments.campaign list                  # every table: command, expected time
   python -m experiments.campaign run NAME [--parallel=2] [--seeds=0,1] [--set=k=v ...]
+                                 [--train_until=EPOCH_S]  # launches stop by then
   python -m experiments.campaign status NAME
   python -m experiments.campaign collect NAME          # -> experiments/results/NAME.json
                                  [--allow_fewer_runs]  # may replace one with more runs
@@ -63,6 +64,10 @@ _SEEDS = flags.DEFINE_list('seeds', None, 'Seeds to run (default: the spec\'s).'
 _ARMS = flags.DEFINE_list('arms', None, 'Arms to run (default: all).')
 _SET = flags.DEFINE_multi_string('set', [], 'KEY=VALUE: a config field of every run.')
 _TINY = flags.DEFINE_bool('tiny', False, 'The spec\'s tiny budget (two steps, small model).')
+_TRAIN_UNTIL = flags.DEFINE_float('train_until', None, 'run: the time (seconds since the '
+                                   'epoch) training stops by: each launch\'s '
+                                   'train.time_budget_s is what is left of it, and a run '
+                                   'whose turn comes later is not started.')
 _COMPILE_CACHE = flags.DEFINE_bool('compile_cache', False, 'A persistent XLA cache in '
                                    '--runs_dir shared by the runs (faster starts).')
 _ALLOW_FEWER = flags.DEFINE_bool('allow_fewer_runs', False, 'collect: replace a results '
@@ -114,7 +119,8 @@ def _report(campaign: spec_lib.Campaign) -> None:
 def _run_one(command: str, campaign: spec_lib.Campaign, options: list[str]) -> int:
   if command == 'run':
     failed = runner.run(campaign, _RUNS_DIR.value, _PARALLEL.value, _seeds(), _ARMS.value,
-                        _extra(campaign), _COMPILE_CACHE.value, _TINY.value)
+                        _extra(campaign), _COMPILE_CACHE.value, _TINY.value,
+                        _TRAIN_UNTIL.value)
     if failed:
       print(f'{len(failed)} run(s) failed: {", ".join(failed)}', file=sys.stderr)
       return 1

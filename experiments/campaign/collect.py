@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import math
 import os
 import platform
 import sys
@@ -28,6 +27,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import ml_collections
 
 from experiments.campaign import spec as spec_lib
+from experiments.campaign import validate
 
 LAUNCHES = 'campaign_launches.jsonl'   # a run's launch records (runner.py, read_launches)
 EVALUATION = 'evaluation.json'         # an evaluation job's output (runner.py)
@@ -200,7 +200,8 @@ def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence
         notes.append(f'{run.name} (no results yet)')
         continue
       entry.update(read_run(workdir))
-      check_finite({run.name: entry}, os.path.join(os.path.abspath(workdir), 'metrics.jsonl'))
+      validate.check_runs({run.name: entry},
+                          os.path.join(os.path.abspath(workdir), 'metrics.jsonl'))
       planned = campaign.config_of(run, extra)
       own = trained_config(workdir, entry['launches'])
       trained = own or planned
@@ -239,33 +240,26 @@ def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence
   if campaign.baselines:
     result['baselines'] = campaign.baselines(config)
   result['runs'] = runs
+  if include_unfinished:
+    _leave_out_unreadable(campaign, result)
   return result
 
 
-def check_finite(runs: Mapping[str, dict], where: str) -> None:
-  """Raise a one-line ValueError naming `where`, the run and the field, when a run in
-  `runs` (`{name: entry}`) holds NaN or an infinity: a table would compare it as a number
-  (an infinite accuracy is ahead of every other)."""
-  for name, entry in runs.items():
-    found = _non_finite(entry)
-    if found is not None:
-      field, value = found
-      raise ValueError(f'{where}: run {name} holds {value} in {field}; results are finite '
-                       'numbers (repair the value, or run the run again).')
-
-
-def _non_finite(value, field: str = '') -> Optional[tuple[str, float]]:
-  """`(field path, value)` of the first NaN or infinity in a JSON value, else None."""
-  if isinstance(value, float) and not math.isfinite(value):
-    return field, value
-  items = (value.items() if isinstance(value, dict) else
-           enumerate(value) if isinstance(value, list) else ())
-  for key, item in items:
-    found = _non_finite(item, f'{field}[{key}]' if isinstance(key, int) else
-                        f'{field}.{key}' if field else key)
-    if found is not None:
-      return found
-  return None
+def _leave_out_unreadable(campaign: spec_lib.Campaign, result: dict) -> None:
+  """Leave out of `result`, each with a note, the unfinished runs that the campaign's
+  tables cannot read beside the finished ones (a run stopped before its first
+  evaluation): `report` never refuses what `collect` writes."""
+  from experiments.campaign import show  # pylint: disable=g-import-not-at-top
+  runs = result['runs']
+  finished_runs = {n: e for n, e in runs.items() if not e.get('unfinished')}
+  if finished_runs and show.table_problem(campaign, {**result, 'runs': finished_runs}):
+    return   # the finished runs' own problem, which `report` names
+  for name in [n for n in runs if n not in finished_runs]:
+    problem = show.table_problem(campaign, {**result, 'runs': {**finished_runs,
+                                                               name: runs[name]}})
+    if problem is not None:
+      del runs[name]
+      print(f'note: {name} is unfinished and left out: {problem}')
 
 
 def _read_json(path: str, what: str):

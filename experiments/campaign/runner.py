@@ -36,6 +36,9 @@ from experiments.campaign import collect
 from experiments.campaign import spec as spec_lib
 
 _POLL_S = 1.0
+#: The least time budget a launch is started with (`run`'s `train_until`): less would not
+#: reach a checkpoint past the start-up and compilation.
+MIN_BUDGET_S = 30
 
 
 @dataclasses.dataclass
@@ -183,9 +186,10 @@ def _child_setup(cores: Optional[frozenset[int]]) -> Callable[[], None]:
 class _Child:
   """A launched task: its process, log and launch record."""
 
-  def __init__(self, task: Task, done: int, cores: Optional[frozenset[int]] = None):
+  def __init__(self, task: Task, done: int, cores: Optional[frozenset[int]] = None,
+               budget: Optional[int] = None):
     os.makedirs(task.workdir, exist_ok=True)
-    self.task, self.done, self.cores = task, done, cores
+    self.task, self.done, self.cores, self.budget = task, done, cores, budget
     self.log_path = os.path.join(task.workdir, 'stdout.log')
     self.start = time.time()
     self.record = {'started': _iso(self.start),
@@ -195,11 +199,14 @@ class _Child:
       self.record['cores_used'] = len(cores)
     if task.config is not None:   # the budget collect counts the run finished at
       self.record['num_steps'] = task.config.train.num_steps
+    if budget is not None:   # what was left of `run`'s `train_until`
+      self.record['time_budget_s'] = budget
+    argv = task.argv + ([f'--config.train.time_budget_s={budget}'] if budget else [])
     # Written now and again, complete, at the end (`collect.read_launches` keeps the
     # last): a launch killed with the runner still says where its steps ran.
     self._write_record()
     self._log = open(self.log_path, 'a')
-    self.process = subprocess.Popen([sys.executable, *task.argv], cwd=spec_lib.ROOT,
+    self.process = subprocess.Popen([sys.executable, *argv], cwd=spec_lib.ROOT,
                                     env={**os.environ, **task.env}, stdout=self._log,
                                     stderr=subprocess.STDOUT,
                                     preexec_fn=_child_setup(cores))
@@ -377,20 +384,36 @@ def _raise_stopped(signum, frame):
 
 def run(campaign: spec_lib.Campaign, runs_dir: str, parallel: int = 0, seeds=None,
         arms=None, extra: Mapping[str, Any] = (), compile_cache: bool = False,
-        tiny: bool = False) -> list[str]:
+        tiny: bool = False, train_until: Optional[float] = None) -> list[str]:
   """Run every unfinished task; returns the keys of those that failed. Raises ValueError
   when another runner runs the campaign, `Stopped` after Ctrl-C or SIGTERM (its runs
-  stopped first)."""
+  stopped first).
+
+  `train_until` (seconds since the epoch): the time by which training stops. Each
+  training launch gets what is left of it as its `train.time_budget_s` (whole seconds),
+  so that runs queued behind others stop in time too; a run whose turn comes with less
+  than `MIN_BUDGET_S` left is not launched (it stays unfinished, and is named)."""
   with CampaignLock(runs_dir, campaign.name):
     previous = {s: signal.signal(s, _raise_stopped) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-      return _run(campaign, runs_dir, parallel, seeds, arms, extra, compile_cache, tiny)
+      return _run(campaign, runs_dir, parallel, seeds, arms, extra, compile_cache, tiny,
+                  train_until)
     finally:
       for number, handler in previous.items():
         signal.signal(number, handler)
 
 
-def _run(campaign, runs_dir, parallel, seeds, arms, extra, compile_cache, tiny) -> list[str]:
+def budget_left(train_until: Optional[float], now: float) -> Optional[int]:
+  """A launch's `train.time_budget_s` at `now`: the whole seconds left until
+  `train_until` (None without one; 0 when fewer than `MIN_BUDGET_S` are left)."""
+  if train_until is None:
+    return None
+  left = int(train_until - now)
+  return left if left >= MIN_BUDGET_S else 0
+
+
+def _run(campaign, runs_dir, parallel, seeds, arms, extra, compile_cache, tiny,
+         train_until) -> list[str]:
   tasks = plan(campaign, runs_dir, seeds, arms, extra, compile_cache, tiny)
   parallel = parallel or campaign.parallel
   states = {t.key: progress(t) for t in tasks}
@@ -407,6 +430,7 @@ def _run(campaign, runs_dir, parallel, seeds, arms, extra, compile_cache, tiny) 
   pending = [t for t in tasks if states[t.key][0] != 'finished']
   running: dict[str, _Child] = {}
   failed: list[str] = []
+  late: list[str] = []   # not launched: `train_until` came first
   slots = core_slots(parallel)
   try:
     while pending or running:
@@ -420,10 +444,14 @@ def _run(campaign, runs_dir, parallel, seeds, arms, extra, compile_cache, tiny) 
         if task.after and states[task.after][0] != 'finished':
           continue
         pending.remove(task)
+        budget = budget_left(train_until, time.time()) if task.config else None
+        if budget == 0:
+          late.append(task.key)
+          continue
         done = states[task.key][1]
         held = [child.cores for child in running.values()]
         cores = next(slot for slot in slots if slot is None or slot not in held)
-        running[task.key] = _Child(task, done, cores)
+        running[task.key] = _Child(task, done, cores, budget)
         eta.launched(task.key, running[task.key].start, done)
         bar.event(f'started {task.key}' + (f' (resuming after step {done})' if done else ''))
       time.sleep(_POLL_S)
@@ -439,7 +467,8 @@ def _run(campaign, runs_dir, parallel, seeds, arms, extra, compile_cache, tiny) 
         seconds = child.record['wall_s']
         if code == 0 and states[key][0] == 'finished':
           bar.event(f'finished {key} ({seconds:.0f} s)')
-        elif code == 0 and child.task.config and child.task.config.train.get('time_budget_s'):
+        elif code == 0 and child.task.config and (
+            child.budget or child.task.config.train.get('time_budget_s')):
           bar.event(f'stopped {key} after step {states[key][1]}: its time budget '
                     f'(train.time_budget_s) is spent; the same command resumes it')
         else:
@@ -450,6 +479,9 @@ def _run(campaign, runs_dir, parallel, seeds, arms, extra, compile_cache, tiny) 
                       [t.total - states[t.key][1] for t in pending])
       bar.show(done, sum(1 for s, _ in states.values() if s == 'finished'), len(tasks),
                len(running), left, force=not (pending or running))
+    if late:
+      bar.event(f'not started, as fewer than {MIN_BUDGET_S} s were left of the time to '
+                f'train until: {", ".join(late)}; the same command starts them')
     if not failed and all(s == 'finished' for s, _ in states.values()):
       bar.event(f'{campaign.name}: all {len(tasks)} runs finished')
   except (KeyboardInterrupt, Stopped) as e:

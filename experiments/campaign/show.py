@@ -7,6 +7,7 @@ from typing import Optional
 
 from experiments.campaign import collect
 from experiments.campaign import spec as spec_lib
+from experiments.campaign import validate
 
 
 def table_names(campaign: spec_lib.Campaign) -> list[str]:
@@ -16,14 +17,11 @@ def table_names(campaign: spec_lib.Campaign) -> list[str]:
 
 
 def load_result(campaign: spec_lib.Campaign, results_dir: Optional[str] = None) -> dict:
-  """The results JSON, with the speed JSON under 'speed' when there is one. One without
-  runs, or with NaN or an infinity in a run, is a ValueError naming it."""
+  """The results JSON, with the speed JSON under 'speed' when there is one. One that
+  is not shaped as a results JSON with runs, or whose runs hold a value of the wrong type
+  or range (`validate.check_results`), is a ValueError naming it."""
   result = collect.load(campaign.name, results_dir)
-  path = os.path.abspath(collect.path_of(campaign.name, results_dir))
-  if not result.get('runs'):
-    raise ValueError(f'{path} holds no runs; collect it again once runs have finished '
-                     '(python -m experiments.campaign collect).')
-  collect.check_finite(result['runs'], path)
+  validate.check_results(result, os.path.abspath(collect.path_of(campaign.name, results_dir)))
   if campaign.speed and os.path.exists(collect.path_of(campaign.speed.name, results_dir)):
     result = {**result, 'speed': collect.load(campaign.speed.name, results_dir)}
   return result
@@ -42,10 +40,22 @@ def render(campaign: spec_lib.Campaign, table: str, results_dir: Optional[str] =
                    f'{table_names(campaign)}.')
 
 
+def table_problem(campaign: spec_lib.Campaign, result: dict) -> Optional[str]:
+  """Why `result` (a results JSON not written yet) would not render as every table of
+  `campaign`, in one line, or None when it would."""
+  try:
+    validate.check_results(result, 'the result')
+    for table, make_table in campaign.tables.items():
+      _checked(make_table, result, 'the result', table)
+  except ValueError as e:
+    return str(e)
+  return None
+
+
 def _checked(make_table, result: dict, path: str, table: str) -> str:
   try:
     return make_table(result)
-  except (KeyError, IndexError, TypeError, AttributeError) as e:
+  except (KeyError, IndexError, TypeError, AttributeError, ZeroDivisionError) as e:
     what = f'no {e.args[0]!r}' if isinstance(e, KeyError) and e.args else ' '.join(
         str(e).split())
     raise ValueError(f'{path} lacks what the {table!r} table reads ({what}); collect it '

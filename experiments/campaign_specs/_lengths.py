@@ -83,9 +83,9 @@ def _batch_stats_evaluator(config, trainer, length: int):
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from bn_rnn_jax.training import parallel  # pylint: disable=g-import-not-at-top
   from bn_rnn_jax.training import train  # pylint: disable=g-import-not-at-top
-  options = train.layer_options(config, trainer.dataset.train_length)
-  options = options.replace(max_length=max(length, options['max_length']))
-  model = trainer.task.build_model(config, dict(trainer.dataset.model_kwargs), options)
+  fields = train.layer_fields(config, trainer.dataset.train_length)
+  fields['max_length'] = max(length, fields['max_length'])
+  model = trainer.task.build_model(config, dict(trainer.dataset.model_kwargs), fields)
   tokens = jnp.zeros((1, length), jnp.int32)
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens, None,
                                              use_running_average=True, deterministic=True))
