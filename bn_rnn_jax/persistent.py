@@ -72,25 +72,6 @@ def _vec(r, blk, population, t=None):
   return v
 
 
-def _assemble(tiles: list) -> jax.Array:
-  """`[B, block_h]` tiles side by side as one `[B, H]` state (a `where` over a `[B, nb,
-  block_h]` view: Triton's lowering concatenates nothing wider)."""
-  rows, width = tiles[0].shape
-  which = lax.broadcasted_iota(jnp.int32, (rows, len(tiles), width), 1)
-  full = jnp.zeros((rows, len(tiles), width), tiles[0].dtype)
-  for i, tile in enumerate(tiles):
-    full = jnp.where(which == i, jnp.broadcast_to(tile[:, None, :], full.shape), full)
-  return full.reshape(rows, len(tiles) * width)
-
-
-def _tile(full: jax.Array, i: int, nb: int) -> jax.Array:
-  """Tile i of a `[B, H]` state (a masked sum over a `[B, nb, block_h]` view)."""
-  rows, units = full.shape
-  view = full.reshape(rows, nb, units // nb)
-  which = lax.broadcasted_iota(jnp.int32, view.shape, 1)
-  return jnp.sum(jnp.where(which == i, view, 0.0), axis=1)
-
-
 def _forward_kernel(static, save: bool, names, *refs):
   r = dict(zip(names, refs))
   blocks, length = _blocks(static), r['u'].shape[0]
@@ -98,16 +79,15 @@ def _forward_kernel(static, save: bool, names, *refs):
                            population=static.population, axis_name=None)
 
   def step(t, carry):
-    cs, h = carry                     # c as tiles (each read by its block), h [B, H] whole
+    cs, hs = carry
     mask = r['mask'][t, :][:, None]
-    if save:
-      r['h_prev'][t] = h
-    new_c, outs = [], []
+    new_c, new_h = [], []
     for i, blk in enumerate(blocks):
-      z = tuple(_dot(h, r['w'][:, g, blk], static.compute_dtype) for g in range(GATES))
+      z = tuple(sum(_dot(hs[j], r['w'][bj, g, blk], static.compute_dtype)
+                    for j, bj in enumerate(blocks)) for g in range(GATES))
       o = math({**_vec(r, blk, static.population, t), 'z': z, 'mask': mask,
                 'u': tuple(r['u'][t, :, g, blk] for g in range(GATES)),
-                'c_prev': cs[i], 'h_prev': jnp.zeros_like(cs[i])})
+                'c_prev': cs[i], 'h_prev': hs[i]})
       r['out'][t, :, blk] = o['out']
       if not static.population:
         for g in range(GATES):
@@ -117,16 +97,15 @@ def _forward_kernel(static, save: bool, names, *refs):
       if save:
         for g in range(GATES):
           r['z'][t, :, g, blk] = z[g]
-        r['c_prev'][t, :, blk] = cs[i]
+        r['c_prev'][t, :, blk], r['h_prev'][t, :, blk] = cs[i], hs[i]
       new_c.append(o['c_new'])
-      outs.append(o['out'])
-    return tuple(new_c), jnp.where(mask > 0, _assemble(outs), h)   # padded rows keep h
+      new_h.append(o['h_new'])
+    return tuple(new_c), tuple(new_h)
 
-  start = (tuple(r['c0'][:, blk] for blk in blocks), r['h0'][...])
-  cs, h = lax.fori_loop(0, length, step, start)
+  start = tuple(tuple(r[k][:, blk] for blk in blocks) for k in ('c0', 'h0'))
+  cs, hs = lax.fori_loop(0, length, step, start)
   for i, blk in enumerate(blocks):
-    r['c_final'][:, blk] = cs[i]
-  r['h_final'][...] = h
+    r['c_final'][:, blk], r['h_final'][:, blk] = cs[i], hs[i]
 
 
 def _backward_kernel(static, names, *refs):
@@ -136,31 +115,32 @@ def _backward_kernel(static, names, *refs):
                            population=static.population, axis_name=None)
 
   def step(k, carry):
-    dcs, dh = carry                   # dc as tiles, dh [B, H] whole
+    dcs, dhs = carry
     t = length - 1 - k
     mask = r['mask'][t, :][:, None]
-    new_dc, new_dh = [], jnp.where(mask > 0, 0.0, dh)   # padded rows pass dh through
+    new_dc, new_dh = [], [jnp.zeros_like(dh) for dh in dhs]
     for i, blk in enumerate(blocks):
       gr = math({**_vec(r, blk, static.population, t), 'mask': mask,
                  'z': tuple(r['z'][t, :, g, blk] for g in range(GATES)),
                  'u': tuple(r['u'][t, :, g, blk] for g in range(GATES)),
-                 'c_prev': r['c_prev'][t, :, blk], 'dc': dcs[i],
-                 'dh': _tile(dh, i, len(blocks)), 'd_out': r['d_out'][t, :, blk]})
+                 'c_prev': r['c_prev'][t, :, blk], 'dc': dcs[i], 'dh': dhs[i],
+                 'd_out': r['d_out'][t, :, blk]})
       for g in range(GATES):
         r['dz'][t, :, g, blk], r['d_u'][t, :, g, blk] = gr['dz'][g], gr['d_pre'][g]
         r['d_gamma_h'][t, g, blk], r['d_bias'][t, g, blk] = gr['d_gamma_h'][g], gr['d_bias'][g]
-        # dh_{t-1} += dZ W_h^T, gate by gate: no dZ outlives its own products.
-        new_dh = new_dh + _dot(gr['dz'][g], r['w'][:, g, blk], static.compute_dtype,
-                               transpose_b=True)
+        # dh_{t-1} += dZ W_h^T, block by block, so that no block's dZ outlives it.
+        for j, bj in enumerate(blocks):
+          new_dh[j] = new_dh[j] + _dot(gr['dz'][g], r['w'][bj, g, blk], static.compute_dtype,
+                                       transpose_b=True)
       r['d_gamma_c'][t, blk], r['d_beta_c'][t, blk] = gr['d_gamma_c'], gr['d_beta_c']
       new_dc.append(gr['dc_prev'])
-    return tuple(new_dc), new_dh
+      new_dh[i] = new_dh[i] + gr['dh_keep']
+    return tuple(new_dc), tuple(new_dh)
 
-  start = (tuple(r['dc_final'][:, blk] for blk in blocks), r['dh_final'][...])
-  dcs, dh = lax.fori_loop(0, length, step, start)
+  start = tuple(tuple(r[k][:, blk] for blk in blocks) for k in ('dc_final', 'dh_final'))
+  dcs, dhs = lax.fori_loop(0, length, step, start)
   for i, blk in enumerate(blocks):
-    r['dc0'][:, blk] = dcs[i]
-  r['dh0'][...] = dh
+    r['dc0'][:, blk], r['dh0'][:, blk] = dcs[i], dhs[i]
 
 
 def _call(static, kernel, inputs: dict, outputs: dict, name: str):
