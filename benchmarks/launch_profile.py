@@ -152,7 +152,7 @@ def main(argv):
       skipped.append(reason)
       continue
     rows.append({'impl': impl, **trace(impl, shape, _CALLS.value)})
-  saved = {'machine': facts, 'shape': _SHAPE.value, 'calls': _CALLS.value,
+  saved = {'kind': 'launch_profile', 'machine': facts, 'shape': _SHAPE.value, 'calls': _CALLS.value,
            'skipped': skipped, 'rows': rows}
   print(format_table(saved))
   if _OUT.value:

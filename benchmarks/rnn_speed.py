@@ -447,7 +447,7 @@ def main(argv):
   repeats = 3 if _QUICK.value else _REPEATS.value
   facts = machine_facts.machine()   # the load average before this process adds its own
   results, skipped = run(_SHAPES.value, _IMPLS.value, repeats, _DTYPES.value)
-  saved = {'machine': facts, 'repeats': repeats, 'skipped': skipped, 'results': results}
+  saved = {'kind': 'rnn_speed', 'machine': facts, 'repeats': repeats, 'skipped': skipped, 'results': results}
   if _BATCH_SUMS.value:
     saved['batch_sums'] = batch_sum_speed.run(repeats, _time_once)
   _print_report(saved)
