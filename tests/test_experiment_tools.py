@@ -116,6 +116,16 @@ def test_every_committed_result_names_a_kind_that_renders_it():
                                        'variable_length_rate', 'brown_tagger_speed'}
 
 
+def test_a_json_that_names_no_kind_is_one_line_naming_it(tmp_path):
+  for content, problem in (('{"runs": {}}', 'names no kind ("kind"), so nothing can render it'),
+                           ('{"kind": "no_such_kind"}', "no renderer of kind 'no_such_kind'")):
+    path = tmp_path / 'result.json'
+    path.write_text(content)
+    with pytest.raises(ValueError) as error:
+      rendering.render_file(str(path))
+    assert helpers.one_line(error).startswith(f'{path}') and problem in helpers.one_line(error)
+
+
 def test_report_prints_a_speed_table_by_its_json_name():
   out = _python('experiments/report.py', 'brown_tagger_speed', 'trainer_overhead')
   assert out.returncode == 0, out.stderr
