@@ -39,6 +39,7 @@ from bn_rnn_jax import extras
 with extras.needed_by('experiments/export_run.py', exit=True):
   from absl import app
   from absl import flags
+  import flatbuffers  # pylint: disable=unused-import  # jax.export's, found before the work
   import ml_collections
 
   from bn_rnn_jax import batch_stats
