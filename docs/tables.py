@@ -431,6 +431,26 @@ def launch_profile(path: str = 'benchmarks/results/launch_profile_gpu_a.json',
       {**saved, 'rows': _kept(saved['rows'], omit)})
 
 
+def gpu_compile(path: str = 'benchmarks/results/gpu_compile_h100.json') -> str:
+  """`benchmarks/gpu_compile.py --report`: the layer's forms compiled for an H100 without a
+  GPU, what each time step launches, and each Pallas kernel's registers and spills."""
+  saved = _load(path)
+  target = saved['target']
+  return (f"Target: {target['device']} (compile-only, compute capability "
+          f"{target['compute_capability']}), jax-cuda13-plugin {target['jax_cuda_plugin']}, "
+          f"ptxas {target['ptxas'].split(', ')[-1]}.\n\n"
+          + _benchmark_module('gpu_compile').format_table(saved)
+          + ''.join(f'\n\nNot compiled: {line}' for line in saved['skipped']))
+
+
+def tpu_compile(path: str = 'benchmarks/results/tpu_compile.json') -> str:
+  """`benchmarks/tpu_compile.py --report`: the layer's forms, Flax's LSTM and the train step
+  compiled for TPUs without one: per time step, ops, fusions, matmuls and stashes."""
+  saved = _load(path)
+  return (f"Compiler: libtpu {saved['libtpu']}.\n\n"
+          + _benchmark_module('tpu_compile').format_table(saved))
+
+
 def trainer_overhead(path: str = 'benchmarks/results/trainer_overhead_cpu.json') -> str:
   """`benchmarks/trainer_overhead.py`: the loop against the bare compiled step, and the
   quickstart's runs end to end."""
@@ -582,6 +602,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     'variable_length': variable_length, 'longer_sequences': longer_sequences,
     'variable_length_cause': variable_length_cause,
     'launch_profile': launch_profile, 'suite_time': suite_time, 'cell_speed': cell_speed,
+    'gpu_compile': gpu_compile, 'tpu_compile': tpu_compile,
     'inference_statistics': inference_statistics, 'same_steps': same_steps,
 }
 

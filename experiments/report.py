@@ -52,7 +52,7 @@ with extras.needed_by('experiments/report.py', exit=True):
 FIGURES = os.path.join(ROOT, 'experiments', 'results', 'figures')
 # The benchmark scripts that print a table from their JSON (`--report PATH`).
 BENCHMARK_SCRIPTS = ('rnn_speed', 'trainer_overhead', 'launch_profile', 'donation_memory',
-                     'suite_time')
+                     'suite_time', 'gpu_compile', 'tpu_compile')
 
 
 def benchmarks() -> dict[str, list[str]]:

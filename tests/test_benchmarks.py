@@ -1,5 +1,6 @@
 """The benchmarks: rnn_speed.py's products-only floor and cuDNN path against NumPy
-float64 versions, its rows per dtype and skip lines, launch_profile.py's summary of a
+float64 versions, its rows per dtype, skip lines and isolated failures, the GPU
+canary's comparison, launch_profile.py's summary of a
 kernel timeline, the machine facts every result records, donation_memory.py's saved
 results and quick mode, and accelerator_check.sh's first stage run end to end."""
 
@@ -23,6 +24,7 @@ sys.path.insert(0, BENCHMARKS)
 import cudnn_lstm
 import donation_memory
 import environment
+import fused_canary
 import launch_profile
 import program_facts
 import rnn_speed
@@ -167,6 +169,36 @@ def test_rows_for_each_dtype_and_skipped_lines(monkeypatch):
   flax_bf16 = next(line for line in table.splitlines()
                    if '| flax_optimized_lstm | bfloat16 |' in line)
   assert flax_bf16.split('|')[5].strip() == '1.00'   # its own reference in bfloat16
+
+
+def test_a_failing_row_loses_only_itself(monkeypatch):
+  """A row that fails to build is one line of `skipped`; the others are timed, and every
+  repetition round hands the rows so far to `on_update` (what a stopped run keeps)."""
+  monkeypatch.setitem(rnn_speed.SHAPES, 't', TINY)
+  build = rnn_speed._build  # pylint: disable=protected-access
+
+  def failing(impl, *args):
+    if impl == 'bn_lstm':
+      raise RuntimeError('no kernel\nsecond line')
+    return build(impl, *args)
+  monkeypatch.setattr(rnn_speed, '_build', failing)
+  updates = []
+  rows, skipped = rnn_speed.run(['t'], ['lstm', 'bn_lstm'], 2, on_update=lambda r, s: (
+      updates.append([row['repeats'] for row in r])))
+  assert [r['impl'] for r in rows] == ['lstm'] and rows[0]['repeats'] == 2
+  assert skipped == ['bn_lstm float32 at (t): failed, RuntimeError: no kernel']
+  assert updates == [[], [1], [2]]
+
+
+def test_canary_compares_every_value():
+  """The canary's distance: the worst of every value's largest difference over its
+  largest entry, infinite where a value is not finite; a sweep entry's settings."""
+  want = {'loss': np.float32(2.0), 'grads': np.array([10.0, -1.0])}
+  got = {'loss': np.float32(2.002), 'grads': np.array([10.0, -1.5])}
+  assert fused_canary.max_rel_diff(want, got) == pytest.approx(0.05)
+  assert fused_canary.max_rel_diff(want, {**got, 'loss': np.float32(np.nan)}) == np.inf
+  assert fused_canary.config_settings('8x4') == {'block_h': 8, 'num_warps': 4}
+  assert fused_canary.config_settings('default') == {}
 
 
 @pytest.mark.parametrize('bidirectional', helpers.core_cases([False, True], core=[False]))

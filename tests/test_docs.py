@@ -184,7 +184,8 @@ QUOTED = [(os.path.relpath(path, REPO), name, args, text)
 def test_json_tables_are_quoted_where_the_docs_say():
   quoted = {(doc, name) for doc, name, _, _ in QUOTED}
   assert ('README.md', 'experiments') in quoted and ('README.md', 'run_time') in quoted
-  for name in ('rnn_speed', 'batch_sums', 'speed_targets', 'trainer_overhead', 'cell_speed'):
+  for name in ('rnn_speed', 'batch_sums', 'speed_targets', 'trainer_overhead', 'cell_speed',
+               'gpu_compile', 'tpu_compile'):
     assert ('docs/speed.md', name) in quoted, name
   assert ('docs/experiments/figures.md', 'figures') in quoted
 
