@@ -48,8 +48,8 @@
 # of a stage runs under `timeout $STAGE_TIMEOUT` (seconds; 0, the default, is none; the
 # canary's is $CANARY_TIMEOUT, default 180, 900 with QUICK): a stage that hangs is
 # stopped, what its JSON holds so far is kept (the benchmarks write each row as it
-# finishes) and the next stage runs. A machine that limits one command's time can run the stages one at a
-# time (STAGES=tests ...).
+# finishes) and the next stage runs. A machine that limits one command's time can run
+# the stages one at a time (STAGES=tests ...).
 # $PYTEST_ARGS is added to pytest's arguments (e.g. "-n 4" where pytest-xdist is there).
 set -uo pipefail
 
