@@ -144,7 +144,7 @@ def main():
     shape = SHAPES[name]
     shapes[name] = {'shape': list(shape), **callbacks(shape, args.repeats),
                     **targets(shape, max(1, args.repeats // 2))}
-  out = {'machine': facts, 'command': 'python benchmarks/check_cost.py ' +
+  out = {'kind': 'check_cost', 'machine': facts, 'command': 'python benchmarks/check_cost.py ' +
          ' '.join(sys.argv[1:]), 'repeats': args.repeats, 'shapes': shapes}
   print(format_report(out))
   with open(args.out, 'w') as f:

@@ -121,7 +121,7 @@ def main(argv):
   # Both paths run the same XLA products: at full float32 precision the comparison sees
   # the kernels' pointwise math only.
   jax.config.update('jax_default_matmul_precision', 'highest')
-  saved = {'machine': machine_facts.machine(), 'rtol': _RTOL.value, 'rows': []}
+  saved = {'kind': 'fused_canary', 'machine': machine_facts.machine(), 'rtol': _RTOL.value, 'rows': []}
   ok = True
 
   def record(row):

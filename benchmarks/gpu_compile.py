@@ -219,7 +219,7 @@ def main(argv):
   if not ptxas:
     sys.exit('gpu_compile: no ptxas on PATH: install the CUDA 13 toolkit, or pass '
              '--ptxas=/path/to/cuda-13/bin/ptxas.')
-  saved = {'machine': machine_facts.machine(),
+  saved = {'kind': 'gpu_compile', 'machine': machine_facts.machine(),
            'target': {'device': compile_targets.H100_KIND, 'compute_capability': '9.0',
                       'compile_only': True, 'ptxas': ptxas_version(ptxas),
                       'jax_cuda_plugin': machine_facts._version('jax-cuda13-plugin')},  # pylint: disable=protected-access

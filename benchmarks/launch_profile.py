@@ -145,8 +145,8 @@ def main(argv):
   facts = machine_facts.machine()
   shape = rnn_speed.SHAPES[_SHAPE.value]
   cudnn_unavailable = rnn_speed.cudnn_lstm.unavailable_reason()
-  saved = {'machine': facts, 'shape': _SHAPE.value, 'calls': _CALLS.value,
-           'skipped': [], 'rows': []}
+  saved = {'kind': 'launch_profile', 'machine': facts, 'shape': _SHAPE.value,
+           'calls': _CALLS.value, 'skipped': [], 'rows': []}
   for impl in _IMPLS.value:
     # Each row on its own: one that fails is a line of `skipped`, and the JSON is written
     # as each row finishes.

@@ -478,7 +478,8 @@ def main(argv):
                          f'{", ".join(DTYPES)}.')
   repeats = 3 if _QUICK.value else _REPEATS.value
   facts = machine_facts.machine()   # the load average before this process adds its own
-  saved = {'machine': facts, 'repeats': repeats, 'skipped': [], 'results': []}
+  saved = {'kind': 'rnn_speed', 'machine': facts, 'repeats': repeats, 'skipped': [],
+           'results': []}
 
   def write(results, skipped):
     saved.update(results=results, skipped=skipped)

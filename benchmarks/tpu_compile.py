@@ -186,7 +186,7 @@ def main(argv):
   if unknown:
     raise app.UsageError(f'Unknown chips or programs {sorted(unknown)}; chips: '
                          f'{", ".join(CHIPS)}, programs: {", ".join(TPU_PROGRAMS)}.')
-  saved = {'machine': machine_facts.machine(),
+  saved = {'kind': 'tpu_compile', 'machine': machine_facts.machine(),
            'libtpu': machine_facts._version('libtpu'),  # pylint: disable=protected-access
            'skipped': [], 'rows': []}
 

@@ -22,7 +22,7 @@ reader ignores bytes after the program, so reloading needs JAX alone, no model c
 
 `run_in_fresh_process` does exactly that in a new Python process (importing only jax and
 numpy, and checking that nothing else was imported) and returns the outputs, so that an
-export can be checked against the model it came from (`experiments/export.py`).
+export can be checked against the model it came from (`experiments/export_run.py`).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def test_site_builds_without_a_warning(html):
   for path in glob.glob(os.path.join(out, '**', '*.html'), recursive=True):
     with open(path) as f:
       shown = re.sub(r'<!--.*?-->', '', f.read(), flags=re.S)
-    assert 'json-table' not in shown and 'campaign-table' not in shown, path
+    assert 'json-table' not in shown, path
 
 
 def _inventory(out: str) -> set[str]:
@@ -218,7 +218,7 @@ def test_quoted_plain_text_is_fenced():
   """Quoted text of several lines that is neither a Markdown table nor a list sits in a
   code block: Markdown would join its lines, and make a heading of a header row above a
   rule of dashes."""
-  marked = re.compile(r'<!-- (?:campaign|json)-table ([^>]*)-->\n(.*?)<!-- /', re.S)
+  marked = re.compile(r'<!-- json-table ([^>]*)-->\n(.*?)<!-- /', re.S)
   unfenced = []
   for path in tables.documents():
     with open(path) as f:
