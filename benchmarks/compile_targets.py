@@ -55,7 +55,8 @@ class Form:
 FORMS = {
     'default': Form({}, ('gpu', 'tpu')),
     'cpu_policy': Form({}, ('tpu',), policy_of='cpu'),
-    'remat_dots': Form({'remat': 'dots'}, ('tpu',)),
+    # What storing every step's intermediates would cost, beside the policy's choice.
+    'remat_none': Form({'remat': 'none'}, ('tpu',)),
     'fused_xla': Form({'fused_step': 'xla'}, ('gpu',)),
     'fused_pallas': Form({'fused_step': 'pallas'}, ('gpu',)),
     # One program holds the whole recurrence: H up to `persistent.MAX_HIDDEN` (256).

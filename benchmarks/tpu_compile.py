@@ -5,7 +5,7 @@ machine without one.
 For each chip of `CHIPS` (a compile-only device of its topology), shape and dtype: the
 layer's forms of `compile_targets.FORMS` compiled for TPUs ('default': the TPU's
 execution policy; 'cpu_policy': the CPU's, compiled for the TPU beside it;
-'remat_dots': the TPU's with `remat='dots'`) and `compile_targets.FLAX`. Then
+'remat_none': the TPU's storing every intermediate) and `compile_targets.FLAX`. Then
 `TRAIN_CONFIG`'s compiled train step (the trainer's own, mapped over the four chips of
 `TRAIN_TOPOLOGY` with its data-parallel axis: the cross-device batch moments are
 compiled for TPU too). Per row the JSON records the compile time, `memory_analysis()`
