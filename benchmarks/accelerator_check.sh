@@ -13,8 +13,12 @@
 # --target $SITE` (default /tmp/site), and $SITE goes on PYTHONPATH after the repository.
 # No network and no data files are needed.
 #
-# Stages, in the order given ($STAGES, default "env tests speed profile hoist donation
-# overhead"):
+# Stages, in the order given ($STAGES, default "canary env tests speed profile hoist
+# donation overhead"):
+#   canary    fused_canary.py, first, in a process of its own: the compiled Pallas forms of
+#             the BN-LSTM against its pure-JAX fused path at shapes (a) and (c) (its
+#             --configs from $CANARY_CONFIGS, e.g. 32x4,8x4: block_h x num_warps), so
+#             that nothing unchecked is timed                  -> canary.json
 #   env       device, jax / jaxlib / flax / CUDA / cuDNN versions, whether cuDNN's LSTM
 #             runs, the packages above                       -> env.json
 #   tests     the suite's core tier on the default device: pytest -m "not slow", the data
@@ -38,9 +42,14 @@
 #   overhead  trainer_overhead.py with the quickstart's population timing, or with
 #             $OVERHEAD_ARGS instead where set               -> trainer_overhead.json
 # and check.log (all output). QUICK=1 runs a check of the script, not numbers: one
-# repetition, shape (d) only, four implementations, two test files, a few loop steps.
-# Each stage's exit status is logged; the script exits 1 if any stage failed. A machine
-# that limits one command's time can run the stages one at a time (STAGES=tests ...).
+# repetition, shape (d) only ($SHAPES where set), four implementations ($IMPLS where
+# set), two test files, a few loop steps, the canary at four time steps. Each stage's
+# exit status is logged; the script exits 1 if any stage failed. Every Python command
+# of a stage runs under `timeout $STAGE_TIMEOUT` (seconds; 0, the default, is none; the
+# canary's is $CANARY_TIMEOUT, default 180, 900 with QUICK): a stage that hangs is
+# stopped, what its JSON holds so far is kept (the benchmarks write each row as it
+# finishes) and the next stage runs. A machine that limits one command's time can run
+# the stages one at a time (STAGES=tests ...).
 # $PYTEST_ARGS is added to pytest's arguments (e.g. "-n 4" where pytest-xdist is there).
 set -uo pipefail
 
@@ -54,7 +63,7 @@ wheels=${2:-}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
 site=${SITE:-/tmp/site}
-stages=${STAGES-env tests speed profile hoist donation overhead}
+stages=${STAGES-canary env tests speed profile hoist donation overhead}
 quick=${QUICK:-0}
 cd "$repo" || exit 2
 exec > >(tee -a "$outdir/check.log") 2>&1
@@ -79,8 +88,20 @@ run_stage() {
   (( rc == 0 )) || failed+=("$name")
 }
 
+# The stage's Python, under its timeout.
+py() {
+  timeout "${STAGE_TIMEOUT:-0}" "$python" "$@"
+}
+
+canary_stage() {
+  local args=(--configs "${CANARY_CONFIGS:-default}") limit=${CANARY_TIMEOUT:-180}
+  # On a CPU (QUICK) the kernels run interpreted: minutes, not seconds.
+  (( quick )) && { args+=(--steps 4 --repeats 1 --shapes "${SHAPES:-a}"); limit=${CANARY_TIMEOUT:-900}; }
+  timeout "$limit" "$python" benchmarks/fused_canary.py "${args[@]}" --json "$outdir/canary.json"
+}
+
 env_stage() {
-  "$python" benchmarks/environment.py "$outdir/env.json"
+  py benchmarks/environment.py "$outdir/env.json"
 }
 
 tests_stage() {
@@ -91,7 +112,7 @@ tests_stage() {
   BN_RNN_JAX_DATA=$empty_root \
   JAX_DEFAULT_MATMUL_PRECISION=${JAX_DEFAULT_MATMUL_PRECISION:-highest} \
   XLA_PYTHON_CLIENT_PREALLOCATE=false \
-    timeout "${TEST_TIMEOUT:-0}" "$python" -m pytest -q -m "not slow" -p no:cacheprovider -rfE \
+    timeout "${TEST_TIMEOUT:-${STAGE_TIMEOUT:-0}}" "$python" -m pytest -q -m "not slow" -p no:cacheprovider -rfE \
       --junitxml="$outdir/tests.xml" ${PYTEST_ARGS:-} "${targets[@]}"
   local rc=$?
   rmdir "$empty_root"
@@ -103,11 +124,11 @@ speed_stage() {
   [[ -n "${IMPLS:-}" ]] && impls=(--impls "$IMPLS")
   if (( quick )); then
     shapes=${SHAPES:-d}
-    impls=(--impls flax_optimized_lstm,cudnn_lstm,lstm,bn_lstm)
+    impls=(--impls "${IMPLS:-flax_optimized_lstm,cudnn_lstm,lstm,bn_lstm}")
     repeats=(--repeats 1)
   fi
   for shape in ${shapes//,/ }; do
-    "$python" benchmarks/rnn_speed.py --shapes "$shape" --dtypes float32,bfloat16 \
+    py benchmarks/rnn_speed.py --shapes "$shape" --dtypes float32,bfloat16 \
       "${impls[@]}" "${repeats[@]}" $sums --json "$outdir/rnn_speed_$shape.json" || rc=1
     sums=--nobatch_sums
   done
@@ -117,7 +138,7 @@ speed_stage() {
 profile_stage() {
   local traced=${TRACED:-flax_optimized_lstm,cudnn_lstm,lstm,bn_lstm,bn_lstm_cell} calls=3
   (( quick )) && calls=1
-  "$python" benchmarks/launch_profile.py --shape a --traced "$traced" \
+  py benchmarks/launch_profile.py --shape a --traced "$traced" \
     --calls $calls --json "$outdir/launch_profile_a.json"
 }
 
@@ -125,7 +146,7 @@ hoist_stage() {
   local shapes=${SHAPES:-a,b,c,d} repeats=() rc=0 shape
   (( quick )) && { shapes=${SHAPES:-d}; repeats=(--repeats 1); }
   for shape in ${shapes//,/ }; do
-    "$python" benchmarks/rnn_speed.py --shapes "$shape" --dtypes float32 --hoist false \
+    py benchmarks/rnn_speed.py --shapes "$shape" --dtypes float32 --hoist false \
       --impls flax_optimized_lstm,lstm,bn_lstm "${repeats[@]}" --nobatch_sums \
       --json "$outdir/rnn_speed_${shape}_in_step.json" || rc=1
   done
@@ -135,7 +156,7 @@ hoist_stage() {
 donation_stage() {
   local args=()
   (( quick )) && args=(--quick)
-  "$python" benchmarks/donation_memory.py "${args[@]}" --out "$outdir/donation_memory.json"
+  py benchmarks/donation_memory.py "${args[@]}" --out "$outdir/donation_memory.json"
 }
 
 overhead_stage() {
@@ -143,7 +164,7 @@ overhead_stage() {
   # shellcheck disable=SC2206  # OVERHEAD_ARGS is a list of words
   [[ -n "${OVERHEAD_ARGS:-}" ]] && args=($OVERHEAD_ARGS)
   (( quick )) && args=(--steps_quickstart 4 --steps_mnist 2 --repeats 1)
-  "$python" benchmarks/trainer_overhead.py "${args[@]}" --out "$outdir/trainer_overhead.json"
+  py benchmarks/trainer_overhead.py "${args[@]}" --out "$outdir/trainer_overhead.json"
 }
 
 echo "accelerator_check: $(date -u +%Y-%m-%dT%H:%M:%SZ), stages: $stages, quick: $quick"
@@ -152,8 +173,8 @@ if [[ -n "$wheels" ]]; then
 fi
 for stage in $stages; do
   case "$stage" in
-    env|tests|speed|profile|hoist|donation|overhead) run_stage "$stage" "${stage}_stage" ;;
-    *) echo "unknown stage '$stage' (env, tests, speed, profile, hoist, donation, overhead)"
+    canary|env|tests|speed|profile|hoist|donation|overhead) run_stage "$stage" "${stage}_stage" ;;
+    *) echo "unknown stage '$stage' (canary, env, tests, speed, profile, hoist, donation, overhead)"
        failed+=("$stage") ;;
   esac
 done

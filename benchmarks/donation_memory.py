@@ -248,7 +248,8 @@ def main():
     print(json.dumps(measure_in_process(args, ARMS[args.arm], args.kind)))
     return
   facts = machine_facts.machine()
-  out = {'machine': facts, 'command': 'python benchmarks/donation_memory.py ' +
+  out = {'kind': 'donation_memory', 'machine': facts,
+         'command': 'python benchmarks/donation_memory.py ' +
          ' '.join(sys.argv[1:]), **measure(args)}
   print(format_report(out))
   if args.out:

@@ -145,19 +145,24 @@ def main(argv):
   facts = machine_facts.machine()
   shape = rnn_speed.SHAPES[_SHAPE.value]
   cudnn_unavailable = rnn_speed.cudnn_lstm.unavailable_reason()
-  rows, skipped = [], []
+  saved = {'kind': 'launch_profile', 'machine': facts, 'shape': _SHAPE.value,
+           'calls': _CALLS.value, 'skipped': [], 'rows': []}
   for impl in _IMPLS.value:
+    # Each row on its own: one that fails is a line of `skipped`, and the JSON is written
+    # as each row finishes.
     reason = rnn_speed.skip_reason(impl, 'float32', cudnn_unavailable)
+    if reason is None:
+      try:
+        saved['rows'].append({'impl': impl, **trace(impl, shape, _CALLS.value)})
+      except Exception as e:  # pylint: disable=broad-except
+        reason = rnn_speed._failure(impl, 'float32', _SHAPE.value, e)  # pylint: disable=protected-access
     if reason:
-      skipped.append(reason)
-      continue
-    rows.append({'impl': impl, **trace(impl, shape, _CALLS.value)})
-  saved = {'machine': facts, 'shape': _SHAPE.value, 'calls': _CALLS.value,
-           'skipped': skipped, 'rows': rows}
+      saved['skipped'].append(reason)
+      print(reason, flush=True)
+    if _OUT.value:
+      with open(_OUT.value, 'w') as f:
+        json.dump(saved, f, indent=1)
   print(format_table(saved))
-  if _OUT.value:
-    with open(_OUT.value, 'w') as f:
-      json.dump(saved, f, indent=1)
 
 
 if __name__ == '__main__':

@@ -344,9 +344,22 @@ def _cudnn_check(shape: dict, params) -> dict:
       x, params, _cudnn_lengths(shape, lengths), shape['hidden'], shape['bidirectional'])}
 
 
-def run(shapes, impls, repeats, dtypes=('float32',)) -> tuple[list[dict], list[str]]:
+def _failure(impl: str, dtype: str, shape_name: str, error: Exception) -> str:
+  """One line for a row that failed (the others run on)."""
+  first = (str(error).strip().splitlines() or [''])[0][:300]
+  return f'{impl} {dtype} at ({shape_name}): failed, {type(error).__name__}: {first}'
+
+
+def run(shapes, impls, repeats, dtypes=('float32',),
+        on_update=None) -> tuple[list[dict], list[str]]:
   """Rows of every (shape, impl, dtype) that runs here, interleaved repetition by
-  repetition within a shape; and one line for each (impl, dtype) skipped."""
+  repetition within a shape; and one line for each (impl, dtype) skipped, or that
+  failed to build, compile or run (a failure loses that row only).
+
+  `on_update(results, skipped)`, where given, is called after every repetition round
+  with the rows so far (their medians over the rounds done: a run stopped midway keeps
+  them) and after every failure.
+  """
   cudnn_unavailable = cudnn_lstm.unavailable_reason() if CUDNN in impls else None
   runs, skipped = [], []
   for impl in impls:
@@ -357,25 +370,43 @@ def run(shapes, impls, repeats, dtypes=('float32',)) -> tuple[list[dict], list[s
       elif reason not in skipped:
         skipped.append(reason)
   results = []
+  update = on_update or (lambda *_: None)
+
+  def failed(key, shape_name, error):
+    skipped.append(_failure(*key, shape_name, error))
+    update(results, skipped)
+
   for shape_name in shapes:
     shape = SHAPES[shape_name]
-    built = {key: _build(*key[:1], shape, key[1]) for key in runs}
-    facts = {key: program_facts.compiled(*built[key]) for key in runs}
-    if (CUDNN, 'float32') in built:
-      facts[CUDNN, 'float32'].update(_cudnn_check(shape, built[CUDNN, 'float32'][1]))
-    for step, params in built.values():  # compile + warm up
-      _time_once(step, params)
-      _time_once(step, params)
-    times = {key: [] for key in runs}
+    built, facts = {}, {}
+    for key in runs:
+      try:
+        built[key] = _build(*key[:1], shape, key[1])
+        facts[key] = program_facts.compiled(*built[key])
+        if key == (CUDNN, 'float32'):
+          facts[key].update(_cudnn_check(shape, built[key][1]))
+        for _ in range(2):  # compile + warm up
+          _time_once(*built[key])
+      except Exception as e:  # pylint: disable=broad-except
+        built.pop(key, None)
+        failed(key, shape_name, e)
+    times = {key: [] for key in built}
+    done = len(results)
     for _ in range(repeats):
-      for key, (step, params) in built.items():
-        times[key].append(_time_once(step, params))
-    for impl, dtype in runs:
-      wall, cpu = zip(*times[impl, dtype])
-      results.append({'shape': shape_name, 'impl': impl, 'dtype': dtype,
-                      'ms': statistics.median(wall), 'cpu_ms': statistics.median(cpu),
-                      'repeats': repeats, 'matmul_gflop': matmul_gflop(impl, shape),
-                      **facts[impl, dtype]})
+      for key in list(built):
+        try:
+          times[key].append(_time_once(*built[key]))
+        except Exception as e:  # pylint: disable=broad-except
+          del built[key], times[key]
+          failed(key, shape_name, e)
+      del results[done:]
+      for (impl, dtype), measured in times.items():
+        wall, cpu = zip(*measured)
+        results.append({'shape': shape_name, 'impl': impl, 'dtype': dtype,
+                        'ms': statistics.median(wall), 'cpu_ms': statistics.median(cpu),
+                        'repeats': len(measured), 'matmul_gflop': matmul_gflop(impl, shape),
+                        **facts[impl, dtype]})
+      update(results, skipped)
   return results, skipped
 
 
@@ -447,14 +478,19 @@ def main(argv):
                          f'{", ".join(DTYPES)}.')
   repeats = 3 if _QUICK.value else _REPEATS.value
   facts = machine_facts.machine()   # the load average before this process adds its own
-  results, skipped = run(_SHAPES.value, _IMPLS.value, repeats, _DTYPES.value)
-  saved = {'machine': facts, 'repeats': repeats, 'skipped': skipped, 'results': results}
+  saved = {'kind': 'rnn_speed', 'machine': facts, 'repeats': repeats, 'skipped': [],
+           'results': []}
+
+  def write(results, skipped):
+    saved.update(results=results, skipped=skipped)
+    if _JSON.value:
+      with open(_JSON.value, 'w') as f:
+        json.dump(saved, f, indent=1)
+  write(*run(_SHAPES.value, _IMPLS.value, repeats, _DTYPES.value, on_update=write))
   if _BATCH_SUMS.value:
     saved['batch_sums'] = batch_sum_speed.run(repeats, _time_once)
+    write(saved['results'], saved['skipped'])
   _print_report(saved)
-  if _JSON.value:
-    with open(_JSON.value, 'w') as f:
-      json.dump(saved, f, indent=1)
 
 
 if __name__ == '__main__':

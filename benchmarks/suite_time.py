@@ -106,7 +106,7 @@ def main(argv=None) -> int:
   unknown = [t for t in tiers if t not in TIERS]
   if unknown:
     parser.error(f'unknown tiers {unknown}; have {", ".join(TIERS)}')
-  saved = {'machine': machine_facts.machine(), 'tiers': {}}
+  saved = {'kind': 'suite_time', 'machine': machine_facts.machine(), 'tiers': {}}
   if os.path.exists(args.out):  # the tiers not run again keep their lines
     with open(args.out) as f:
       saved['tiers'] = {k: v for k, v in json.load(f)['tiers'].items() if k not in tiers}

@@ -277,7 +277,8 @@ def main():
   facts = machine_facts.machine()  # the load average before this process adds its own
   rows = [measure('quickstart', args.steps_quickstart, args.repeats),
           measure('mnist', args.steps_mnist, args.repeats)]
-  out = {'machine': facts, 'command': 'python benchmarks/trainer_overhead.py ' +
+  out = {'kind': 'trainer_overhead', 'machine': facts,
+         'command': 'python benchmarks/trainer_overhead.py ' +
          ' '.join(sys.argv[1:]), 'shapes': rows}
   if args.population:
     out['quickstart_population'] = population_share(args.population_repeats)

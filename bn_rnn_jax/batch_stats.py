@@ -1,34 +1,23 @@
 """Normalisation sites and their statistics in the Flax `batch_stats` collection.
 
-A *site* is one batch-normalised term: a recurrent layer's `'recurrent'`, `'input'` or
-`'cell'` term, or a `MaskedBatchNorm`. Its population statistics are one `batch_stats`
-entry `{'mean': [R, F], 'var': [R, F], 'count': [R]}`; `count[r]` sums the valid
-sequences that training minibatches had at row r. `Site.kind` says how a site keeps them
-over time, and is the one thing every rule below asks:
+A *site* is one batch-normalised term (a layer's 'recurrent', 'input' or 'cell' term, or a
+`MaskedBatchNorm`); its population statistics are one entry `{'mean': [R, F], 'var': [R,
+F], 'count': [R]}`, `count` the valid sequences training batches had at each row.
+`Site.kind` says how a site keeps them over time, and every rule below asks only that:
 
-  | kind | training moments | population rows R | inference at step t |
+  | kind | training moments | rows R | inference at step t |
   |---|---|---|---|
   | 'per_step' | per step, over the batch | T_max | row min(t, last trained row) |
   | 'sequence' | over batch and valid steps (Laurent eq. 20-21) | 1 | the row |
   | 'shared' | per step, pooled into the row (Cooijmans' ablation) | 1 | the row |
 
-A layer's `statistics` gives its sites their kinds (`STATISTICS`): 'per_step' all,
-'sequence' the input term 'sequence' and the others 'per_step', 'shared' the input term
-'sequence' and the others 'shared'.
-
-In training a site normalises with the minibatch's moments and folds them into a
-running average (`momentum`; a row's first update takes the batch value). When the
-collection `MOMENTS` is mutable it also writes this minibatch's moments there, in the
-same layout: their average over N training batches is the papers' estimate
-(`population.estimate_population_stats`).
-
-Misuse is an error, as in `flax.linen.BatchNorm`:
-  * batch statistics outside `init` need `batch_stats` (training) or `MOMENTS` (the
-    estimate's pass) mutable;
-  * population statistics that no training batch reached (count 0 in every row) would
-    normalise with mean 0, variance 1: refused at once when the counts are concrete, and
-    normalised to NaN when they are traced (a `checkify` check says why);
-    `allow_untrained_statistics()` opts out, `untrained_sites` names them beforehand.
+A layer's `statistics` ('per_step', 'sequence', 'shared') gives its input term the kind
+'per_step', 'sequence', 'sequence' and its other sites 'per_step', 'per_step', 'shared'.
+Training folds the minibatch's moments into a running average and, when the collection
+`MOMENTS` is mutable, writes them there (the papers' estimate averages those). Misuse is
+an error, as in `flax.linen.BatchNorm`: batch statistics need `batch_stats` or `MOMENTS`
+mutable; statistics no training batch reached are refused when concrete and normalise to
+NaN when traced (`allow_untrained_statistics()` opts out).
 """
 
 from __future__ import annotations
@@ -129,8 +118,8 @@ def is_untrained(site_stats) -> bool:
 
 
 def untrained_sites(stats_tree) -> list[str]:
-  """Paths (`'rnn/layer_0/recurrent'`) of the sites of a `batch_stats` tree no training
-  batch reached: the sites an evaluation with it refuses.
+  """Paths (`'rnn/layer_0/recurrent'`) of a `batch_stats` tree's sites no training batch
+  reached (an evaluation refuses them).
 
   Example:
     >>> import bn_rnn_jax as br
@@ -294,21 +283,13 @@ def record(module: nn.Module, variable, site: Site, mean: Array, var: Array, cou
 
 
 class MaskedBatchNorm(nn.Module):
-  """`BN(x; gamma, beta)` with masked, cross-device moments and population statistics
-  kept as the recurrent layers' sites (the attention terms of Cooijmans et al.'s
-  BN-everywhere reader, sec. 5.4).
+  """`BN(x; gamma, beta)` with masked, cross-device moments and statistics kept as the
+  layers' sites (the attention terms of Cooijmans et al.'s BN-everywhere reader).
 
-  Attributes:
-    statistics: for x `[batch, time, F]` with a mask `[batch, time]`: 'per_step' (one row
-      per step, `max_length` rows) or 'sequence' (one row over batch and valid steps).
-      x `[batch, F]` has one row.
-    max_length, momentum, epsilon, scale_init, axis_name, min_row_support: as
-      `RecurrentLayer` (None: T_max is the time length of `init`'s x).
-    batch_sums: how the batch sums run ('auto': the target platform's,
-      `policy.batch_sums_for`).
-    use_running_average: population (True) or batch statistics, as `nn.BatchNorm`.
-
-  Call: `(x, mask | None, use_running_average=None)` -> x normalised (float32).
+  `statistics`: for x `[batch, time, F]` with a mask `[batch, time]`, 'per_step'
+  (`max_length` rows) or 'sequence' (one row); x `[batch, F]` has one row. The other
+  fields as `RecurrentLayer`'s (`batch_sums` 'auto': the target platform's). Call: `(x,
+  mask | None, use_running_average=None)` -> x normalised (float32).
   """
   statistics: str = 'per_step'
   max_length: Optional[int] = None

@@ -2,27 +2,12 @@
 
   infer = inference_function(model, variables)    # evaluation: population statistics
   specs = symbolic_specs((x, mask), (('batch', 'time', None), ('batch', 'time')))
-  exported = export(infer, specs)                 # a jax.export.Exported
-  save(exported, 'model.jax')
+  save(export(infer, specs), 'model.jax')
 
-The parameters and population statistics are constants of the exported program, and
-axes named in `symbolic_specs` are symbolic, so one file serves any batch size and, for
-every variant, any length (inference reads row `min(t, last trained row)` of per-step
-statistics, so no length is fixed by the statistics).
-
-The file is the serialized program followed by one line, `bn_rnn_jax.export sha256
-<hex>`, the SHA-256 of the bytes before it. `load(path)` checks it, so a file cut short,
-emptied or with any byte changed is a one-line ValueError naming the file, never a
-traceback from the deserializer or a program that runs with damaged constants. JAX's
-reader ignores bytes after the program, so reloading needs JAX alone, no model code:
-
-  from jax import export
-  exported = export.deserialize(bytearray(open('model.jax', 'rb').read()))
-  logits = exported.call(x, mask)
-
-`run_in_fresh_process` does exactly that in a new Python process (importing only jax and
-numpy, and checking that nothing else was imported) and returns the outputs, so that an
-export can be checked against the model it came from (`experiments/export.py`).
+Axes named in `symbolic_specs` are symbolic, so one file serves any batch size and length.
+The file is the serialized program followed by the line `bn_rnn_jax.export sha256 <hex>`
+(the SHA-256 of the bytes before it), which JAX's reader ignores: reloading needs JAX
+alone (`jax.export.deserialize`), and `load` checks the line first.
 """
 
 from __future__ import annotations
@@ -45,12 +30,8 @@ from bn_rnn_jax import modes
 
 def inference_function(model, variables, **call_kwargs) -> Callable[..., Any]:
   """`f(*args) = model.apply(variables, *args, use_running_average=True,
-  deterministic=True, **call_kwargs)`.
-
-  The variables are closed over, so `jax.export` bakes them in as constants. Raises a
-  one-line ValueError when a site's statistics were never trained (`batch_stats.py`):
-  an exported model would normalise with mean 0, variance 1 for good.
-  """
+  deterministic=True, **call_kwargs)`, the variables closed over (constants of an export).
+  A site whose statistics were never trained is a one-line ValueError."""
   untrained = batch_stats.untrained_sites(variables.get('batch_stats', {}))
   if untrained:
     raise ValueError(f'Cannot export untrained population statistics (count 0) at '
@@ -66,8 +47,8 @@ def _is_axes(x) -> bool:
 
 
 def map_axes(fn: Callable[[tuple, Any], Any], axes: Sequence[Any], args: Sequence[Any]):
-  """`fn(names, array)` for every array of `args` and its tuple of axis names in `axes`
-  (a matching sequence of pytrees whose leaves are those tuples); returns a tuple."""
+  """`fn(names, array)` for every array of `args` and its tuple of axis names in `axes` (a
+  matching sequence of pytrees of those tuples); returns a tuple."""
   # As lists, so that only the per-array tuples are leaves.
   return tuple(jax.tree.map(fn, list(axes), list(args), is_leaf=_is_axes))
 
@@ -76,10 +57,9 @@ def symbolic_specs(args: Sequence[Any], axes: Sequence[Any]) -> tuple:
   """`jax.ShapeDtypeStruct`s like `args`, with named axes symbolic.
 
   Args:
-    args: example arrays (or pytrees of them, e.g. a dict of inputs).
-    axes: per argument (a matching pytree), a tuple with one entry per axis: a name
-      (`'batch'`, `'time'`) makes that axis symbolic, the same name in several places
-      the same size; None keeps the example's size.
+    args: example arrays (or pytrees of them).
+    axes: per argument (a matching pytree), a tuple with one entry per axis: a name makes
+      that axis symbolic (one name in several places: one size), None keeps its size.
 
   Returns:
     A tuple of pytrees of `jax.ShapeDtypeStruct`, for `export`.
@@ -134,9 +114,8 @@ def checked_program(data: bytes, path: str) -> bytes:
 
 
 def save(exported: jax_export.Exported, path: str) -> None:
-  """Write `exported` to `path` with its SHA-256 (`with_checksum`), atomically: a kill
-  during the write leaves any earlier file at `path` whole. A path that cannot be written
-  is a one-line ValueError."""
+  """Write `exported` to `path` with its SHA-256 line, atomically (a kill leaves any earlier
+  file whole); an unwritable path is a one-line ValueError."""
   with extras.needed_by(f'{__name__}.save'):
     data = with_checksum(exported.serialize())
   path = os.path.abspath(path)
@@ -152,10 +131,9 @@ def save(exported: jax_export.Exported, path: str) -> None:
 
 
 def load(path: str) -> jax_export.Exported:
-  """The exported program at `path` (`exported.call(*args)` runs it), after checking its
-  SHA-256. Every failure is a one-line ValueError naming the absolute path: a file that
-  cannot be read, that is damaged (`checked_program`), or whose program this version of
-  JAX cannot read; a missing flatbuffers is `extras.MissingExtra`."""
+  """The exported program at `path`, its SHA-256 checked. A file that cannot be read, is
+  damaged, or that this JAX cannot read is a one-line ValueError naming the absolute path;
+  a missing flatbuffers is `extras.MissingExtra`."""
   path = os.path.abspath(path)
   try:
     with open(path, 'rb') as f:
@@ -202,10 +180,9 @@ np.savez(outputs_path, **outputs)
 
 def run_in_fresh_process(path: str, arg_sets: Sequence[tuple],
                          timeout: float = 600.0) -> list[list[np.ndarray]]:
-  """Outputs of the exported model at `path` on each argument tuple of `arg_sets`, run in
-  a new Python process that imports only jax and numpy. Returns, per argument tuple, the
-  output leaves (`jax.tree.leaves` order). Raises RuntimeError (one line) when that
-  process fails or imported the project's code."""
+  """Per argument tuple of `arg_sets`, the output leaves of the exported model at `path`,
+  run in a new Python process that imports only jax and numpy. RuntimeError (one line)
+  when that process fails or imported the project's code."""
   with tempfile.TemporaryDirectory() as tmp:
     inputs, outputs = os.path.join(tmp, 'inputs.npz'), os.path.join(tmp, 'outputs.npz')
     np.savez(inputs, **{f'set{k:04d}_{i}': np.asarray(leaf)

@@ -1,15 +1,12 @@
 """The optional packages (setup.py's extras), and the one-line error when one is missing.
 
-`pip install -e .` installs what the layers, cells and models need (jax, jaxlib, flax,
-numpy); the trainer, the datasets, plots and export need an extra. A module that imports
-an extra's package does it inside `needed_by`:
+A module imports an extra's package inside `needed_by`:
 
   with extras.needed_by(__name__):
     import ml_collections
 
-and without the package that import raises `MissingExtra`, whose one line names the
-package and the command that installs it; a command-line script passes `exit=True` and
-exits with that line (`error: ...`) instead.
+and without the package that import raises `MissingExtra`, one line naming the package
+and the command that installs it (with `exit=True`, the program ends with that line).
 """
 
 from __future__ import annotations
@@ -49,10 +46,9 @@ def message(module: str, needed_by: str) -> str:
 
 @contextlib.contextmanager
 def needed_by(who: str, exit: bool = False) -> Iterator[None]:  # pylint: disable=redefined-builtin
-  """Imports inside that fail for want of an optional package raise `MissingExtra`
-  naming it and `who` (or, with `exit`, end the program with that line); any other
-  import error passes unchanged, and so does a `MissingExtra` raised further in (it
-  names the module that needs the package)."""
+  """Imports inside that fail for want of an optional package raise `MissingExtra` naming it
+  and `who` (with `exit`, end the program with that line); other import errors, and a
+  `MissingExtra` raised further in, pass unchanged."""
   try:
     yield
   except MissingExtra as e:

@@ -200,6 +200,10 @@ def run_layer(layer: recurrent.RecurrentLayer, carry, xs: Array, mask: Optional[
     state, first_step = None, 0
   else:
     carry = as_carry(carry, batch_shape)
+    shapes = [tuple(jnp.shape(a)) for a in (carry.c, carry.h, carry.step)]
+    if shapes != [batch_shape + (width,)] * 2 + [batch_shape]:
+      raise ValueError(f'{cell}: the carry must be [*batch, H] = {batch_shape + (width,)} '
+                       f'(step [*batch]) for inputs {xs.shape}; got c, h, step {shapes}.')
     state = tuple(a.reshape(rows, width) for a in (carry.c, carry.h))
     first_step = carry.step.reshape(rows)
   flat_mask = None if mask is None else mask.reshape(rows, length).astype(jnp.float32)

@@ -1,27 +1,9 @@
-"""Initialisers Flax lacks: per-gate-block orthogonal and identity recurrent matrices,
-and the named presets the papers use.
+"""Initialisers Flax lacks: per-gate-block orthogonal and identity recurrent kernels, and
+the named presets of the papers' configs.
 
-A recurrent kernel of a gated cell has shape `[H, G * H]`: G square blocks side by side,
-one per gate, in the order (f, i, o, g) of `steps.py`. Cooijmans et al. (sec. 5.1)
-initialise W_h to the identity for sequential MNIST and orthogonally elsewhere. The paper
-does not say what that means for a gated cell; the presets of `RECURRENT_INITS` (by the
-names a config's `model.recurrent_init` uses) are the choices:
-
-  'orthogonal'          every `[H, H]` gate block an independent orthogonal matrix (not
-                        one `[H, 4H]` orthogonal slab).
-  'identity'            every gate block the identity (ours for sequential MNIST).
-  'identity_candidate'  the candidate block g the identity, the f, i, o blocks orthogonal:
-                        the authors' released code (sequential_mnist.py builds W_h as
-                        [I | one [H, 3H] orthogonal slab]; here each of f, i, o is its own
-                        orthogonal block, as with 'orthogonal'). For the tanh RNN (one
-                        block, the candidate) it equals 'identity'.
-  'glorot_uniform'      Glorot & Bengio's U(+-sqrt(6 / (H + G*H))) over the whole
-                        kernel (Laurent et al. sec. 5.1).
-
-A layer or cell takes initialisers as Flax does, callables `init(key, shape, dtype)`:
-`recurrent_kernel_init` (W_h), `kernel_init` (W_x) and `scale_init` (every gamma). The
-presets here are module-level values, and `Constant` is a hashable constant, so that two
-layers built from the same config compare equal (and share their compiled steps).
+A gated cell's recurrent kernel `[H, G * H]` is G square blocks side by side, one per
+gate, in the order (f, i, o, g). The presets are module-level values, and `Constant` is
+hashable, so two layers built from one config compare equal (and share their programs).
 """
 
 from __future__ import annotations
@@ -39,7 +21,7 @@ Initializer = Callable[..., jax.Array]
 @dataclasses.dataclass(frozen=True)
 class Constant:
   """`value` everywhere, as `nn.initializers.constant(value)`, but hashable and equal by
-  value (e.g. `scale_init=Constant(0.1)`, Cooijmans et al.'s gamma)."""
+  value (`scale_init=Constant(0.1)`)."""
   value: float
 
   def __call__(self, key, shape, dtype=jnp.float32) -> jax.Array:
@@ -99,7 +81,7 @@ GLOROT_UNIFORM = nn.initializers.glorot_uniform()
 ORTHOGONAL_BLOCKS = orthogonal_blocks()
 IDENTITY_BLOCKS = identity_blocks()
 IDENTITY_CANDIDATE_BLOCKS = identity_candidate_blocks()
-#: W_h's initialisers by name (`config.model.recurrent_init`; the module docstring).
+#: W_h's initialisers by name (`config.model.recurrent_init`; the layer guide describes each).
 RECURRENT_INITS = {'orthogonal': ORTHOGONAL_BLOCKS, 'identity': IDENTITY_BLOCKS,
                    'identity_candidate': IDENTITY_CANDIDATE_BLOCKS,
                    'glorot_uniform': GLOROT_UNIFORM}
@@ -143,10 +125,9 @@ def layer_parameters(input_size: int, hidden_size: int, *, cell: str = 'lstm',
                      scale_init: Initializer = Constant(0.1), forget_bias: float = 0.0,
                      recurrent_kernel_init: Initializer = ORTHOGONAL_BLOCKS,
                      kernel_init: Initializer = ORTHOGONAL) -> dict[str, tuple[Any, tuple]]:
-  """`{name: (initializer, shape)}` of a recurrent layer's (or cell's) parameters, in the
-  order they are created: W_x `[I, G*H]`, W_h `[H, G*H]`, the bias `[G*H]`, and the
-  scales (and the cell's shift) of its normalised terms. One layout for
-  `RecurrentLayer` and the cells, so their variables map 1:1."""
+  """`{name: (initializer, shape)}` of a recurrent layer's (or cell's) parameters in creation
+  order: W_x `[I, G*H]`, W_h `[H, G*H]`, the bias `[G*H]`, then the scales (and the cell's
+  shift) of its normalised terms; one layout for `RecurrentLayer` and the cells."""
   gates = 4 if cell == 'lstm' else 1
   width = gates * hidden_size
   params = {

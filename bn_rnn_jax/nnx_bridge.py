@@ -50,10 +50,10 @@ def _assign(variables, values) -> None:
 class FromLinen(bridge.ToNNX):
   """`module` (e.g. `make_layer('bn_lstm', 100, max_length=784)`) as an NNX module,
   initialised from an example call (`*example_args`, `**example_kwargs`, as Linen's
-  `init`); `rngs`' `params` stream initialises it, its `noise` and `dropout` streams feed
-  training. `use_running_average` (`model.train()` / `model.eval()`) picks batch
-  statistics, folded into the `nnx.BatchStat`s, or population statistics. Called with the
-  Linen module's arguments without the flags."""
+  `init`); the `params` stream of `rngs` initialises it, its `noise` and `dropout` streams
+  feed training. `use_running_average` (`model.train()` / `model.eval()`) picks batch
+  statistics, folded into the `nnx.BatchStat` variables, or population statistics. Called
+  with the Linen module's arguments without the flags."""
 
   def __init__(self, module: nn.Module, *example_args, rngs: nnx.Rngs, **example_kwargs):
     super().__init__(module, rngs=rngs)

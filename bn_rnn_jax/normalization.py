@@ -317,8 +317,8 @@ def check_rows(first_row, length: int, num_rows: int):
       first + length <= num_rows,
       'Training steps {}..{} need per-step statistics rows, but max_length='
       f'{num_rows}. To train in segments (truncated backprop), start each from '
-      'initial_carry=(c, h): a new segment restarts the statistics rows at step 0; to '
-      'train on sequences this long, raise max_length to at least {}.',
+      'initial_carry=carry.state, the (c, h) that restarts the statistics rows at step 0; '
+      'to train on sequences this long, raise max_length to at least {}.',
       first, first + length - 1, first + length)
 
 

@@ -113,13 +113,12 @@ def _backward_kernel(static, names, *refs):
   blocks, length = _blocks(static), r['u'].shape[0]
   math = functools.partial(fused_step.backward_math, epsilon=static.epsilon,
                            population=static.population, axis_name=None)
-  sums = ('d_gamma_h', 'd_bias', 'd_gamma_c', 'd_beta_c')
 
   def step(k, carry):
-    dcs, dhs, acc = carry
+    dcs, dhs = carry
     t = length - 1 - k
     mask = r['mask'][t, :][:, None]
-    dz, new_dc, dh_keep, new_acc = {}, [], [], []
+    new_dc, new_dh = [], [jnp.zeros_like(dh) for dh in dhs]
     for i, blk in enumerate(blocks):
       gr = math({**_vec(r, blk, static.population, t), 'mask': mask,
                  'z': tuple(r['z'][t, :, g, blk] for g in range(GATES)),
@@ -127,28 +126,21 @@ def _backward_kernel(static, names, *refs):
                  'c_prev': r['c_prev'][t, :, blk], 'dc': dcs[i], 'dh': dhs[i],
                  'd_out': r['d_out'][t, :, blk]})
       for g in range(GATES):
-        dz[g, i] = gr['dz'][g]
         r['dz'][t, :, g, blk], r['d_u'][t, :, g, blk] = gr['dz'][g], gr['d_pre'][g]
+        r['d_gamma_h'][t, g, blk], r['d_bias'][t, g, blk] = gr['d_gamma_h'][g], gr['d_bias'][g]
+        # dh_{t-1} += dZ W_h^T, block by block, so that no block's dZ outlives it.
+        for j, bj in enumerate(blocks):
+          new_dh[j] = new_dh[j] + _dot(gr['dz'][g], r['w'][bj, g, blk], static.compute_dtype,
+                                       transpose_b=True)
+      r['d_gamma_c'][t, blk], r['d_beta_c'][t, blk] = gr['d_gamma_c'], gr['d_beta_c']
       new_dc.append(gr['dc_prev'])
-      dh_keep.append(gr['dh_keep'])
-      new_acc.append(jax.tree.map(jnp.add, acc[i], {k: gr[k] for k in sums}))
-    new_dh = tuple(dh_keep[j] + sum(_dot(dz[g, i], r['w'][bj, g, blk], static.compute_dtype,
-                                         transpose_b=True)
-                                    for g in range(GATES) for i, blk in enumerate(blocks))
-                   for j, bj in enumerate(blocks))
-    return tuple(new_dc), new_dh, tuple(new_acc)
+      new_dh[i] = new_dh[i] + gr['dh_keep']
+    return tuple(new_dc), tuple(new_dh)
 
-  zero = lambda shape: jnp.zeros(shape, r['dc_final'].dtype)
-  bh = static.layout.block_h
-  acc = tuple({'d_gamma_h': (zero((bh,)),) * GATES, 'd_bias': (zero((bh,)),) * GATES,
-               'd_gamma_c': zero((bh,)), 'd_beta_c': zero((bh,))} for _ in blocks)
   start = tuple(tuple(r[k][:, blk] for blk in blocks) for k in ('dc_final', 'dh_final'))
-  dcs, dhs, acc = lax.fori_loop(0, length, step, start + (acc,))
+  dcs, dhs = lax.fori_loop(0, length, step, start)
   for i, blk in enumerate(blocks):
     r['dc0'][:, blk], r['dh0'][:, blk] = dcs[i], dhs[i]
-    for g in range(GATES):
-      r['d_gamma_h'][g, blk], r['d_bias'][g, blk] = acc[i]['d_gamma_h'][g], acc[i]['d_bias'][g]
-    r['d_gamma_c'][blk], r['d_beta_c'][blk] = acc[i]['d_gamma_c'], acc[i]['d_beta_c']
 
 
 def _call(static, kernel, inputs: dict, outputs: dict, name: str):
@@ -201,16 +193,17 @@ def _scan_bwd(static, residuals, cotangents):
   inputs = {'u': u, 'mask': mask, 'w': w.reshape(units, GATES, units), **vec,
             **(pop or {}), 'z': saved['z'], 'c_prev': saved['c_prev'], 'd_out': d_out,
             'dc_final': dc_final, 'dh_final': dh_final}
-  state = (rows, units)
+  length, state = u.shape[0], (rows, units)
+  # The pointwise parameters' gradients per step, summed after the kernel (no carry).
   outputs = {'dz': u.shape, 'd_u': u.shape, 'dc0': state, 'dh0': state,
-             'd_gamma_h': (GATES, units), 'd_bias': (GATES, units), 'd_gamma_c': (units,),
-             'd_beta_c': (units,)}
+             'd_gamma_h': (length, GATES, units), 'd_bias': (length, GATES, units),
+             'd_gamma_c': (length, units), 'd_beta_c': (length, units)}
   o = _call(static, functools.partial(_backward_kernel, static), inputs, outputs,
             'bn_lstm_persistent_backward')
   # dW_h = sum_t h_{t-1}^T dZ_t: one [Hp, T*Bp] x [T*Bp, 4Hp] product.
   d_w = steps.matmul(saved['h_prev'].reshape(-1, units), o['dz'].reshape(-1, GATES * units),
                      static.compute_dtype, ((0,), (0,)))
-  d_vec = {k: o[f'd_{k}'] for k in vec}
+  d_vec = {k: jnp.sum(o[f'd_{k}'], axis=0) for k in vec}
   return (d_w.astype(w.dtype), d_vec, (o['dc0'], o['dh0']), o['d_u'].astype(u.dtype),
           jnp.zeros_like(mask), jax.tree.map(jnp.zeros_like, pop))
 

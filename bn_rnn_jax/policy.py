@@ -8,12 +8,12 @@ same outputs, statistics and gradients (the tests force each one on CPU and comp
   | choice | CPU | GPU | TPU |
   |---|---|---|---|
   | `hoist_input` | in the step (False) | hoisted (True) | hoisted (True) |
-  | `remat` | with batch norm: 'full' up to H128, 'dots' above; else 'none' | with batch norm: 'dots'; else 'none' | 'none' |
+  | `remat` | with batch norm: 'full' up to H128, 'dots' above; else 'none' | with batch norm: 'dots'; else 'none' | as the GPU |
   | `backward` | 'layer' for LSTMs with H >= 8 B; else 'scan' | 'layer' for LSTMs without batch norm; else 'scan' | 'scan' |
   | `batch_sums` | 'contraction' | 'reduce' | 'reduce' |
 
-The CPU and GPU columns follow `benchmarks/rnn_speed.py`, the TPU column is reasoned
-(docs/speed.md, "The execution policy", says why for each). The platform is the program's
+The CPU and GPU columns follow `benchmarks/rnn_speed.py`, the TPU column the offline TPU
+compile (`benchmarks/tpu_compile.py`); docs/speed.md, "The execution policy", says why. The platform is the program's
 target: the default backend's, or those named by `targets` while it is traced (`with
 policy.targets('tpu'):` compiles for a TPU on another machine). Several targets get a
 policy each, and `jax.lax.platform_dependent` keeps the one of the platform the program
@@ -190,7 +190,7 @@ def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
     ...         choices.batch_sums)
     cpu False dots layer contraction
     cuda True dots scan reduce
-    tpu True none scan reduce
+    tpu True dots scan reduce
   """
   cpu = platform == 'cpu'
   gpu = platform in ('gpu', 'cuda', 'rocm')
@@ -205,7 +205,7 @@ def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
     if cpu and batch_norm:
       remat = 'full' if hidden_size <= FULL_REMAT_MAX_HIDDEN else 'dots'
     else:
-      remat = 'dots' if gpu and batch_norm else 'none'
+      remat = 'dots' if batch_norm else 'none'
   if backward == AUTO:
     wide = hidden_size >= LAYER_BACKWARD_MIN_HIDDEN_PER_EXAMPLE * batch
     layer = (cpu and wide) or (gpu and not batch_norm)

@@ -182,19 +182,11 @@ def padding_without_lengths(batch) -> Optional[str]:
   leaves = [leaf for leaf in jax.tree.leaves(call_arguments(batch))
             if hasattr(leaf, 'shape') and not isinstance(leaf, jax.core.Tracer)]
   for x in leaves:
-    if np.ndim(x) != 3 or not jnp.issubdtype(x.dtype, jnp.floating):
-      continue
-    rows, length = x.shape[:2]
-    if any(np.shape(leaf) in ((rows,), (rows, length)) for leaf in leaves):
-      continue
-    zero = ~np.asarray(x).any(axis=-1)                                    # [B, T]
-    run = np.cumprod(zero[:, ::-1], axis=1).sum(axis=1)                   # trailing zeros
-    inside = zero & (np.arange(length)[None, :] < (length - run)[:, None])
-    if np.unique(run).size > 1 and not inside.any():
-      short, full = int(np.argmax(run)), int(np.argmin(run))
-      return (f'inputs {tuple(x.shape)} with no lengths or mask, whose rows end in '
-              f'different numbers of all-zero frames (row {short} in {run[short]}, row '
-              f'{full} in {run[full]}), as padding does')
+    if np.ndim(x) == 3 and not any(np.shape(leaf) in (x.shape[:1], x.shape[:2])
+                                   for leaf in leaves):
+      found = sequence.trailing_zero_padding(x)
+      if found:
+        return found
   return None
 
 

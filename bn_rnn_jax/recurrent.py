@@ -11,8 +11,7 @@ backend questions.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
+import warnings
 from typing import Any, Optional
 
 import jax
@@ -94,37 +93,42 @@ class RecurrentLayer(nn.Module):
   deterministic: Optional[bool] = None
 
   # ------------------------------------------------------------------ configuration
-  def _validate(self, inputs: Array, mask: Optional[Array]) -> None:
-    if self.cell not in _GATES:
-      raise ValueError(f'cell must be one of {sorted(_GATES)}; got {self.cell!r}.')
-    for site, kind in (('recurrent_norm', self.recurrent_norm),
-                       ('input_norm', self.input_norm), ('cell_norm', self.cell_norm)):
-      if kind not in steps.NORM_KINDS:
-        raise ValueError(f'{site} must be one of {steps.NORM_KINDS}; got {kind!r}.')
-    if self.cell == 'rnn' and self.cell_norm is not None:
-      raise ValueError('cell_norm applies to the LSTM cell only (cell="rnn" has no c_t).')
+  def _validate(self, inputs: Array, mask: Optional[Array], initial_carry) -> None:
+    """One line for a field or an argument the layer cannot run with."""
+    norms = {'recurrent_norm': self.recurrent_norm, 'input_norm': self.input_norm,
+             'cell_norm': self.cell_norm}
     batch_stats.check_statistics(self.statistics)
-    if self.initial_state not in _INITIAL_STATES:
-      raise ValueError(f'initial_state must be one of {_INITIAL_STATES}; got '
-                       f'{self.initial_state!r}.')
-    if self.features <= 0 or (self.max_length is not None and self.max_length <= 0):
-      raise ValueError(f'features ({self.features}) and max_length '
-                       f'({self.max_length}) must be positive.')
-    if not 0.0 <= self.momentum < 1.0:
-      raise ValueError(f'momentum must be in [0, 1); got {self.momentum}.')
-    if inputs.ndim != 3:
-      raise ValueError('RecurrentLayer expects inputs [batch, time, features]; got shape '
-                       f'{inputs.shape}.')
-    if mask is not None and mask.shape != inputs.shape[:2]:
-      raise ValueError(f'mask must be [batch, time] = {inputs.shape[:2]}; got {mask.shape}.')
+    for ok, message in (
+        (self.cell in _GATES, f'cell must be one of {sorted(_GATES)}; got {self.cell!r}.'),
+        *((kind in steps.NORM_KINDS, f'{site} must be one of {steps.NORM_KINDS}; got '
+           f'{kind!r}.') for site, kind in norms.items()),
+        (self.cell == 'lstm' or self.cell_norm is None,
+         'cell_norm applies to the LSTM cell only (cell="rnn" has no c_t).'),
+        (self.initial_state in _INITIAL_STATES, f'initial_state must be one of '
+         f'{_INITIAL_STATES}; got {self.initial_state!r}.'),
+        (self.features > 0 and (self.max_length or 1) > 0, f'features ({self.features}) '
+         f'and max_length ({self.max_length}) must be positive.'),
+        (0.0 <= self.momentum < 1.0, f'momentum must be in [0, 1); got {self.momentum}.'),
+        (self.min_step_count >= 1, f'min_step_count must be at least 1; got '
+         f'{self.min_step_count}.'),
+        (0.0 <= self.min_row_support <= 1.0, f'min_row_support must be in [0, 1]; got '
+         f'{self.min_row_support}.'),
+        (self.min_step_count == 1 or not self.padded_statistics, 'min_step_count guards '
+         'masked per-step statistics; with padded_statistics=True every step averages the '
+         'whole batch.'),
+        (inputs.ndim == 3, 'RecurrentLayer expects inputs [batch, time, features]; got '
+         f'shape {inputs.shape}.'),
+        (mask is None or mask.shape == inputs.shape[:2], f'mask must be [batch, time] = '
+         f'{inputs.shape[:2]}; got {None if mask is None else mask.shape}.')):
+      if not ok:
+        raise ValueError(message)
     sequence.check_mask_prefix(mask)
-    if self.min_step_count < 1:
-      raise ValueError(f'min_step_count must be at least 1; got {self.min_step_count}.')
-    if not 0.0 <= self.min_row_support <= 1.0:
-      raise ValueError(f'min_row_support must be in [0, 1]; got {self.min_row_support}.')
-    if self.min_step_count > 1 and self.padded_statistics:
-      raise ValueError('min_step_count guards masked per-step statistics; with '
-                       'padded_statistics=True every step averages the whole batch.')
+    if initial_carry is not None:
+      want = (inputs.shape[0], self.features)
+      shapes = [tuple(jnp.shape(a)) for a in jax.tree.leaves(initial_carry)]
+      if shapes != [want] * (2 if self.cell == 'lstm' else 1):
+        raise ValueError(f"initial_carry must be {'(c, h), each' if self.cell == 'lstm' else 'h'}"
+                         f' [batch, features] = {want}; got shapes {shapes}.')
 
   def _sites(self, length: int, bound: bool = True) -> tuple[batch_stats.Site, ...]:
     """The batch-normalised sites, with T_max from `max_length`, the statistics made
@@ -193,12 +197,18 @@ class RecurrentLayer(nn.Module):
     step of `inputs[:, 0]` (an int, a scalar array, or `[batch]`), whose statistics row
     step t reads; in training the rows valid at `inputs[:, 0]` share it.
     """
-    self._validate(inputs, mask)
+    self._validate(inputs, mask, initial_carry)
     mode = modes.resolve(self, use_running_average, deterministic)
     training, (batch, length, _) = mode.batch_statistics, inputs.shape
     sites = self._sites(length)
     full_count = (self._sequences(first_step, mask, batch, length) if training else None)
     first_step, ok = self._first_step(first_step, mask, training, sites, length)
+    if training and mask is None:
+      if sequence.trailing_zero_padding(inputs):  # zeros at the ends can be data: a warning
+        warnings.warn('RecurrentLayer: training inputs with no mask or lengths whose rows end '
+                      'in all-zero frames of different lengths, as padding does: the padding '
+                      'counts in the batch statistics as data; pass the mask (a layer) or '
+                      'seq_lengths (RNN).', stacklevel=2)
     if mask is not None:  # padding is inert, whatever it holds (NaN * 0 is NaN: `where`)
       inputs = jnp.where(mask[..., None] > 0, inputs, jnp.zeros_like(inputs))
     params = self._params(inputs.shape[-1])

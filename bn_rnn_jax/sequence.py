@@ -81,6 +81,25 @@ def starts_at_zero(first_step) -> bool:
   return isinstance(first_step, int) and first_step == 0
 
 
+def trailing_zero_padding(x) -> Optional[str]:
+  """What looks like zero padding in a concrete float `x [batch, time, features]` passed
+  without lengths or a mask, or None: rows that end in all-zero frames, in runs of
+  different lengths, with no all-zero frame before (zeros that are data, such as a
+  background pixel, occur inside rows too)."""
+  if (isinstance(x, jax.core.Tracer) or np.ndim(x) != 3
+      or not jnp.issubdtype(jnp.result_type(x), jnp.floating)):
+    return None
+  zero = ~np.asarray(x).any(axis=-1)                                      # [B, T]
+  run = np.cumprod(zero[:, ::-1], axis=1).sum(axis=1)                     # trailing zeros
+  inside = zero & (np.arange(x.shape[1])[None, :] < (x.shape[1] - run)[:, None])
+  if np.unique(run).size < 2 or inside.any():
+    return None
+  short, full = int(np.argmax(run)), int(np.argmin(run))
+  return (f'inputs {tuple(x.shape)} with no lengths or mask, whose rows end in different '
+          f'numbers of all-zero frames (row {short} in {run[short]}, row {full} in '
+          f'{run[full]}), as padding does')
+
+
 def common_step(first_step, mask: Optional[Array]):
   """The step of a training batch's first column, from each row's step `first_step`
   (an int, a scalar, or `[batch]`): the rows valid there (`mask [batch, time]`) pool

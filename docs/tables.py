@@ -1,22 +1,25 @@
 r"""Every table the docs quote, rendered from the JSON it comes from.
 
-The README and the pages under docs/ quote two kinds of marked blocks:
+The README and the pages under docs/ quote marked blocks,
 
-  <!-- campaign-table CAMPAIGN TABLE [FOLDER] --> ... <!-- /campaign-table -->
-      a campaign's table, rendered by its spec (`experiments/campaign_specs/CAMPAIGN.py`) from
-      `experiments/results/CAMPAIGN.json`: `python -m experiments.campaign report CAMPAIGN`
-      (from `FOLDER/CAMPAIGN.json`, FOLDER from the repository root, where given: runs
-      collected apart, `--results_dir=FOLDER`);
-  <!-- json-table NAME [ARG] --> ... <!-- /json-table -->
-      a table of this module (`RENDERERS`), from the JSONs under `experiments/results/`
-      and `benchmarks/results/`.
+  <!-- json-table NAME [ARG ...] --> ... <!-- /json-table -->
+
+whose text is one of two things:
+
+* a result as its kind renders it (`experiments.rendering`): NAME is a JSON under
+  `experiments/results/` without `.json` (a campaign's results, an analysis's), or a
+  JSON's path from the repository root; ARG, for instance, one of a campaign's tables;
+* a view of this module (`VIEWS`) across results: the map of the experiments, a JSON's
+  machine or run time, the figures' numbers, the benchmarks' tables.
+
+A block whose quoted text opens with a code fence keeps it.
 
   python docs/tables.py               # is every quoted block current? (exit 1 if not)
   python docs/tables.py --write       # rewrite every quoted block from its JSON
-  python docs/tables.py NAME [ARG]    # print one json-table
+  python docs/tables.py NAME [ARG]    # print one block's text
 
-`tests/test_campaign.py` checks the campaign tables and `tests/test_docs.py` the json
-tables, byte for byte, so no quoted number can drift from its artefact.
+`tests/test_docs.py` checks every block byte for byte, so no quoted number can drift from
+its artefact.
 """
 
 from __future__ import annotations
@@ -27,18 +30,21 @@ import math
 import os
 import re
 import sys
-from typing import Callable, Optional
+from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from experiments import machine_facts
+from experiments import rendering
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
 RESULTS = os.path.join(ROOT, 'experiments', 'results')
 BENCHMARKS = os.path.join(ROOT, 'benchmarks')
 DASH = '–'
 
-CAMPAIGN_BLOCK = re.compile(
-    r'(<!-- campaign-table (\S+) (\S+)(?: (\S+))? -->\n)(.*?)(<!-- /campaign-table -->)', re.S)
 JSON_BLOCK = re.compile(r'(<!-- json-table (\S+)((?: [^\s>]+)*) -->\n)(.*?)(<!-- /json-table -->)',
                         re.S)
 
@@ -53,8 +59,8 @@ def _result(name: str) -> dict:
 
 
 def markdown(header, rows) -> str:
-  from experiments.campaign import tables  # pylint: disable=g-import-not-at-top
-  return tables.markdown(header, rows)
+  from experiments.campaign import columns  # pylint: disable=g-import-not-at-top
+  return columns.markdown(header, rows)
 
 
 # ---------------------------------------------------------------------- experiments
@@ -88,14 +94,14 @@ def _init_options() -> tuple[str, str]:
 
 def _fig2(panel: str) -> tuple[str, str]:
   """The headline of one panel of Fig. 2: `panel` is 'seq' or 'pmnist'."""
-  from experiments.campaign import tables  # pylint: disable=g-import-not-at-top
+  from experiments.campaign import columns  # pylint: disable=g-import-not-at-top
   from experiments.campaign_specs import _fig2 as fig2  # pylint: disable=g-import-not-at-top
   result = _result(fig2.NAMES[panel])
   lstm, bn = f'{panel}_lstm', f'{panel}_bn_lstm'
   batch = {arm: fig2.validation_curve(_records(result, arm), 'accuracy_batch')
            for arm in (lstm, bn)}
   last = {arm: (steps[-1], values[-1]) for arm, (steps, values) in batch.items()}
-  ninety = tables.first_past(*batch[bn], 0.9, above=True)
+  ninety = columns.first_past(*batch[bn], 0.9, above=True)
   paper = result['spec']['paper']['milestones']
   test = {arm: [r for r in _records(result, arm) if r['split'] == 'test'][-1]['accuracy']
           for arm in (lstm, bn)}
@@ -131,16 +137,16 @@ def _ptb_char_lengths() -> tuple[str, str]:
 
 def _ptb_char_1000() -> tuple[str, str, str]:
   """Ours and the paper's, and the run time: the 2-CPU-core runs' launches and the GPU's."""
-  from experiments.campaign import tables  # pylint: disable=g-import-not-at-top
+  from experiments.campaign import columns  # pylint: disable=g-import-not-at-top
   cpu = _result('ptb_char_1000')
   gpu = _load('experiments', 'results', 'h200', 'ptb_char_1000.json')
   arms = ('lstm', 'bn_lstm')
-  tests = {arm: tables.last(_records(cpu, arm), 'test') for arm in arms}
-  steps = tables.last(_records(cpu, 'lstm'), 'valid')['step']
-  best_on_gpu = {arm: tables.best(_records(gpu, arm), 'valid', 'bpc')['step'] for arm in arms}
-  longest_on_gpu = max(tables.last(_records(gpu, arm), 'valid')['step'] for arm in arms)
+  tests = {arm: columns.last(_records(cpu, arm), 'test') for arm in arms}
+  steps = columns.last(_records(cpu, 'lstm'), 'valid')['step']
+  best_on_gpu = {arm: columns.best(_records(gpu, arm), 'valid', 'bpc')['step'] for arm in arms}
+  longest_on_gpu = max(columns.last(_records(gpu, arm), 'valid')['step'] for arm in arms)
   paper = cpu['spec']['paper']['table2_test_bpc']
-  launches = max(len(tables.trained_launches(run)) for run in cpu['runs'].values())
+  launches = max(len(columns.trained_launches(run)) for run in cpu['runs'].values())
   # The records' clock runs on across launches: the last record's is the run's time.
   clock = lambda result: max(run['records'][-1]['time_s'] for run in result['runs'].values())
   cpu_hours, gpu_minutes = clock(cpu) / 3600, clock(gpu) / 60
@@ -200,10 +206,10 @@ def _attentive_reader() -> tuple[str, str]:
 
 
 def _variable_length_time() -> str:
-  """The run time of the variable-length analyses: every JSON `report.ANALYSES` renders."""
-  from experiments import report  # pylint: disable=g-import-not-at-top
-  seconds = sum(_load('experiments', 'results', f'{name}.json')['seconds']
-                for name in report.ANALYSES)
+  """The run time of the length studies: every analysis result directly under
+  experiments/results/ (the campaigns' are of kind campaign or campaign_speed)."""
+  seconds = sum(result['seconds'] for result in map(rendering.load, sorted(glob.glob(
+      os.path.join(RESULTS, '*.json')))) if not result['kind'].startswith('campaign'))
   return f'{seconds / 60:.0f} min in all on 2 CPU cores'
 
 
@@ -341,7 +347,7 @@ def suite_time(path: str = 'benchmarks/results/suite_time.json') -> str:
   """`benchmarks/suite_time.py`'s line per test tier, and the machine."""
   saved = _load(path)
   return (_benchmark_module('suite_time').format_table(saved) + '\n\n' +
-          f"Machine: {_machine_facts(saved['machine'])}.")
+          f"Machine: {machine_facts.describe(saved['machine'])}.")
 
 
 def batch_sums(path: str = 'benchmarks/results/rnn_speed_cpu.json') -> str:
@@ -362,37 +368,14 @@ def machine(path: str) -> str:
     return f"Machine, as the JSON describes it: {m['description']}.{expected}"
   if saved.get('machines'):   # a campaign whose runs moved between machines
     return ('Machines, in the order the runs used them: ' +
-            ' Then '.join(_machine_facts(m) + '.' for m in saved['machines']) + expected)
-  return 'Machine: ' + _machine_facts(m) + '.' + expected
+            ' Then '.join(machine_facts.describe(m) + '.' for m in saved['machines']) + expected)
+  return 'Machine: ' + machine_facts.describe(m) + '.' + expected
 
 
 def run_time(name: str) -> str:
   """A campaign's expected run time in one line, without the machine's details (`machine`
   has them)."""
   return f"Run time: {_result(name)['spec']['expected']}."
-
-
-def _machine_facts(m: dict) -> str:
-  processor = m.get('processor') or m.get('cpu')
-  cores = m.get('cores') or m.get('cpu_count')
-  # `machine_facts.machine()` takes the load when a script calls it, for most after the
-  # run; results that name their load `..._at_start` took it before.
-  load, when = m.get('load_average_1_5_15_min'), 'as recorded'
-  if not load:
-    load, when = m.get('load_average_1_5_15_min_at_start'), 'at the start'
-  versions = m.get('versions') or {'jax': m.get('jax')}
-  backend = m.get('backend', 'cpu')
-  device = f" ({m['device_kind']})" if backend != 'cpu' and m.get('device_kind') else ''
-  gpus = m.get('gpus') or []
-  parts = [f'{processor}' if processor and processor != 'unknown' else 'processor not recorded',
-           f'{cores} cores',
-           f"{len(gpus)} GPU ({', '.join(sorted(set(gpus)))})" if gpus else
-           f'backend {backend}{device}',
-           f"`XLA_FLAGS='{m['xla_flags']}'`" if m.get('xla_flags') else 'XLA flags not recorded',
-           ', '.join(f'{k} {v}' for k, v in versions.items() if v)]
-  if load:
-    parts.append(f'load average {load[0]:.2f} {when}')
-  return '; '.join(parts)
 
 
 # Targets of the layer's speed on CPU: (what, shape, impl, column, bound, above).
@@ -431,6 +414,26 @@ def launch_profile(path: str = 'benchmarks/results/launch_profile_gpu_a.json',
       {**saved, 'rows': _kept(saved['rows'], omit)})
 
 
+def gpu_compile(path: str = 'benchmarks/results/gpu_compile_h100.json') -> str:
+  """`benchmarks/gpu_compile.py --report`: the layer's forms compiled for an H100 without a
+  GPU, what each time step launches, and each Pallas kernel's registers and spills."""
+  saved = _load(path)
+  target = saved['target']
+  return (f"Target: {target['device']} (compile-only, compute capability "
+          f"{target['compute_capability']}), jax-cuda13-plugin {target['jax_cuda_plugin']}, "
+          f"ptxas {target['ptxas'].split(', ')[-1]}.\n\n"
+          + _benchmark_module('gpu_compile').format_table(saved)
+          + ''.join(f'\n\nNot compiled: {line}' for line in saved['skipped']))
+
+
+def tpu_compile(path: str = 'benchmarks/results/tpu_compile.json') -> str:
+  """`benchmarks/tpu_compile.py --report`: the layer's forms, Flax's LSTM and the train step
+  compiled for TPUs without one: per time step, ops, fusions, matmuls and stashes."""
+  saved = _load(path)
+  return (f"Compiler: libtpu {saved['libtpu']}.\n\n"
+          + _benchmark_module('tpu_compile').format_table(saved))
+
+
 def trainer_overhead(path: str = 'benchmarks/results/trainer_overhead_cpu.json') -> str:
   """`benchmarks/trainer_overhead.py`: the loop against the bare compiled step, and the
   quickstart's runs end to end."""
@@ -457,6 +460,13 @@ def trainer_overhead(path: str = 'benchmarks/results/trainer_overhead_cpu.json')
   return text
 
 
+def evaluation_statistics(path: str = 'benchmarks/results/evaluation_statistics.json') -> str:
+  """`benchmarks/evaluation_statistics.py --report`: each way of making the statistics
+  after training against batch statistics, on three small tasks, with the machine."""
+  return (machine(path) + '\n\n' +
+          _benchmark_module('evaluation_statistics').format_table(_load(path)))
+
+
 def donation_memory(path: str = 'benchmarks/results/donation_memory_cpu.json') -> str:
   """`benchmarks/donation_memory.py`: the compiled train step's memory with its state
   donated and not, and where the device keeps statistics, the measured peaks (MB)."""
@@ -475,49 +485,10 @@ def donation_memory(path: str = 'benchmarks/results/donation_memory_cpu.json') -
                   rows)
 
 
-def evaluation_statistics(path: str = 'benchmarks/results/evaluation_statistics.json') -> str:
-  """`benchmarks/evaluation_statistics.py --report`: each way of making the statistics
-  after training against batch statistics, on three small tasks, with the machine."""
-  saved = _load(path)
-  return (machine(path) + '\n\n' +
-          _benchmark_module('evaluation_statistics').format_table(saved))
-
-
 # ---------------------------------------------------------------------- figures
 def figures() -> str:
   """`python experiments/report.py figures`: the numbers behind each figure."""
-  from experiments import report  # pylint: disable=g-import-not-at-top
-  return report.figures()
-
-
-def variable_length(path: str = 'experiments/results/variable_length.json') -> str:
-  """`python -m experiments.analysis.variable_length`: accuracy per arm and test length
-  range, with the machine it ran on."""
-  from experiments.analysis import variable_length as analysis  # pylint: disable=g-import-not-at-top
-  return machine(path) + '\n\n' + analysis.table(_load(path))
-
-
-def variable_length_cause(
-    path: str = 'experiments/results/variable_length_cause.json') -> str:
-  """`python -m experiments.analysis.variable_length_cause` (with or without
-  `--vc_arms`, whose JSON `path` then names): accuracy per training length, arm and test
-  length range, with the machine it ran on."""
-  from experiments.analysis import variable_length_cause as analysis  # pylint: disable=g-import-not-at-top
-  return machine(path) + '\n\n' + analysis.table(_load(path))
-
-
-def pooled_variance(path: str = 'experiments/results/pooled_variance.json') -> str:
-  """`python -m experiments.analysis.pooled_variance`: the estimate's variances averaged
-  or pooled, from thin batches and from training batches, with the machine it ran on."""
-  from experiments.analysis import pooled_variance as analysis  # pylint: disable=g-import-not-at-top
-  return machine(path) + '\n\n' + analysis.table(_load(path))
-
-
-def longer_sequences(path: str = 'experiments/results/longer_sequences.json') -> str:
-  """`python -m experiments.analysis.longer_sequences`: accuracy per arm and test length
-  range, with the machine it ran on."""
-  from experiments.analysis import longer_sequences as analysis  # pylint: disable=g-import-not-at-top
-  return machine(path) + '\n\n' + analysis.table(_load(path))
+  return rendering.figures()
 
 
 def inference_statistics() -> str:
@@ -589,16 +560,15 @@ def same_steps(first: str, second: str, metrics: str = 'bpc', split: str = 'vali
                    'mean difference'], rows)
 
 
-RENDERERS: dict[str, Callable[..., str]] = {
+#: The views across results a block may quote (any other name is a result's).
+VIEWS: dict[str, Callable[..., str]] = {
     'experiments': experiments, 'rnn_speed': rnn_speed, 'batch_sums': batch_sums,
     'speed_targets': speed_targets, 'trainer_overhead': trainer_overhead,
-    'donation_memory': donation_memory,
-    'machine': machine, 'run_time': run_time, 'figures': figures,
-    'variable_length': variable_length, 'longer_sequences': longer_sequences,
-    'variable_length_cause': variable_length_cause,
-    'launch_profile': launch_profile, 'suite_time': suite_time, 'cell_speed': cell_speed,
-    'inference_statistics': inference_statistics, 'same_steps': same_steps,
-    'evaluation_statistics': evaluation_statistics, 'pooled_variance': pooled_variance,
+    'donation_memory': donation_memory, 'machine': machine, 'run_time': run_time,
+    'figures': figures, 'launch_profile': launch_profile, 'suite_time': suite_time,
+    'cell_speed': cell_speed, 'inference_statistics': inference_statistics,
+    'same_steps': same_steps, 'gpu_compile': gpu_compile, 'tpu_compile': tpu_compile,
+    'evaluation_statistics': evaluation_statistics,
 }
 
 
@@ -610,31 +580,33 @@ def documents() -> list[str]:
 
 
 def render(name: str, *args: str) -> str:
-  if name not in RENDERERS:
-    raise ValueError(f'Unknown json-table {name!r}; have {", ".join(RENDERERS)}.')
-  return RENDERERS[name](*args)
-
-
-def _campaign_text(campaign: str, table: str, folder: Optional[str], quoted: str) -> str:
-  from experiments.campaign import show  # pylint: disable=g-import-not-at-top
-  from experiments.campaign import spec  # pylint: disable=g-import-not-at-top
-  text = show.render(spec.get(campaign), table, folder and os.path.join(ROOT, folder))
-  fenced = quoted.strip('\n').startswith('```')
-  return f'\n```\n{text}\n```\n\n' if fenced else f'\n{text}\n\n'
+  """A block's text: the view `name`, or the result `name` as its kind renders it."""
+  if name in VIEWS:
+    return VIEWS[name](*args)
+  return rendering.render_file(name if name.endswith('.json') else
+                               os.path.join(RESULTS, f'{name}.json'), *args)
 
 
 def json_blocks(text: str) -> list[tuple[str, tuple[str, ...], str]]:
-  """`(name, args, quoted text)` of every json-table block of a document."""
-  return [(name, tuple(args.split()), block.strip('\n'))
+  """`(name, args, quoted text)` of every json-table block of a document (without the
+  code fence of a fenced one)."""
+  return [(name, tuple(args.split()), _unfenced(block.strip('\n')))
           for _, name, args, block, _ in JSON_BLOCK.findall(text)]
+
+
+def _unfenced(text: str) -> str:
+  return text.split('\n', 1)[1].rsplit('```', 1)[0].rstrip('\n') if text.startswith(
+      '```') else text
 
 
 def refresh(text: str) -> str:
   """`text` with every marked block rendered again from its JSON."""
-  text = CAMPAIGN_BLOCK.sub(
-      lambda m: m[1] + _campaign_text(m[2], m[3], m[4], m[5]) + m[6], text)
-  return JSON_BLOCK.sub(
-      lambda m: f'{m[1]}\n{render(m[2], *m[3].split())}\n\n{m[5]}', text)
+  def block(m):
+    rendered = render(m[2], *m[3].split())
+    if m[4].strip('\n').startswith('```'):
+      rendered = f'```\n{rendered}\n```'
+    return f'{m[1]}\n{rendered}\n\n{m[5]}'
+  return JSON_BLOCK.sub(block, text)
 
 
 def main(argv: list[str]) -> int:

@@ -1,11 +1,7 @@
-"""What a benchmark's or a campaign's numbers came from, recorded in every result JSON
-(no paths). The benchmarks (`benchmarks/`) import it from here: they may import
-`experiments`, which imports nothing of `benchmarks`.
-
-`machine()` gives the processor model and cores, the XLA flags and the matmul precision
-in force, the versions of jax, jaxlib and flax (and CUDA and cuDNN where the backend has
-them), the devices, and the load average when it is called: call it before the timed
-work, so that the load is what else ran, not the benchmark itself.
+"""The one machine record: what a campaign's, a benchmark's or an analysis's numbers came
+from, in every result JSON (no paths), and its one-line description. The benchmarks
+(`benchmarks/`) import it from here: they may import `experiments`, which imports
+nothing of `benchmarks`.
 """
 
 from __future__ import annotations
@@ -17,7 +13,6 @@ import subprocess
 from importlib import metadata
 from typing import Optional
 
-import jax
 
 
 def processor() -> str:
@@ -51,6 +46,10 @@ def accelerators() -> list[str]:
   return models
 
 
+#: The libraries whose versions a record names.
+LIBRARIES = ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'numpy')
+
+
 def _version(distribution: str) -> Optional[str]:
   try:
     return metadata.version(distribution)
@@ -60,11 +59,12 @@ def _version(distribution: str) -> Optional[str]:
 
 def cuda_versions() -> dict:
   """CUDA runtime, driver and cuDNN versions where jaxlib was built with CUDA ({} else)."""
+  import jax  # pylint: disable=g-import-not-at-top
   try:
-    from jax._src.lib import cuda_versions as versions  # pylint: disable=g-import-not-at-top
+    from jax._src.lib import cuda_versions as cuda  # pylint: disable=g-import-not-at-top
   except ImportError:
     return {}
-  if versions is None or jax.default_backend() != 'gpu':
+  if cuda is None or jax.default_backend() != 'gpu':
     return {}
   getters = {'cuda_runtime': 'cuda_runtime_get_version',
              'cuda_driver': 'cuda_driver_get_version', 'cudnn': 'cudnn_get_version',
@@ -72,28 +72,59 @@ def cuda_versions() -> dict:
   facts = {}
   for key, name in getters.items():
     try:
-      facts[key] = getattr(versions, name)()
+      facts[key] = getattr(cuda, name)()
     except Exception:  # pylint: disable=broad-except
       continue  # absent in this jaxlib, or the library would not load: not recorded
   return facts
 
 
-def machine() -> dict:
-  """The machine, software and load, as a JSON-ready dict."""
-  devices = jax.devices()
-  return {
-      'backend': jax.default_backend(),
-      'device_kind': devices[0].device_kind,
-      'devices': len(devices),
-      'processor': processor(),
-      'cpu_count': os.cpu_count(),
-      'python': platform.python_version(),
-      'jax': jax.__version__,
-      'jaxlib': _version('jaxlib'),
-      'flax': _version('flax'),
-      **cuda_versions(),
-      'xla_flags': os.environ.get('XLA_FLAGS', ''),
-      'matmul_precision': str(jax.config.jax_default_matmul_precision or 'default'),
-      'load_average_1_5_15_min': [round(v, 2) for v in os.getloadavg()],
-      'note': 'compare ratios within one run; the load average says what else ran',
-  }
+def versions() -> dict:
+  """The versions of the libraries a number depends on (None for one not installed)."""
+  return {name: _version(name) for name in LIBRARIES}
+
+
+def machine(xla_flags: Optional[str] = None, backend: bool = True) -> dict:
+  """The machine record, as a JSON-ready dict: processor, cores, GPUs, the XLA flags
+  (`xla_flags`: those of the process the record is about, default this one's), Python
+  and library versions, the load average; with `backend`, also what the JAX backend
+  reports (backend, device kind and count, matmul precision, CUDA and cuDNN versions),
+  which starts it: a parent process records its children's machine without.
+
+  Call it before timed work, so that the load is what else ran.
+  """
+  facts = {'processor': processor(), 'cores': os.cpu_count(), 'gpus': accelerators(),
+           'xla_flags': xla_flags if xla_flags is not None else os.environ.get('XLA_FLAGS', ''),
+           'python': platform.python_version(), 'versions': versions(),
+           'load_average_1_5_15_min': [round(v, 2) for v in os.getloadavg()]}
+  if backend:
+    import jax  # pylint: disable=g-import-not-at-top
+    devices = jax.devices()
+    facts.update(backend=jax.default_backend(), device_kind=devices[0].device_kind,
+                 devices=len(devices),
+                 matmul_precision=str(jax.config.jax_default_matmul_precision or 'default'),
+                 **cuda_versions())
+  return facts
+
+
+def describe(m: dict) -> str:
+  """A machine record in one line: processor; cores; GPUs or backend; XLA flags; versions;
+  load average. Records made before there was one record name some facts otherwise
+  (`cpu`, `cpu_count`, a top-level `jax`, the load `..._at_start`): read here too."""
+  processor_ = m.get('processor') or m.get('cpu')
+  cores = m.get('cores') or m.get('cpu_count')
+  load, when = m.get('load_average_1_5_15_min'), 'as recorded'
+  if not load:
+    load, when = m.get('load_average_1_5_15_min_at_start'), 'at the start'
+  versions_ = m.get('versions') or {'jax': m.get('jax')}
+  backend = m.get('backend', 'cpu')
+  device = f" ({m['device_kind']})" if backend != 'cpu' and m.get('device_kind') else ''
+  gpus = m.get('gpus') or []
+  parts = [f'{processor_}' if processor_ and processor_ != 'unknown' else
+           'processor not recorded', f'{cores} cores',
+           f"{len(gpus)} GPU ({', '.join(sorted(set(gpus)))})" if gpus else
+           f'backend {backend}{device}',
+           f"`XLA_FLAGS='{m['xla_flags']}'`" if m.get('xla_flags') else 'XLA flags not recorded',
+           ', '.join(f'{k} {v}' for k, v in versions_.items() if v)]
+  if load:
+    parts.append(f'load average {load[0]:.2f} {when}')
+  return '; '.join(parts)

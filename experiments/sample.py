@@ -5,7 +5,7 @@ r"""Sample text from a trained character language model, one step at a time.
 `RUN` is a workdir of `experiments/main.py --config experiments/configs/ptb_char.py` (or
 any language-model run on characters). The model is its best checkpoint
 (`--checkpoint=latest` for the newest) with the population statistics the run
-evaluates with (`experiments/export.py`'s `load_run`): step t of a sample is
+evaluates with (`experiments/export_run.py`'s `load_run`): step t of a sample is
 normalised with row `min(t, last trained row)` (`LanguageModel.step`), so samples may be
 longer than the training sequences. The prompt (`--prompt`, default a line end: the
 start of a sentence) is read whole, then every symbol is drawn from
@@ -29,7 +29,7 @@ with extras.needed_by('experiments/sample.py', exit=True):
   from absl import flags
 
   from bn_rnn_jax.training import checkpoint as checkpoint_lib
-  from experiments import export as export_command
+  from experiments import export_run as export_command
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('workdir', None, 'A character language-model run folder.')

@@ -1,5 +1,6 @@
 """The benchmarks: rnn_speed.py's products-only floor and cuDNN path against NumPy
-float64 versions, its rows per dtype and skip lines, launch_profile.py's summary of a
+float64 versions, its rows per dtype, skip lines and isolated failures, the GPU
+canary's comparison, launch_profile.py's summary of a
 kernel timeline, the machine facts every result records, donation_memory.py's saved
 results and quick mode, and accelerator_check.sh's first stage run end to end."""
 
@@ -24,6 +25,7 @@ import cudnn_lstm
 import donation_memory
 import environment
 import evaluation_statistics
+import fused_canary
 import launch_profile
 import program_facts
 import rnn_speed
@@ -170,6 +172,36 @@ def test_rows_for_each_dtype_and_skipped_lines(monkeypatch):
   assert flax_bf16.split('|')[5].strip() == '1.00'   # its own reference in bfloat16
 
 
+def test_a_failing_row_loses_only_itself(monkeypatch):
+  """A row that fails to build is one line of `skipped`; the others are timed, and every
+  repetition round hands the rows so far to `on_update` (what a stopped run keeps)."""
+  monkeypatch.setitem(rnn_speed.SHAPES, 't', TINY)
+  build = rnn_speed._build  # pylint: disable=protected-access
+
+  def failing(impl, *args):
+    if impl == 'bn_lstm':
+      raise RuntimeError('no kernel\nsecond line')
+    return build(impl, *args)
+  monkeypatch.setattr(rnn_speed, '_build', failing)
+  updates = []
+  rows, skipped = rnn_speed.run(['t'], ['lstm', 'bn_lstm'], 2, on_update=lambda r, s: (
+      updates.append([row['repeats'] for row in r])))
+  assert [r['impl'] for r in rows] == ['lstm'] and rows[0]['repeats'] == 2
+  assert skipped == ['bn_lstm float32 at (t): failed, RuntimeError: no kernel']
+  assert updates == [[], [1], [2]]
+
+
+def test_canary_compares_every_value():
+  """The canary's distance: the worst of every value's largest difference over its
+  largest entry, infinite where a value is not finite; a sweep entry's settings."""
+  want = {'loss': np.float32(2.0), 'grads': np.array([10.0, -1.0])}
+  got = {'loss': np.float32(2.002), 'grads': np.array([10.0, -1.5])}
+  assert fused_canary.max_rel_diff(want, got) == pytest.approx(0.05)
+  assert fused_canary.max_rel_diff(want, {**got, 'loss': np.float32(np.nan)}) == np.inf
+  assert fused_canary.config_settings('8x4') == {'block_h': 8, 'num_warps': 4}
+  assert fused_canary.config_settings('default') == {}
+
+
 @pytest.mark.parametrize('bidirectional', helpers.core_cases([False, True], core=[False]))
 def test_cell_row_runs_and_updates_its_statistics(monkeypatch, bidirectional):
   """The `br.RNN(BNLSTMCell)` row: a fwd+bwd with batch statistics, timed beside Flax's
@@ -235,10 +267,11 @@ def test_old_results_without_dtype_still_report():
 
 def test_machine_facts_name_the_machine_without_paths():
   facts = machine_facts.machine()
-  for key in ('processor', 'cpu_count', 'xla_flags', 'jax', 'jaxlib', 'flax', 'device_kind',
+  for key in ('processor', 'cores', 'gpus', 'xla_flags', 'versions', 'device_kind',
               'load_average_1_5_15_min', 'matmul_precision'):
     assert key in facts, key
-  assert facts['jax'] == jax.__version__ and facts['flax']
+  assert facts['versions']['jax'] == jax.__version__ and facts['versions']['flax']
+  assert 'device_kind' not in machine_facts.machine(backend=False)
   text = json.dumps(facts)
   for prefix in ('/tmp/', '/work/', '/root/', '/home/'):
     assert prefix not in text

@@ -1,7 +1,8 @@
 """The campaign mechanism (experiments/campaign/, experiments/campaign_specs/).
 
-* Every table the docs quote regenerates from its committed JSON byte for byte: the docs
-  mark each quoted table with `<!-- campaign-table NAME TABLE -->` ... `<!-- /campaign-table -->`.
+* The docs quote a table of every committed campaign (tests/test_docs.py checks that
+  every quoted block regenerates byte for byte); every committed JSON renders, from
+  itself alone.
 * A campaign runs end to end at a tiny budget (two steps per run, the spec's tiny model,
   fixture data written here): runner, collector, tables, figure, speed. The default run
   takes the quickstart campaign (run, collect, tables, figure, run again, resume), the
@@ -14,6 +15,7 @@
 import datetime
 import glob
 import importlib
+import importlib.util
 import io
 import json
 import math
@@ -32,11 +34,11 @@ import pytest
 
 from bn_rnn_jax.training import config as config_lib
 from bn_rnn_jax.training import metric_writer
+from experiments import config_files
 from experiments.campaign import collect
 from experiments.campaign import runner
 from experiments.campaign import show
 from experiments.campaign import spec
-from experiments import campaign_specs
 from experiments import quickstart as quickstart_script
 from experiments.campaign_specs import ptb_word_small
 from experiments.campaign_specs import quickstart
@@ -44,42 +46,17 @@ import helpers
 import training_fixtures as fx
 
 REPO = spec.ROOT
-MARKER = re.compile(
-    r'<!-- campaign-table (\S+) (\S+)(?: (\S+))? -->\n(.*?)<!-- /campaign-table -->', re.S)
-
-
-def _quoted_tables():
-  """`(doc, campaign, table, results folder or None, text)` of every marked block in the
-  README and docs/."""
-  out = []
-  for path in [os.path.join(REPO, 'README.md')] + sorted(
-      glob.glob(os.path.join(REPO, 'docs', '**', '*.md'), recursive=True)):
-    with open(path) as f:
-      for name, table, folder, block in MARKER.findall(f.read()):
-        text = block.strip('\n')
-        if text.startswith('```'):
-          text = text.split('\n', 1)[1].rsplit('```', 1)[0].rstrip('\n')
-        out.append((os.path.relpath(path, REPO), name, table,
-                    os.path.join(REPO, folder) if folder else None, text))
-  return out
-
-
-QUOTED = _quoted_tables()
 
 
 def _committed() -> list[str]:
-  """The campaigns with results: all but those still training."""
-  return [name for name in spec.names() if name not in campaign_specs.IN_PROGRESS]
-
-
-def test_campaigns_in_progress_are_those_without_results():
-  for name in spec.names():
-    assert os.path.exists(collect.path_of(name)) == (name not in campaign_specs.IN_PROGRESS), name
+  """The campaigns with results (a campaign still training has none yet)."""
+  return [name for name in spec.names() if os.path.exists(collect.path_of(name))]
 
 
 def test_docs_quote_tables_of_every_committed_training_campaign():
-  assert len(QUOTED) >= 12
-  quoted = {name for _, name, _, folder, _ in QUOTED if folder is None}
+  docs = _load_docs_tables()
+  quoted = {name for path in docs.documents()
+            for name, _, _ in docs.json_blocks(open(path).read())}
   for name in _committed():
     if spec.get(name).title.startswith('Attentive Reader') and name != (
         'attentive_reader_long'):
@@ -87,11 +64,12 @@ def test_docs_quote_tables_of_every_committed_training_campaign():
     assert name in quoted, f'no quoted table of {name}'
 
 
-@pytest.mark.parametrize('doc,name,table,folder,text', QUOTED,
-                         ids=[f'{n}:{t}' + (f':{os.path.basename(f)}' if f else '')
-                              for _, n, t, f, _ in QUOTED])
-def test_quoted_table_regenerates_from_its_json(doc, name, table, folder, text):
-  assert show.render(spec.get(name), table, folder) == text, f'{doc}: {name} {table}'
+def _load_docs_tables():
+  module_spec = importlib.util.spec_from_file_location(
+      'docs_tables', os.path.join(REPO, 'docs', 'tables.py'))
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module
 
 
 def _moved_floats(value):
@@ -150,12 +128,13 @@ def test_list_shows_every_campaign_with_command_and_expected_time():
 
 
 def test_experiment_modules_import_together_without_flag_clashes():
-  """The command line, the plotting and report modules, every spec and every figure
-  script in one process: no absl DuplicateFlagError."""
+  """The command line, the plotting and report modules, every spec, every analysis
+  script and library in one process: no absl DuplicateFlagError."""
   modules = ['experiments.campaign.__main__', 'experiments.plot', 'experiments.report'] + [
       f'experiments.campaign_specs.{n}' for n in spec.names()] + [
-          f'experiments.analysis.{os.path.splitext(os.path.basename(p))[0]}' for p in
-          glob.glob(os.path.join(REPO, 'experiments', 'analysis', '*.py'))]
+          'experiments.' + os.path.relpath(p, os.path.join(REPO, 'experiments'))[:-3].replace(
+              os.sep, '.') for p in glob.glob(os.path.join(REPO, 'experiments', 'analysis',
+                                                           '**', '*.py'), recursive=True)]
   for module in modules:
     importlib.import_module(module)
 
@@ -181,18 +160,25 @@ def test_every_run_command_builds_the_spec_config(name, tmp_path):
 
 
 def test_set_values_are_read_as_the_fields_types():
-  config = spec.load_config('experiments/configs/quickstart.py')
-  assert spec.parse_assignment('train.num_steps=4', config) == ('train.num_steps', 4)
-  assert spec.parse_assignment('optimizer.learning_rate=1', config) == (
+  config = config_files.load_config('experiments/configs/quickstart.py')
+  assert config_files.parse_assignment('train.num_steps=4', config) == ('train.num_steps', 4)
+  assert config_files.parse_assignment('optimizer.learning_rate=1', config) == (
       'optimizer.learning_rate', 1.0)
-  assert spec.parse_assignment('eval.test_at_end=true', config) == ('eval.test_at_end', True)
-  assert spec.parse_assignment('data.name=mnist', config) == ('data.name', 'mnist')
-  assert spec.parse_assignment("eval.splits=('valid',)", config) == ('eval.splits',
-                                                                      ('valid',))
-  with pytest.raises(ValueError, match='no field'):
-    spec.parse_assignment('train.num_stepz=4', config)
-  with pytest.raises(ValueError, match='not a int'):
-    spec.parse_assignment('train.num_steps=four', config)
+  assert config_files.parse_assignment('eval.test_at_end=true', config) == (
+      'eval.test_at_end', True)
+  assert config_files.parse_assignment('data.name=mnist', config) == ('data.name', 'mnist')
+  assert config_files.parse_assignment("eval.splits=('valid',)", config) == (
+      'eval.splits', ('valid',))
+  with pytest.raises(ValueError) as error:
+    config_files.parse_assignment('train.num_stepz=4', config)
+  assert helpers.one_line(error) == (
+      "--set=train.num_stepz=4: config.train has no field 'num_stepz'; did you mean "
+      "'num_steps'?")
+  for wrong in ('four', '4.5'):
+    with pytest.raises(ValueError) as error:
+      config_files.parse_assignment(f'train.num_steps={wrong}', config)
+    assert helpers.one_line(error) == (
+        f"--set=train.num_steps={wrong}: config.train.num_steps takes an int; got {wrong!r}.")
 
 
 def test_unknown_campaign_and_arm_are_one_line_errors():
@@ -304,12 +290,12 @@ def test_word_ptb_table_reads_best_epochs_and_test_score():
 
 
 def test_markdown_and_first_past():
-  from experiments.campaign import tables  # pylint: disable=g-import-not-at-top
-  assert tables.markdown(['a', 'b'], [[1, ''], ['x', 2]]) == (
+  from experiments.campaign import columns  # pylint: disable=g-import-not-at-top
+  assert columns.markdown(['a', 'b'], [[1, ''], ['x', 2]]) == (
       '| a | b |\n|---|---|\n| 1 | |\n| x | 2 |')
-  assert tables.first_past([1, 2, 3], [0.1, 0.5, 0.9], 0.4) == 2
-  assert tables.first_past([1, 2, 3], [0.9, 0.5, 0.1], 0.4, above=False) == 3
-  assert tables.first_past([1, 2], [0.1, 0.2], 0.4) is None
+  assert columns.first_past([1, 2, 3], [0.1, 0.5, 0.9], 0.4) == 2
+  assert columns.first_past([1, 2, 3], [0.9, 0.5, 0.1], 0.4, above=False) == 3
+  assert columns.first_past([1, 2], [0.1, 0.2], 0.4) is None
 
 
 def test_launches_table_gives_each_launch_that_trained_its_steps_rate_and_cores():
@@ -317,7 +303,7 @@ def test_launches_table_gives_each_launch_that_trained_its_steps_rate_and_cores(
   apart, an evaluation between), one killed with the runner (resumed from step 6 by the
   next), one refused at start (no step), one pinned to a core, on a GPU machine, and still
   running."""
-  from experiments.campaign import tables  # pylint: disable=g-import-not-at-top
+  from experiments.campaign import columns  # pylint: disable=g-import-not-at-top
   machine = {'processor': 'CPU X', 'cores': 2, 'load_average_1_5_15_min': [0.5, 0, 0]}
   launches = [
       {'steps_before': 0, 'steps_after': 4, 'wall_s': 3600.0, 'machine': machine},
@@ -328,8 +314,8 @@ def test_launches_table_gives_each_launch_that_trained_its_steps_rate_and_cores(
   records = [train(2, 10.0), {'step': 2, 'split': 'valid', 'time_s': 50.0},
              train(4, 52.0), train(6, 70.0), train(8, 80.0), train(10, 90.0)]
   assert [(l['steps_before'], l['steps_after'])
-          for l in tables.trained_launches({'launches': launches})] == [(0, 4), (4, 6), (6, None)]
-  assert tables.launches_table({'runs': {'r': {'launches': launches, 'records': records}}}) == (
+          for l in columns.trained_launches({'launches': launches})] == [(0, 4), (4, 6), (6, None)]
+  assert columns.launches_table({'runs': {'r': {'launches': launches, 'records': records}}}) == (
       '| run | launch | steps | wall (h) | s / step | cores | accelerator or processor '
       '| load at start |\n'
       '|---|---|---|---|---|---|---|---|\n'
@@ -340,7 +326,7 @@ def test_launches_table_gives_each_launch_that_trained_its_steps_rate_and_cores(
 
 # ---------------------------------------------------------------------- runner
 def _finished_config(test_at_end):
-  config = spec.load_config('experiments/configs/quickstart.py')
+  config = config_files.load_config('experiments/configs/quickstart.py')
   config.train.num_steps = 4
   config.eval.test_at_end = test_at_end
   return config
@@ -531,7 +517,7 @@ def _tiny(name, data, runs_dir, results_dir, arms=None, seeds=None):
   collect.write(result, collect.path_of(name, str(results_dir)))
   if campaign.speed:   # the command line, as a user runs it
     speed_arms = [a for a in campaign.speed.arms if arms is None or a in arms]
-    options = [f'--set={k}={spec.flag_value(v)}' for k, v in extra.items()
+    options = [f'--set={k}={config_files.flag_value(v)}' for k, v in extra.items()
                if k not in campaign.tiny]
     done = subprocess.run(
         [sys.executable, '-m', 'experiments.campaign', 'speed', name, '--tiny',

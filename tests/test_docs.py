@@ -80,7 +80,7 @@ def test_site_builds_without_a_warning(html):
   for path in glob.glob(os.path.join(out, '**', '*.html'), recursive=True):
     with open(path) as f:
       shown = re.sub(r'<!--.*?-->', '', f.read(), flags=re.S)
-    assert 'json-table' not in shown and 'campaign-table' not in shown, path
+    assert 'json-table' not in shown, path
 
 
 def _inventory(out: str) -> set[str]:
@@ -184,7 +184,8 @@ QUOTED = [(os.path.relpath(path, REPO), name, args, text)
 def test_json_tables_are_quoted_where_the_docs_say():
   quoted = {(doc, name) for doc, name, _, _ in QUOTED}
   assert ('README.md', 'experiments') in quoted and ('README.md', 'run_time') in quoted
-  for name in ('rnn_speed', 'batch_sums', 'speed_targets', 'trainer_overhead', 'cell_speed'):
+  for name in ('rnn_speed', 'batch_sums', 'speed_targets', 'trainer_overhead', 'cell_speed',
+               'gpu_compile', 'tpu_compile'):
     assert ('docs/speed.md', name) in quoted, name
   assert ('docs/experiments/figures.md', 'figures') in quoted
 
@@ -217,7 +218,7 @@ def test_quoted_plain_text_is_fenced():
   """Quoted text of several lines that is neither a Markdown table nor a list sits in a
   code block: Markdown would join its lines, and make a heading of a header row above a
   rule of dashes."""
-  marked = re.compile(r'<!-- (?:campaign|json)-table ([^>]*)-->\n(.*?)<!-- /', re.S)
+  marked = re.compile(r'<!-- json-table ([^>]*)-->\n(.*?)<!-- /', re.S)
   unfenced = []
   for path in tables.documents():
     with open(path) as f:

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from experiments import plot
+from experiments import rendering
 from experiments import report
 from experiments.campaign import collect
 from experiments.campaign import show
@@ -100,17 +101,29 @@ def test_plot_example_reads_the_runs_the_quickstart_writes():
 
 
 # ---------------------------------------------------------------------- report
-def test_report_names_every_committed_result():
-  """Every results JSON (campaigns, their speed tables, the figures, the benchmarks) is
-  printed under some name of `report.py`."""
-  names = set(report.names())
-  for path in glob.glob(os.path.join(REPO, 'experiments', 'results', '*.json')):
-    assert os.path.basename(path)[:-len('.json')] in names, path
-  assert glob.glob(os.path.join(REPO, 'experiments', 'results', 'figures', '*.json'))
-  assert 'figures' in names
-  for path in glob.glob(os.path.join(REPO, 'benchmarks', 'results', '*.json')):
-    stem = os.path.basename(path)[:-len('.json')]
-    assert (stem[:-len('_cpu')] if stem.endswith('_cpu') else stem) in names, path
+def test_every_committed_result_names_a_kind_that_renders_it():
+  """Every result JSON (campaigns, their speed tables, the analyses, the figures, the
+  benchmarks) names its kind, and a renderer of that kind is found: a module's, or a
+  benchmark script's `--report`."""
+  paths = [p for d in ('experiments/results', 'benchmarks/results')
+           for p in glob.glob(os.path.join(REPO, d, '**', '*.json'), recursive=True)]
+  assert len(paths) > 40
+  for path in paths:
+    kind = rendering.load(path)['kind']
+    assert kind in rendering.registry() or os.path.isfile(
+        os.path.join(REPO, 'benchmarks', f'{kind}.py')), path
+  assert set(report.result_sets()) >= {'figures', 'quickstart', 'rnn_speed',
+                                       'variable_length_rate', 'brown_tagger_speed'}
+
+
+def test_a_json_that_names_no_kind_is_one_line_naming_it(tmp_path):
+  for content, problem in (('{"runs": {}}', 'names no kind ("kind"), so nothing can render it'),
+                           ('{"kind": "no_such_kind"}', "no renderer of kind 'no_such_kind'")):
+    path = tmp_path / 'result.json'
+    path.write_text(content)
+    with pytest.raises(ValueError) as error:
+      rendering.render_file(str(path))
+    assert helpers.one_line(error).startswith(f'{path}') and problem in helpers.one_line(error)
 
 
 def test_report_prints_a_speed_table_by_its_json_name():
@@ -125,7 +138,7 @@ def test_unknown_report_is_one_line_listing_the_known():
   out = _python('experiments/report.py', 'brown_tagger', 'no_such_table')
   assert out.returncode == 1 and out.stdout == ''
   assert out.stderr.strip() == ("error: unknown result set 'no_such_table'; known: " +
-                                ', '.join(report.names()) + '.')
+                                ', '.join(report.result_sets()) + '.')
 
 
 # ---------------------------------------------------------------------- accelerator_campaign.sh
@@ -178,7 +191,7 @@ def test_accelerator_campaign_refuses_a_misspelt_evaluation_before_training(tmp_
 
 
 @pytest.mark.slow
-def test_accelerator_campaign_stopped_by_a_timeout_packs_the_records_and_queued_runs_keep_the_deadline(
+def test_accelerator_campaign_stopped_by_timeout_packs_records_queued_runs_keep_deadline(
     tmp_path):
   """SIGTERM to the script's process group, as `timeout` sends it, while the third run
   trains: the runs stop, the records of those that finished come back in runs.tgz, exit

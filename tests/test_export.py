@@ -1,4 +1,4 @@
-"""Export (`bn_rnn_jax/export.py`, `experiments/export.py`) on tiny trained runs.
+"""Export (`bn_rnn_jax/export.py`, `experiments/export_run.py`) on tiny trained runs.
 
 A run is trained with `loop.train_and_evaluate`, exported with the command's function,
 and reloaded in a fresh Python process that imports only jax and numpy; its outputs must
@@ -20,7 +20,7 @@ from bn_rnn_jax import export
 from bn_rnn_jax import variants
 from bn_rnn_jax.input_pipeline import mnist
 from bn_rnn_jax.training import loop
-from experiments import export as export_command
+from experiments import export_run as export_command
 import helpers
 import training_fixtures as fx
 
@@ -82,7 +82,7 @@ def test_classifier_run_exports_and_reloads_without_the_model_code(tmp_path):
 @pytest.mark.exhaustive  # the export itself: the classifier's test above
 def test_language_model_run_exports_from_the_command_line(tmp_path, language_model_run):
   output = str(tmp_path / 'model.jax')
-  done = _command('experiments.export', f'--workdir={language_model_run}', f'--output={output}')
+  done = _command('experiments.export_run', f'--workdir={language_model_run}', f'--output={output}')
   assert done.returncode == 0, done.stderr[-2000:]
   assert 'reloaded without the model code' in done.stdout
   description = json.loads(open(output + '.json').read())

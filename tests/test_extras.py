@@ -132,3 +132,13 @@ def test_the_package_names_the_extra_of_a_training_name(monkeypatch):
   _hide(monkeypatch, 'ml_collections', 'bn_rnn_jax.training.loop', 'bn_rnn_jax.training.config')
   with pytest.raises(extras.MissingExtra, match='^bn_rnn_jax.training.loop needs ml_collections'):
     br.train_and_evaluate  # pylint: disable=pointless-statement
+
+
+def test_the_export_script_without_flatbuffers_ends_before_any_work(monkeypatch):
+  """`experiments/export_run.py` imports jax.export's serialisation package with its own,
+  so a missing one ends it with the line before a run is loaded or estimated."""
+  _hide(monkeypatch, 'flatbuffers', 'experiments.export_run')
+  with pytest.raises(SystemExit) as raised:
+    import experiments.export_run  # pylint: disable=g-import-not-at-top,unused-import
+  assert raised.value.code == 'error: ' + _line('experiments/export_run.py', 'flatbuffers',
+                                                'export')

@@ -163,8 +163,8 @@ def test_ctrl_c_while_absl_imports_the_config_file_is_one_line(tmp_path):
 _CTRL_C_IN_A_GC_CALLBACK = """
 import gc, os, signal, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from experiments import main
-main.handle_ctrl_c()
+from experiments import stopping
+stopping.handle_ctrl_c()
 def callback(phase, info):
   if phase == 'start' and not callback.fired:
     callback.fired = True

@@ -271,6 +271,9 @@ def test_misuse_is_a_one_line_error():
   with pytest.raises(TypeError, match=r'LSTMCarry\(c, h, step\) or \(c, h\)') as error:
     rnn.apply(variables, x, initial_carry=jnp.zeros((B, H)), mutable=['batch_stats'])
   helpers.one_line(error)
+  with pytest.raises(ValueError, match=r'BNLSTMCell: the carry must be \[\*batch, H\]') as error:
+    rnn.apply(variables, x, initial_carry=(jnp.zeros((B, H + 1)),) * 2, mutable=['batch_stats'])
+  helpers.one_line(error)
   with pytest.raises(ValueError, match='run the cell with bn_rnn_jax.RNN') as error:
     nn.RNN(cell.clone(use_running_average=True)).init(jax.random.key(0), x)  # Flax's own
   helpers.one_line(error)
@@ -294,3 +297,34 @@ def test_the_carry_indexes_as_flax_and_restarts_its_rows_with_state():
   restarted = flax_cells.as_carry(carry.state, (B,))
   np.testing.assert_array_equal(restarted.step, np.zeros(B))
   assert restarted.c is c and restarted.h is h
+
+
+def test_truncated_backprop_segments_are_the_papers_segment_training():
+  """Training in segments, each started from the last one's `carry.state` (the state, its
+  statistics rows restarted at 0): every segment's outputs and recorded moments are the
+  reference's run of that segment from the carried state (Cooijmans et al. sec. 5.2),
+  and the running average moves once per segment."""
+  params, fresh = variant_params('bn_lstm')
+  rnn = flax_cells.RNN(flax_cells.BNLSTMCell(H, max_length=MAX_LEN, momentum=MOMENTUM),
+                       return_carry=True)
+  apply = jax.jit(lambda v, x, carry: rnn.apply(
+      v, x, initial_carry=carry, use_running_average=False,
+      mutable=['batch_stats', 'minibatch_moments']))
+  segments = [_inputs(seed, FIXED)[0] for seed in (3, 4)]   # two [B, T, I] segments
+  variables = helpers.float32({'params': {'cell': params}, 'batch_stats': {'cell': fresh}})
+  carry, want_carry, stats = None, None, fresh
+  for x in segments:
+    (carry, out), new = apply(variables, helpers.float32(x),
+                              None if carry is None else carry.state)
+    want_carry, want, moments = ref.run_layer(params, x, None, 'bn_lstm',
+                                              initial_carry=want_carry)
+    assert_close(out, want, what='segment outputs')
+    np.testing.assert_array_equal(carry.step, [T] * B)   # rows 0..T-1 in every segment
+    for site, steps in moments.items():
+      record = ref.minibatch_record(steps, False, MAX_LEN)
+      assert_close(new['minibatch_moments']['cell'][site]['mean'], record['mean'],
+                   what=f'{site} moments')
+      stats = {**stats, site: ref.ema_update(stats[site], record, MOMENTUM)}
+      assert_close(new['batch_stats']['cell'][site]['mean'], stats[site]['mean'],
+                   what=f'{site} running average')
+    variables = {**variables, 'batch_stats': new['batch_stats']}

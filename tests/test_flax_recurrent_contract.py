@@ -637,7 +637,7 @@ def test_training_past_max_length_across_chunks_is_an_error(api):
   with pytest.raises(ValueError, match='max_length=6') as error:
     model.copy().rnn(X[:, :3], jit=False, **past)
   helpers.one_line(error)
-  assert 'initial_carry=(c, h)' in str(error.value)  # what truncated backprop passes
+  assert 'initial_carry=carry.state' in str(error.value)  # what truncated backprop passes
   # Jitted, the carry's step is traced: the chunk's carry and outputs are NaN, and a
   # checked run (`checks.checkify`) raises the same line.
   carry, out = model.copy().rnn(X[:, :3], **past)

@@ -2,8 +2,8 @@
 the same step functions as plain JAX) against the float64 reference (`reference.py`):
 outputs, final state, per-step moments, every gradient (central finite differences),
 inference with population rows; the same through `RecurrentLayer(execution=
-Execution(fused_step=...))`, the statistics it records included; and the Pallas kernels
-lowered for CUDA from this CPU machine at benchmark shapes.
+Execution(fused_step=...))`, the statistics it records included. The Pallas kernels
+lowered for CUDA from this CPU machine: `test_compile_targets.py`.
 
 Shapes are tiny and deliberately not powers of two (B=5, H=6, I=3, T=6), with uneven
 lengths and junk in the padded positions; `block_h=4` splits the hidden units over two
@@ -190,38 +190,6 @@ def test_layout_pads_to_powers_of_two():
     fused.layout(B, H, block_h=6)
   with pytest.raises(ValueError, match='kernel must be one of'):
     fused.layout(B, H, 'cuda')
-
-
-# The Triton lowering's custom call: jaxlib 0.10.2 passes the Triton IR to XLA
-# ('__gpu$xla.gpu.triton'); later jaxlibs compile it first ('triton_kernel_call_ffi').
-TRITON_CALLS = ('__gpu$xla.gpu.triton', 'triton_kernel_call_ffi')
-
-
-@pytest.mark.parametrize('kernel,batch,steps,inputs,hidden', [
-    ('pallas', 64, 784, 1, 100), ('pallas', 64, 100, 50, 1000), ('persistent', 64, 784, 1, 100)],
-    ids=['pallas-a', 'pallas-c', 'persistent-a'])
-def test_lowers_for_cuda_at_benchmark_shapes(kernel, batch, steps, inputs, hidden):
-  """Forward and backward of the fused layer lowered for CUDA from this CPU machine
-  (abstract arguments, nothing allocated): one Triton kernel in the forward pass and one
-  in the backward pass (per step, or for the whole sequence)."""
-  s = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-  layer = variants.make_layer('bn_lstm', hidden, max_length=steps,
-                              execution=policy.Execution(fused_step=kernel))
-  variables = jax.eval_shape(lambda: layer.init(jax.random.key(0), jnp.zeros(
-      (batch, steps, inputs)), use_running_average=True, deterministic=True))
-
-  def loss(variables, x, mask):
-    out, _ = layer.apply(variables, x, mask, use_running_average=False, deterministic=True,
-                         mutable=['batch_stats'])
-    return jnp.mean(out ** 2)
-
-  with policy.targets('cuda'):
-    lowered = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(
-        variables, s(batch, steps, inputs), s(batch, steps)).lower(lowering_platforms=('cuda',))
-  text = lowered.as_text()
-  assert sum(text.count(f'@{name}(') for name in TRITON_CALLS) == 2, 'two Triton kernels'
-  prefix = 'bn_lstm_persistent' if kernel == 'persistent' else 'bn_lstm_step'
-  assert f'{prefix}_forward' in text and f'{prefix}_backward' in text
 
 
 def test_kernels_refuse_what_they_cannot_hold_in_one_line():

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from experiments.campaign import spec
+from experiments import config_files
 import helpers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,10 +52,11 @@ MISTAKES = [
      f'error: --config=experiments/configs/no_such_config.py: no config file at '
      f'{REPO}/experiments/configs/no_such_config.py.'),
     ([_config('quickstart.py'), '--workdir=/tmp/unused', '--config.model.hiden_size=3'],
-     "error: --config.model.hiden_size: config.model has no field 'hiden_size'; did you "
+     "error: --config.model.hiden_size=3: config.model has no field 'hiden_size'; did you "
      "mean 'hidden_size'?"),
     ([_config('quickstart.py'), '--workdir=/tmp/unused', '--config.modle.hidden_size=3'],
-     "error: --config.modle.hidden_size: config has no field 'modle'; did you mean 'model'?"),
+     "error: --config.modle.hidden_size=3: config has no field 'modle'; did you mean "
+     "'model'?"),
     ([_config('quickstart.py'), '--workdir=/tmp/unused', '--config.model.hidden_size=abc'],
      "error: --config.model.hidden_size=abc: config.model.hidden_size takes an int; got "
      "'abc'."),
@@ -110,8 +111,8 @@ def test_unknown_config_field_is_one_line_with_did_you_mean(tmp_path):
                  '--config.model.hiden_size=5')
   assert result.returncode == 1
   line = helpers.last_line_without_traceback(result.stderr)
-  assert line == ("error: --config.model.hiden_size: config.model has no field 'hiden_size'; "
-                  "did you mean 'hidden_size'?")
+  assert line == ("error: --config.model.hiden_size=5: config.model has no field "
+                  "'hiden_size'; did you mean 'hidden_size'?")
 
 
 def test_show_config_prints_the_config_without_loading_jax():
@@ -120,7 +121,7 @@ def test_show_config_prints_the_config_without_loading_jax():
                  python_flags=('-X', 'importtime'))
   assert result.returncode == 0, result.stderr[-2000:]
   shown = json.loads(result.stdout)
-  expected = spec.load_config('experiments/configs/ptb_char.py', 'lstm,tiny')
+  expected = config_files.load_config('experiments/configs/ptb_char.py', 'lstm,tiny')
   expected.model.hidden_size = 16
   expected.eval.max_batches = 3
   assert shown == json.loads(expected.to_json_best_effort())

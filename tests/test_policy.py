@@ -5,12 +5,12 @@ CPU's computes.
 rules are tested first). At the shape used here (B=4, H=32: H >= 8 B, so LSTMs take the
 whole-layer backward pass) the CPU's choices are: input term in the step, remat 'full',
 backward 'layer' (LSTMs; the tanh RNN 'scan') and batch sums by contraction with ones.
-TPUs resolve every layer to the opposite: hoisted input term, remat 'none', the
-autodiff of the scan and reductions; GPUs the same with remat 'dots' for these
-batch-normalised layers. The tests below take the CPU's choices (forced, so that they
-hold on any backend: on a GPU the same tests compare the two programs there) and force
-each TPU choice alone, and the GPU's and the TPU's four together (what `resolve` gives
-for 'gpu' and 'tpu', checked too), on every batch-normalised
+The opposite of each (hoisted input term, remat 'none', the autodiff of the scan,
+reductions) is forced alone below; GPUs and TPUs resolve these batch-normalised layers
+to the opposite with remat 'dots'. The tests take the CPU's choices (forced, so that
+they hold on any backend: on a GPU the same tests compare the two programs there) and
+force each opposite choice alone, and the accelerators' four together (what `resolve`
+gives for 'gpu' and 'tpu', checked too), on every batch-normalised
 variant (per-step, sequence-wise and shared statistics; a mask with uneven lengths and
 junk in the padding), and compare with the CPU's own policy: outputs, final state,
 gradients (parameters and inputs), the `batch_stats` update and the minibatch moments.
@@ -69,10 +69,11 @@ RTOL_REF_VALUES = 1e-4
 RTOL_REF_GRADS = 2e-4
 
 # What the accelerators resolve these batch-normalised layers to.
-TPU = {'hoist_input': True, 'remat': 'none', 'backward': 'scan', 'batch_sums': 'reduce'}
-GPU = {**TPU, 'remat': 'dots'}
-# Each TPU choice alone, then each accelerator's four together.
-FORCED = {**{name: {name: value} for name, value in TPU.items()}, 'gpu': GPU, 'tpu': TPU}
+OPPOSITE = {'hoist_input': True, 'remat': 'none', 'backward': 'scan', 'batch_sums': 'reduce'}
+GPU = TPU = {**OPPOSITE, 'remat': 'dots'}
+# Each opposite choice alone, then the accelerators' four together.
+FORCED = {**{name: {name: value} for name, value in OPPOSITE.items()}, 'gpu': GPU}
+ACCELERATORS = {'gpu': GPU, 'tpu': TPU}
 BATCH_VARIANTS = tuple(v for v in variants.VARIANTS if ref.batch_sites(v))
 
 
@@ -103,7 +104,7 @@ def _resolve(variant, platform, **fields):
 
 def _cpu_fields(variant) -> dict:
   """The CPU's choices for `variant` at this shape, as layer fields."""
-  return {name: getattr(_resolve(variant, 'cpu'), name) for name in TPU}
+  return {name: getattr(_resolve(variant, 'cpu'), name) for name in OPPOSITE}
 
 
 @functools.cache
@@ -222,7 +223,8 @@ def test_resolve_follows_the_rules(platform):
       continue
     gpu = Policy(True, 'dots' if batch_norm else 'none',
                  'layer' if cell == 'lstm' and not batch_norm else 'scan', 'reduce')
-    assert got == {'gpu': gpu, 'tpu': Policy(True, 'none', 'scan', 'reduce')}[platform], case
+    tpu = Policy(True, 'dots' if batch_norm else 'none', 'scan', 'reduce')
+    assert got == {'gpu': gpu, 'tpu': tpu}[platform], case
 
 
 @pytest.mark.parametrize('platform', ['cpu', 'gpu', 'tpu'])
@@ -261,8 +263,9 @@ def test_config_keys_become_the_execution_value():
 
 
 def _lowered_training_pass(platform: str) -> str:
-  """The bn_lstm layer's training gradient, traced here and lowered for `platform`."""
-  layer = _layer('bn_lstm')
+  """The lstm layer's training gradient, traced here and lowered for `platform` (the
+  three platforms resolve a plain LSTM to three policies)."""
+  layer = _layer('lstm')
 
   def loss(variables, x, mask):
     out, _ = layer.apply(variables, x, mask, use_running_average=False, deterministic=False,
@@ -278,7 +281,7 @@ def test_programs_run_the_policy_of_their_target_platforms():
   """Traced on this machine for another target (`policy.targets`), the layer's training
   pass holds that platform's policy and no other (each policy runs in a named scope of
   its own); with several targets, the one of the platform it is lowered for."""
-  names = {p: scans.scope_name(_layer('bn_lstm').execution_policy(B, p))
+  names = {p: scans.scope_name(_layer('lstm').execution_policy(B, p))
            for p in ('cpu', 'cuda', 'tpu')}
   assert len(set(names.values())) == 3, names
   found = lambda text: [p for p, name in names.items() if name in text]
@@ -305,14 +308,15 @@ def test_cpu_policy_at_this_shape_differs_from_the_accelerators():
 @pytest.mark.parametrize('platform', ['gpu', 'tpu'])
 @pytest.mark.parametrize('variant', BATCH_VARIANTS)
 def test_forced_accelerator_policy_is_what_accelerators_resolve(variant, platform):
-  assert _resolve(variant, platform) == _policy_of(variant, tuple(FORCED[platform].items()))
+  forced = tuple(ACCELERATORS[platform].items())
+  assert _resolve(variant, platform) == _policy_of(variant, forced)
 
 
 # ----------------------------------------------------------------------------- numerics
 
 
 @pytest.mark.parametrize('variant,choice', helpers.core_cases(
-    _cases(), core=[('bn_lstm', 'gpu'), ('rnn_bn_recurrence', 'tpu')],
+    _cases(), core=[('bn_lstm', 'gpu'), ('rnn_bn_recurrence', 'remat')],
     also=[case for case in _cases()
           if case[0] == 'bn_lstm']))
 def test_forced_choice_matches_cpu_policy(variant, choice):

@@ -15,6 +15,7 @@ Shapes are tiny (B=4, T=5, I=3, H=4) and every jitted function is built once per
 """
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -655,9 +656,34 @@ def test_bad_inputs_are_clear_errors():
   with pytest.raises(ValueError, match='min_step_count guards masked per-step'):
     _layer('bn_lstm', min_step_count=2, padded_statistics=True).init(
         jax.random.key(0), x, use_running_average=True, deterministic=True)
+  with pytest.raises(ValueError, match=r'initial_carry must be \(c, h\), each \[batch, '
+                     r'features\] = \(4, 4\); got shapes \[\(3, 4\), \(3, 4\)\]') as error:
+    layer.init(jax.random.key(0), x, use_running_average=True, deterministic=True,
+               initial_carry=(jnp.zeros((3, H)), jnp.zeros((3, H))))
+  helpers.one_line(error)
 
 
 def test_bad_remat_mode_is_a_clear_error():
   with pytest.raises(ValueError, match='remat'):
     _layer('bn_lstm', remat='sometimes').init(jax.random.key(0), jnp.zeros((B, T, I)),
                                               use_running_average=False, deterministic=False)
+
+
+def test_training_on_what_looks_padded_without_a_mask_warns():
+  """Rows ending in all-zero frames of different lengths, with no mask: the padding would
+  count as data, so a training call warns (once per place); with the mask it does not, nor
+  evaluation, nor data with zeros inside its rows."""
+  layer = _layer('bn_lstm')
+  x = np.random.default_rng(0).normal(size=(B, T, I)).astype(np.float32)
+  padded = np.where(helpers.prefix_mask((5, 3, 4, 5), T)[..., None] > 0, x, 0.0)
+  variables = layer.init(jax.random.key(0), x, use_running_average=True, deterministic=True)
+  train = lambda x, *mask: layer.apply(variables, x, *mask, use_running_average=False,
+                                       deterministic=False, mutable=['batch_stats'])
+  with pytest.warns(UserWarning, match='the padding counts in the batch statistics as data'):
+    train(padded)
+  inside = padded.copy()
+  inside[0, 1] = 0.0                                  # a zero frame that is data
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    train(padded, helpers.prefix_mask((5, 3, 4, 5), T))
+    train(inside)

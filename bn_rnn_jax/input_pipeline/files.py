@@ -1,18 +1,5 @@
-"""Reading and caching data files, with every failure one line naming the file.
-
-Shared by the readers of this package:
-  * `decode_text`, `read_text`: UTF-8 text with `\\n` line ends (CRLF and CR read as LF,
-    a byte-order mark dropped), so a file reads the same from a folder and from an
-    archive; a byte that is not UTF-8 is an error naming the file, offset and line.
-  * `verify_gzip`: a gzip file read to its end, so that the CRC-32 and length of every
-    member are checked before the file is used (`tarfile` stops at the end-of-archive
-    marker and never reads the gzip trailer).
-  * `file_digest`, `arrays_checksum`: SHA-256 of a file's bytes, of a dict of arrays.
-  * `save_arrays`, `load_arrays`: an `.npz` cache written under a unique temporary name
-    and renamed into place (concurrent writers never collide, a killed one leaves no
-    partial file), read back without unpickling, and checked: a damaged file, or one
-    built from other data or settings, is reported as a warning and ignored.
-"""
+"""Reading and caching data files, every failure one line naming the file: UTF-8 text,
+gzip archives checked to their end, SHA-256 digests, and checked `.npz` caches."""
 
 from __future__ import annotations
 
@@ -32,7 +19,8 @@ META_KEY = '__meta__'
 
 # ====================================================================== text
 def decode_text(data: bytes, name: str) -> str:
-  """`data` decoded as UTF-8 with `\\n` line ends; `name` goes into the error."""
+  """`data` decoded as UTF-8 with `\\n` line ends (CRLF and CR read as LF, a byte-order
+  mark dropped); a byte that is not UTF-8 is an error naming `name`, offset and line."""
   try:
     text = data.decode('utf-8')
   except UnicodeDecodeError as e:
@@ -52,7 +40,8 @@ def read_text(path: str) -> str:
 
 # ====================================================================== archives
 def verify_gzip(path: str) -> None:
-  """Read the gzip file `path` to its end; a damaged one is a one-line ValueError."""
+  """Read the gzip file `path` to its end, checking every member's CRC-32 and length
+  (`tarfile` stops at the end-of-archive marker); a damaged one is a one-line ValueError."""
   try:
     with gzip.open(path, 'rb') as f:
       while f.read(1 << 20):
@@ -83,12 +72,9 @@ def arrays_checksum(arrays: dict[str, np.ndarray]) -> str:
 
 
 def save_arrays(file: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bool:
-  """Write `arrays` with `meta` (JSON) and their checksum to the `.npz` file `file`.
-
-  Atomic: written to a uniquely named temporary file in the same folder, then renamed.
-  A folder that cannot be written is a warning (the caller goes on without a cache);
-  returns whether the file was written.
-  """
+  """Write `arrays` with `meta` (JSON) and their checksum to the `.npz` file `file`, atomically
+  (a unique temporary file, renamed). Returns whether it was written: an unwritable folder
+  is a warning."""
   stored = {**meta, 'checksum': arrays_checksum(arrays)}
   folder = os.path.dirname(file) or '.'
   try:
@@ -114,12 +100,8 @@ def save_arrays(file: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) 
 
 
 def load_arrays(file: str, meta: dict[str, Any]) -> Optional[dict[str, np.ndarray]]:
-  """The arrays `save_arrays(file, arrays, meta)` wrote, or None.
-
-  None when there is no such file, and, with a warning saying why, when the file is
-  damaged (unreadable, truncated, its checksum wrong) or was written with another `meta`
-  (stale: other source data or settings). Never unpickles.
-  """
+  """The arrays `save_arrays(file, arrays, meta)` wrote, read without unpickling; None when
+  missing, and, with a warning, when damaged or written with another `meta` (stale)."""
   if not os.path.exists(file):
     return None
   try:

@@ -1,24 +1,18 @@
 """Kaldi features and per-frame alignments (`config.data.name = 'kaldi'`; Laurent et al.
-sec. 5.1), validated when loaded.
+sec. 5.1), validated when loaded, as a `tagging.TaggingDataset`.
 
-Per split, features from a Kaldi `feats.scp` (or an `.ark`) and per-frame labels from an
-alignment: a text file of lines `utt-id label label ...` (what `ali-to-pdf ... ark,t:-`
-prints), or an int-vector `.ark` / `.scp`; both are read with `kaldiio`. The paths of
-`config.data` (`{train,valid,test}_{feats,labels}`; '' = no such split) are relative to
-the data root (`paths.py`) unless absolute; the arks an scp names are relative to the
-working directory, as Kaldi's tools read them.
-
-Checked on load, each failure one line naming the file (and utterance, or line):
-  * a table that cannot be read to its end (a truncated or damaged ark), or holds no
-    utterance, or names an utterance twice (scp, ark or alignment lines);
-  * features that are not `[frames, dims]`, hold NaN or inf, or whose dimension differs
-    from the first training utterance's (the utterance that differs is named);
-  * an utterance with features but no labels, or a different number of labels and
-    frames; labels outside `[0, num_classes)` (`config.data.num_classes`, or 1 + the
-    largest label when 0).
-Labels of utterances without features are ignored, with a warning giving their number.
-Features are normalised per dimension with the training set's mean and standard
-deviation (after the long utterances are dropped).
+Per split, features from a `feats.scp` or `.ark` and labels from an alignment (text lines
+`utt-id label label ...`, as `ali-to-pdf ... ark,t:-` prints, or an int-vector `.ark` /
+`.scp`), read with `kaldiio`; `config.data.{train,valid,test}_{feats,labels}` ('' = no
+such split). Refused in one line naming the file (and utterance or line):
+  * a table that does not read to its end, holds no utterance, or repeats one;
+  * features that are not `[frames, dims]`, hold NaN or inf, or differ in dimension from
+    the first training utterance's;
+  * an utterance with features but no labels, or with another number of labels than
+    frames; labels outside `[0, num_classes)` (`config.data.num_classes`, 0 = 1 + the
+    largest label).
+Labels without features are ignored, with a warning. Features are normalised per
+dimension with the training set's mean and standard deviation.
 """
 
 from __future__ import annotations
@@ -106,8 +100,8 @@ def _ark_entries(path: str, what: str) -> Iterator[tuple[str, np.ndarray]]:
 
 
 def read_kaldi_table(path: str, what: str = 'features') -> dict[str, np.ndarray]:
-  """`{utt: array}` of a Kaldi `.scp` or `.ark` (matrices or int vectors), read to its
-  end; duplicated utterances and an empty table are errors."""
+  """`{utt: array}` of a Kaldi `.scp` or `.ark` (matrices or int vectors), read to its end;
+  a repeated utterance and an empty table are errors."""
   _check_file(path, what)
   entries = _scp_entries(path, what) if path.endswith('.scp') else _ark_entries(path, what)
   table = {}
@@ -224,7 +218,7 @@ def read_splits(data) -> tuple[dict[str, tuple], dict[str, str]]:
 
 
 def kaldi_dataset(config, process_index: int = 0, process_count: int = 1):
-  """The `tagging.TaggingDataset` of `config.data` (the module docstring)."""
+  """The `tagging.TaggingDataset` of `config.data`."""
   d = config.data
   splits, where = read_splits(d)
   check_dimensions(splits, where)

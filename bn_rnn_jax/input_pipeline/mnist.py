@@ -1,21 +1,12 @@
 """Sequential and permuted MNIST (Cooijmans et al. sec. 5.1), 14x14 MNIST, 8x8 digits.
 
-Images become pixel sequences in scan-line order, one pixel per step: `[N, T, 1]` with
-pixels scaled to [0, 1] (T = 784 for 28x28, 196 for 14x14 (2x2 mean-pooled), 64 for the
-8x8 digits). Permuted MNIST applies one fixed permutation of the T steps, drawn from
-`config.data.permutation_seed` and saved in the run's workdir as `permutation.npy`.
-
-Sources (`config.data.source`):
-  'idx'   the four original IDX .gz files in `config.data.mnist_dir` (relative to the data
-          root, `paths.py`, unless absolute);
-  'tfds'  `tfds.data_source('mnist')` (array_record, no TensorFlow needed), from
-          `config.data.tfds_data_dir` (None = the tfds default).
-Splits: train = the first 60,000 - `num_valid` training images, valid = the last
-`num_valid` (5,000 in the paper), test = the 10,000 test images.
-
-`config.data.name = 'digits'` reads scikit-learn's bundled 8x8 digits (1,797 images,
-values 0..16 scaled to [0, 1]), split by a fixed permutation (seed 0, independent of the
-run's seed) into 1,297 train / 250 valid / 250 test: it works offline anywhere.
+Images become pixel sequences `[N, T, 1]` in scan-line order, pixels in [0, 1]: T = 784
+(28x28), 196 (14x14, 2x2 mean-pooled) or 64 (the 8x8 digits). Permuted MNIST applies one
+permutation of the T steps, drawn from `config.data.permutation_seed` and kept in the
+run's workdir as `permutation.npy`. MNIST is read from the four IDX .gz files in
+`config.data.mnist_dir` (`config.data.source = 'idx'`) or with `tfds.data_source`
+('tfds'); valid is the last `num_valid` training images. The digits (`'digits'`,
+scikit-learn's) split 1,297 / 250 / 250 by a fixed permutation, independent of the seed.
 """
 
 from __future__ import annotations
@@ -102,10 +93,8 @@ def load_tfds(data_dir: Optional[str] = None) -> dict[str, np.ndarray]:
 
 
 def load_digits() -> dict[str, np.ndarray]:
-  """scikit-learn's 8x8 digits split deterministically into train / valid / test.
-
-  Returns `{split: (images [N, 8, 8] float32 in [0, 1], labels [N] int32)}`.
-  """
+  """scikit-learn's 8x8 digits split deterministically: `{split: (images [N, 8, 8] float32
+  in [0, 1], labels [N] int32)}`."""
   with extras.needed_by('The 8x8 digits (config.data.name=digits)'):
     from sklearn import datasets  # pylint: disable=g-import-not-at-top
   digits = datasets.load_digits()
@@ -136,13 +125,13 @@ def to_sequences(images: np.ndarray, permutation: Optional[np.ndarray] = None) -
 
 
 def make_permutation(seed: int, length: int) -> np.ndarray:
-  """A true permutation of 0..length-1 (the original code sampled with replacement)."""
+  """A permutation of 0..length-1 drawn from `seed`."""
   return np.random.default_rng(seed).permutation(length)
 
 
 def load_or_make_permutation(seed: int, length: int, workdir: Optional[str]) -> np.ndarray:
-  """The run's pixel permutation: read from `workdir/permutation.npy` if there, else drawn
-  from `seed` and saved there, so that a run's permutation is on record with it."""
+  """The run's pixel permutation: `workdir/permutation.npy` if there, else drawn from
+  `seed` and saved there."""
   path = None if workdir is None else os.path.join(workdir, 'permutation.npy')
   if path is not None and os.path.exists(path):
     permutation = np.load(path)

@@ -1,10 +1,7 @@
-"""Where datasets live: one data root, and every dataset path relative to it.
+"""Where datasets live: one data root, `config.data.root` or else `$BN_RNN_JAX_DATA`.
 
-The root is `config.data.root` (`--config.data.root=/data`) or, when that is empty, the
-environment variable `BN_RNN_JAX_DATA`. A dataset path of the config (`config.data.path`,
-`config.data.mnist_dir`, the Kaldi tables) that is relative is read under the root; an
-absolute one is used as it is. Paths are made absolute here, so every error of a reader
-names the absolute path it tried.
+A relative dataset path of the config is read under the root, an absolute one as it is;
+paths come out absolute, so every error of a reader names the absolute path it tried.
 """
 
 from __future__ import annotations
@@ -19,18 +16,15 @@ HOW_TO_SET = (f'pass --config.data.root=/path/to/datasets or set the environment
 
 
 def data_root(configured: str = '') -> Optional[str]:
-  """The absolute data root: `configured` (config.data.root) if given, else
-  `$BN_RNN_JAX_DATA`, else None."""
+  """The absolute data root: `configured` (config.data.root), else `$BN_RNN_JAX_DATA`, else
+  None."""
   root = configured or os.environ.get(ENV_VAR, '')
   return os.path.abspath(os.path.expanduser(root)) if root else None
 
 
 def resolve_path(data_config, field: str) -> str:
-  """The absolute path that `config.data.<field>` names (see the module docstring).
-
-  Raises ValueError (one line, saying how to set the root) for a relative path when no
-  root is set, or when the root set is not a folder.
-  """
+  """The absolute path that `config.data.<field>` names. A one-line ValueError for an empty
+  field or a relative path with no root set, FileNotFoundError for a root that is not a folder."""
   path = data_config[field]
   if not path:
     raise ValueError(f'config.data.{field} is empty; name the file or folder (relative to '

@@ -1,19 +1,12 @@
 """DeepMind Q&A `.question` files: one file parsed, and every file of a source found.
 
-A source (`config.data.path`) is read as it is distributed, never unpacked by hand:
-  * a folder `<path>/questions/{training,validation,test}/*.question` (as `cnn.tgz` unpacks),
-  * a folder `<path>/{training,validation,test}/*.question`,
-  * a `.tgz` / `.tar.gz` archive holding either layout for one data set (an archive holding
-    two, e.g. `cnn/questions/...` and `dailymail/questions/...`, is refused), or a folder
-    holding exactly one such archive.
-An archive is read to its end through gzip first, so that its CRC-32 and length are
-checked before any member is used. Files are UTF-8; CRLF line ends read as LF from a
-folder and from an archive alike. Every error is one line naming the file (for an archive,
-`<archive>:<member>`) and what is wrong with it.
-
-A `.question` file (DeepMind's `generate_questions.py`, no final newline) is five blocks
-separated by blank lines: url, context (one line of tokens), query (with `@placeholder`),
-answer (`@entityN`), and one `@entityN:surface form` line per entity.
+A source (`config.data.path`) is read as distributed: a folder
+`<path>/questions/{training,validation,test}/*.question` or `<path>/{training,...}/`, a
+`.tgz` / `.tar.gz` holding either layout for one data set (one holding two is refused),
+or a folder holding exactly one such archive, checked through gzip to its end first.
+A `.question` file is five blocks separated by blank lines: url, context, query (with
+`@placeholder`), answer (`@entityN`) and one `@entityN:name` line per entity. Every error
+is one line naming the file (for an archive, `<archive>:<member>`).
 """
 
 from __future__ import annotations
@@ -40,11 +33,8 @@ def entity_index(token: str) -> Optional[int]:
 
 
 def parse_question(text: str, name: str) -> dict[str, Any]:
-  """One `.question` file's text as `{'url', 'context', 'query', 'answer'}`.
-
-  context and query are token lists, answer the entity index. `name` (the file) goes into
-  the one-line error raised for a file that is not in the DeepMind format.
-  """
+  """One `.question` file's text as `{'url', 'context', 'query', 'answer'}`: token lists and
+  the answer's entity index; a one-line error naming `name` for a file not in the format."""
   blocks = text.strip('\n').split('\n\n')
   if len(blocks) < 4:
     raise ValueError(f'{name}: malformed question file: expected url, context, query, '

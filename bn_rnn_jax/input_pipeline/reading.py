@@ -1,66 +1,23 @@
-"""Reading comprehension: the DeepMind Q&A cloze format (Hermann et al. 2015).
+"""Reading comprehension: DeepMind Q&A cloze questions (Hermann et al. 2015).
 
-Sources and the `.question` format: `questions.py` (a folder or a `.tgz` archive, read as
-distributed; archives verified end to end; every error one line naming the file or
-`<archive>:<member>`).
+Sources and the `.question` format: `questions.py`. Ids: `0 <pad>`, `1 <unk>`,
+`2 @placeholder`, then the entity markers `@entity0 .. @entity{E-1}` (E = 1 + the largest
+entity index of any split), then the training words by frequency (ties alphabetically),
+`config.data.vocab_size` symbols in all (0 = no cap); any other word is `<unk>`.
+Questions whose answer entity does not occur in their context are dropped, in every
+split, and counted in `dropped` [3] (train, valid, test). The parsed ids are cached in
+`config.data.cache_dir` (default `<workdir>/data_cache`), keyed on the source's content
+and the options.
 
-Symbols. Ids `0 <pad>`, `1 <unk>`, `2 @placeholder`, `3 .. 3+E-1` the entity markers
-`@entity0 .. @entity{E-1}` (E = 1 + the largest entity index in any split; the log names
-the file that holds it), then the training words by frequency (ties alphabetically),
-capped at `config.data.vocab_size` symbols in all (0 = every training word; Cooijmans et
-al. App. C used 65,829 words on CNN). Words outside the vocabulary, and words that occur
-only in validation or test, are `<unk>`.
-
-Unanswerable questions. A question whose answer entity does not occur in its context (the
-file's full context; e.g. an answer found only in the query) can never be answered, and
-it adds nothing to the loss. Such questions are dropped, in every split, and the log
-says how many (with a warning naming the first file); the counts are kept in the arrays
-as `dropped` [3] (train, valid, test). Questions that only the top-k shortcut below makes
-unanswerable stay (see there).
-
-Caching. Parsing 28k files takes seconds to a minute, so the token ids are written once to
-`<cache_dir>/reading_<key>.npz` (`config.data.cache_dir`, default `<workdir>/data_cache`;
-no cache when both are unset) and read back on the next start. The file name hashes the
-source's absolute path and the options that shape the tokens (vocabulary cap, top-k,
-format version); inside, the file records the SHA-256 of the source's content (the
-archive's bytes, or the name and bytes of every `.question` file of a folder), those
-options, and a checksum of its arrays. A cache is used only when all three match the
-source and options of this start (so every start reads the source's bytes once, to hash
-them, but parses nothing); a damaged one (truncated, flipped bits, not an `.npz`)
-or a stale one (the source's content or an option changed) is reported as a warning and
-built again. Caches are written under a unique temporary name and renamed into place, so
-concurrent starts sharing one cache folder never collide, and they are read without
-unpickling. The data folder may be read-only; an unwritable cache folder is a warning.
-
-Batches (numpy, a pure function of `(seed, step)`; the dataset interface of
-`bn_rnn_jax.input_pipeline`):
+Batches (the interface of `bn_rnn_jax.input_pipeline`, without a top-level 'mask'):
   {'inputs': {'document': int32 [B, T], 'document_mask': float32 [B, T],
               'query': int32 [B, Q], 'query_mask': float32 [B, Q],
-              'candidates': float32 [B, E] (1 = this entity occurs in the document)},
+              'candidates': float32 [B, E] (1 = the entity occurs in the document)},
    'labels': int32 [B] (the answer's entity index), 'weights': float32 [B]}
-T and Q are the batch's longest document and query, rounded up to a multiple of
-`config.data.length_multiple`, so that XLA compiles one program per few lengths. Padding
-(mask 0) holds `<pad>`. There is no top-level 'mask': the model takes both masks from
-'inputs'.
-
-Training (Cooijmans et al. App. C): examples are sampled with replacement, and every
-example's entity ids are permuted at random (`shuffle_entities`: the answer, the
-candidates and every `@entityN` of the document and query move together), both drawn from
-`numpy.random.default_rng([seed, step])`, so resuming at step k reads what an uninterrupted
-run reads. `config.data.length_groups > 1` turns on length bucketing: the training
-examples are sorted by document length into that many groups of equal size, each step
-draws a group (probability by size) and samples its batch inside it (less padding).
-
-Evaluation: `eval_batches(split)` covers 'valid' or 'test' once, in order of document
-length (shortest first; ties in file-name order), in batches of `config.eval.batch_size`
-padded with weight-0 examples; entities are not shuffled.
-
-The paper's CNN shortcut (App. C) is `config.data.top_k_sentences = k` (they used 4; 0 =
-off, the default): only the k context sentences that share the most distinct tokens with
-the query (ties: earlier) are kept, in their original order. Sentences end at `.`, `!` or
-`?` tokens. The answer can be stripped that way; such examples stay, can never be
-answered, and count as errors (as the paper's 57 % upper bound on CNN validation); the
-log gives their number.
+T and Q are the batch's longest document and query rounded up to a multiple of
+`config.data.length_multiple`; padding is `<pad>` with mask 0. Training samples with
+replacement and renames each example's entities (`shuffle_entities`); evaluation reads a
+split once, shortest documents first.
 """
 
 from __future__ import annotations
@@ -94,11 +51,8 @@ SENTENCE_ENDS = frozenset({'.', '!', '?'})
 
 
 def top_k_sentences(context: Sequence[str], query: Sequence[str], k: int) -> list[str]:
-  """The k context sentences sharing most distinct tokens with the query, in order.
-
-  Cooijmans et al. App. C ("the 4 most relevant sentences ... by a string matching
-  procedure"); ties go to the earlier sentence. `@placeholder` does not count.
-  """
+  """The k context sentences sharing most distinct tokens with the query (not counting
+  `@placeholder`; ties: the earlier), in their order (Cooijmans et al. App. C)."""
   sentences, current = [], []
   for token in context:
     current.append(token)
@@ -158,8 +112,8 @@ def _largest_entity(rows: Iterable[dict[str, Any]]) -> tuple[int, str]:
 
 
 def _read_examples(kind: str, location: str, top_k: int) -> dict[str, list[dict]]:
-  """Parsed questions of every split in file-name order, the unanswerable ones dropped
-  (module docstring); each example keeps its file as 'name'."""
+  """Parsed questions of every split in file-name order, the unanswerable ones dropped;
+  each example keeps its file as 'name'."""
   examples = {split: [] for split in SPLIT_FOLDERS}
   dropped = {split: [] for split in SPLIT_FOLDERS}
   stripped = 0
@@ -233,8 +187,8 @@ def cache_file(cache_dir: str, location: str, vocab_size: int, top_k: int) -> st
 
 def load(path: str, vocab_size: int = 0, top_k: int = 0,
          cache_dir: Optional[str] = None) -> dict[str, np.ndarray]:
-  """`parse_source`, read from / written to `cache_dir` when one is given (the module
-  docstring: a cache is keyed on the source's content and the options)."""
+  """`parse_source`, read from / written to `cache_dir` when one is given, keyed on the
+  source's content and the options."""
   if cache_dir is None:
     return parse_source(path, vocab_size, top_k)
   kind, location = resolve_source(path)
@@ -280,12 +234,8 @@ def candidate_mask(document: np.ndarray, num_entities: int) -> np.ndarray:
 
 
 def shuffle_entities(batch: dict[str, Any], permutations: np.ndarray) -> dict[str, Any]:
-  """Rename entity e of example b to `permutations[b, e]` everywhere in it.
-
-  permutations: `[B, E]` int, each row a permutation of 0..E-1. The documents' and
-  queries' `@entityN` ids, the candidate mask and the label all move together, so the
-  answer stays the same entity under a new name.
-  """
+  """Rename entity e of example b to `permutations[b, e]` (`[B, E]`, each row a permutation)
+  in its document, query, candidates and label alike: the answer keeps its entity."""
   inputs = dict(batch['inputs'])
   num_entities = permutations.shape[1]
   def rename(ids):
@@ -394,10 +344,9 @@ class ReadingDataset:
 
 # ====================================================================== baselines
 def frequency_baselines(arrays: dict[str, np.ndarray], split: str) -> dict[str, float]:
-  """Accuracy of the data's salience baselines on `split` (Hermann et al. 2015 sec. 4):
-  most frequent context entity, and exclusive frequency (the most frequent context entity
-  that does not occur in the query); ties go to the lowest id (the earliest mention). Also
-  the expected accuracy of a random candidate (mean of 1 / #entities in the context)."""
+  """Accuracy on `split` of the salience baselines (Hermann et al. 2015 sec. 4): the most
+  frequent context entity, the most frequent one absent from the query (ties: the lowest
+  id), and the expected accuracy of a random candidate."""
   num_entities = int(arrays['num_entities'])
   document, query = arrays[f'{split}/document'], arrays[f'{split}/query']
   doc_off, query_off = arrays[f'{split}/document_offsets'], arrays[f'{split}/query_offsets']
@@ -433,9 +382,7 @@ def get_dataset(config, workdir: Optional[str] = None, process_index: int = 0,
 
 
 def default_data_config(name: str = 'brown_cloze_large'):
-  """`config.data` of a cloze set; `path` is relative to the data root (`paths.py`) unless
-  absolute. For CNN / Daily Mail put DeepMind's `cnn.tgz` / `dailymail.tgz` there (or the
-  folder it unpacks to)."""
+  """`config.data` of a cloze set; `path` is relative to the data root unless absolute."""
   with extras.needed_by(f'{__name__}.default_data_config'):
     import ml_collections  # pylint: disable=g-import-not-at-top
   sources = {'brown_cloze_large': 'brown_cloze_large/brown_cloze_large.tgz',

@@ -1,56 +1,18 @@
-"""Sequence-labelling input pipelines: Brown POS tagging and Kaldi frame classification.
+"""Sequence labelling: length-bucketed batches (`TaggingDataset`) and Brown POS tagging.
 
-Both give a label at every step of variable-length sequences (task 'tagging', model
-`SequenceTagger`). Batches are numpy dicts, a pure function of `(seed, step)`:
+A label at every step of variable-length sequences (task 'tagging', `SequenceTagger`;
+the Kaldi reader, `kaldi.py`, builds the same dataset). Batches (the interface of
+`bn_rnn_jax.input_pipeline`):
 
   {'inputs': int32 [B, T] token ids (Brown) | float32 [B, T, F] frames (Kaldi),
    'labels': int32 [B, T], 'mask': float32 [B, T] (1 = a real step; valid steps first),
    'weights': float32 [B] (0 = a padding example of an evaluation batch)}
-and the object follows the dataset interface of `bn_rnn_jax.input_pipeline`. Padded steps
-hold 0 (inputs and labels); nothing may depend on them.
 
-Length buckets
---------------
-Sequences are padded per batch, not to the longest of the corpus: each sequence goes to
-the smallest bucket length >= its length (`config.data.buckets`), and a batch holds one
-bucket, padded to the bucket length. XLA then compiles one program per bucket, not per
-batch. Training sequences longer than the largest bucket are dropped and the number is
-logged (Laurent et al. drop WSJ utterances over 1,300 frames); evaluation keeps every
-sequence and adds one bucket of the split's longest length for those.
-
-Training batches: epoch e (`step // steps_per_epoch`) shuffles every bucket with
-`default_rng([seed, e])`, cuts it into full global batches (a bucket's remainder waits
-for a later epoch's shuffle), and shuffles the list of batches; process p takes the p-th
-contiguous share of each. `steps_per_epoch` = sum over buckets of size // batch.
-Evaluation batches: each bucket in corpus order, in batches of `eval_batch_size`, the
-last one filled with weight-0 copies of the bucket's first sequence. The split
-`'train_eval'` is a fixed training subset (`config.data.train_eval_size` sequences, evenly spaced in
-corpus order, the same for every seed) for the papers' training curves measured with
-population statistics.
-
-Brown POS tagging (`config.data.name = 'brown'`; the stand-in for WSJ)
-----------------------------------------------------------------------
-The 500 files `c[a-r]NN` of NLTK's Brown corpus, one sentence per non-blank line, tokens
-`word/tag`, in the folder `config.data.path` (relative to the data root, `paths.py`).
-Split by file: `NN % 10 == 0` test, `NN % 10 == 9` valid, every other file
-train (a fixed rule, stratified over the 15 genres a-r): 414 / 45 / 41 files, 47,626 /
-4,970 / 4,744 sentences (the 44 training sentences over 90 tokens are dropped). Tags are
-reduced to base tags (`base_tag`): lower case, `fw-` (foreign word) prefix removed, the
-`-tl` (title), `-hl` (headline), `-nc` (cited) suffixes removed, and of a contraction
-`a+b` the first part kept (`ppss+bem` -> `ppss`); `$` (possessive) and `*` (negation) stay
-part of the tag. That leaves 104 tags on the whole corpus; the tag table is the sorted set
-of base tags of all three splits (a fixed property of the corpus, not learned). Words keep
-their case; the vocabulary is `<unk>` (id 0) followed by the training words seen at least
-`config.data.min_count` times, by decreasing count (ties alphabetically); other words
-read as `<unk>` (27,258 entries with min_count 2).
-
-Checked on load, each failure one line naming the file: text that is not UTF-8 (the byte,
-offset and line), a token that is not `word/tag`, a corpus file without sentences, and a
-corpus file missing from the folder: when the folder holds the corpus's file list
-(`CONTENTS`, or NLTK's `cats.txt`) every file it lists must be there; without one, a
-folder of fewer than the corpus's 500 files is a warning.
-
-Kaldi features and alignments (`config.data.name = 'kaldi'`): `kaldi.py`.
+T is the length of the batch's bucket (`config.data.buckets`): the smallest bucket
+length at least as long as every sequence of the batch. Padded steps hold 0. Training
+sequences longer than the largest bucket are dropped; evaluation keeps them all. The
+Brown corpus (`config.data.name = 'brown'`) is read from the folder `config.data.path`;
+every malformed file, token or missing listed file is one line naming the file.
 """
 
 from __future__ import annotations
@@ -102,7 +64,7 @@ def pad_batch(inputs: Sequence[np.ndarray], labels: Sequence[np.ndarray], length
 
 
 class TaggingDataset:
-  """Variable-length labelled sequences in length buckets (the module docstring).
+  """Variable-length labelled sequences in length buckets.
 
   Args:
     splits: `{split: (inputs, labels)}`, lists of `[L, ...]` arrays (ids or frames) and
@@ -218,8 +180,8 @@ class TaggingDataset:
 
 # ====================================================================== Brown
 def base_tag(tag: str) -> str:
-  """A Brown tag reduced to its base tag (the module docstring): 'NP-TL' -> 'np',
-  'fw-in' -> 'in', 'ppss+bem' -> 'ppss', 'nn$-hl' -> 'nn$', 'bez*' -> 'bez*'."""
+  """A Brown tag reduced to its base tag: 'NP-TL' -> 'np', 'fw-in' -> 'in',
+  'ppss+bem' -> 'ppss', 'nn$-hl' -> 'nn$', 'bez*' -> 'bez*'."""
   tag = tag.lower()
   if tag.startswith('fw-'):
     tag = tag[3:]
@@ -264,8 +226,8 @@ def read_brown_file(path: str) -> list[tuple[list[str], list[str]]]:
 
 
 def listed_brown_files(data_dir: str) -> Optional[tuple[str, set[str]]]:
-  """`(list file, the corpus files it names)` from the corpus's `CONTENTS` (entries
-  `A01.` ...) or NLTK's `cats.txt` (lines `ca01 news`); None when the folder has neither."""
+  """`(list file, the corpus files it names)` from `CONTENTS` (entries `A01.`) or NLTK's
+  `cats.txt` (lines `ca01 news`); None when the folder has neither."""
   contents = os.path.join(data_dir, 'CONTENTS')
   if os.path.isfile(contents):
     found = re.findall(r'^([A-R])(\d\d)\.', files.read_text(contents), re.MULTILINE)
@@ -296,7 +258,7 @@ def _check_complete(data_dir: str, names: Sequence[str]) -> None:
 
 
 def load_brown(data_dir: str) -> dict[str, list[tuple[list[str], list[str]]]]:
-  """Sentences of every split, files in sorted order (the module docstring's split)."""
+  """Sentences of every split (`brown_split`), files in sorted order."""
   data_dir = os.path.abspath(data_dir)
   if not os.path.isdir(data_dir):
     raise FileNotFoundError(f'Brown corpus folder not found: {data_dir}. Point '
@@ -349,8 +311,7 @@ def brown_dataset(config, process_index: int = 0, process_count: int = 1):
 # ====================================================================== entry points
 def get_dataset(config, workdir: Optional[str] = None, process_index: int = 0,
                 process_count: int = 1):
-  """The Brown dataset; the Kaldi one is `kaldi.get_dataset` (`input_pipeline.get_dataset`
-  picks the module by `config.data.name`)."""
+  """The Brown dataset (the Kaldi one is `kaldi.get_dataset`)."""
   del workdir
   if config.data.name == 'brown':
     return brown_dataset(config, process_index, process_count)
@@ -359,8 +320,8 @@ def get_dataset(config, workdir: Optional[str] = None, process_index: int = 0,
 
 
 def default_data_config(name: str = 'brown') -> ml_collections.ConfigDict:
-  """`config.data` of 'brown' or 'kaldi'; paths are relative to the data root
-  (`paths.py`) unless absolute."""
+  """`config.data` of 'brown' or 'kaldi'; paths are relative to the data root unless
+  absolute."""
   if name == 'brown':
     return ml_collections.ConfigDict({
         'name': 'brown',

@@ -1,65 +1,18 @@
 """Language-modelling input pipelines: PTB words, PTB characters, text8.
 
-All three read the standard files from `config.data.path` (relative to the data root,
-`paths.py`, unless absolute; nothing is downloaded, nothing is copied into the repository)
-and turn them into one integer stream per split. Files are UTF-8 (a byte that is not is an
-error naming the file, offset and line); CRLF line ends read as LF. Batches are
-numpy dicts, a pure function of `(seed, step)`, so a resumed run sees the same data:
+Each reads its standard files from `config.data.path` (PTB as UTF-8, a byte that is not
+an error naming the file, offset and line; text8 as ASCII) into one integer stream per
+split; the symbol tables come from the training split, and a symbol missing from them is
+an error. Batches (the interface of `bn_rnn_jax.input_pipeline`):
 
   {'inputs': int32 [B, T], 'targets': int32 [B, T] (inputs shifted by one),
-   'mask': float32 [B, T] (1 = a real prediction, 0 = padding),
-   'reset': float32 [B] (1 = start this row from the zero state: always 1 for independent
-            segments, 1 on the first batch of an epoch / of an evaluation pass for
-            carried-state data),
+   'mask': float32 [B, T] (1 = a real prediction),
+   'reset': float32 [B] (1 = start the row from the zero state),
    'weights': float32 [B] (0 = an all-padding row of an evaluation batch)}
-and the object follows the dataset interface of `bn_rnn_jax.input_pipeline`.
 
-Datasets
---------
-PTB words (Zaremba et al. 2014; Laurent et al. 2016 sec. 5.2): `ptb.{train,valid,test}.txt`
-(Mikolov's split). Each line is split on whitespace and followed by `<eos>`; the 10,000-word
-vocabulary (with `<eos>`, `<unk>` is an ordinary word of the files) is ordered by training
-frequency, ties alphabetically (the order of TensorFlow's `ptb/reader.py`). Train 929,589,
-valid 73,760, test 82,430 tokens.
-
-PTB characters (Cooijmans et al. sec. 5.2, after Mikolov et al. 2012): the same files read
-as characters. Per line: leading/trailing whitespace dropped, each run of spaces between
-words becomes the symbol `'_'` (`'_'` does not occur in PTB), and the line ends with the
-symbol `'\\n'`. `<unk>` stays the five characters `< u n k >`; numbers are PTB's `N`. The
-symbol table is the sorted set of training symbols: 50 symbols,
-  '\\n' # $ & ' * - . / 0-9 < > N \\\\ _ a-z
-(48 printable characters + `'_'` + `'\\n'`). Train 5,017,482, valid 393,042, test 442,423
-symbols (the "5.01M / 393k / 442k" of the papers). A symbol missing from the training
-table is an error.
-
-text8 (Cooijmans et al. sec. 5.3, after Mikolov et al. 2012): the single `text8` file of
-100M characters (`a-z` and space): first 90M train, next 5M valid, last 5M test. Symbol
-table: the sorted training characters (27 for the real file: ' ' and a-z).
-
-Training batches
-----------------
-* `'segments'` (character models, Cooijmans et al. sec. 5.2): the training stream is cut
-  into non-overlapping examples of T symbols (T+1 with the shifted target). The stream
-  does not divide by T, so every epoch crops it at a random offset in [0, slack] and then
-  shuffles the examples; offset and order are functions of `(seed, epoch)`. No state is
-  carried between examples.
-* `'contiguous'` (word models, Zaremba et al.): the stream is cut into B rows
-  (`stream[:B * (N // B)].reshape(B, -1)`); batch k of an epoch is columns
-  `[k*T, (k+1)*T)` of every row, so row b of batch k+1 continues row b of batch k and the
-  recurrent state is carried from one batch to the next; an epoch is the
-  `(N // B - 1) // T` whole segments. `'reset'` is 1 on the first batch of every epoch
-  (the state restarts from zeros, as in Zaremba's code). The order is the same every
-  epoch (as in Zaremba's code) and depends on the step only.
-
-Evaluation batches
-------------------
-`eval_batches(split)` covers a split in order. `'segments'`: non-overlapping segments of
-length T from offset 0, the last one padded and masked, rows of padding (mask 0) filling
-the last batch, every batch `[eval_batch_size, T]`; all N-1 predictions count once.
-`'contiguous'`: the split is cut into `eval_batch_size` rows and walked with the carried
-state (the last segment masked where rows end); the `N mod B` tail tokens are dropped (as
-in Zaremba's code; use eval_batch_size=1 to score every token). Word-level evaluation
-therefore needs the trainer to carry the state through `eval_batches` as well.
+Character sets train on independent shuffled segments ('segments', `reset` always 1),
+word PTB on contiguous rows with the state carried across batches ('contiguous',
+`reset` 1 on the first batch of an epoch and of an evaluation pass).
 """
 
 from __future__ import annotations
@@ -96,10 +49,7 @@ def _read(path: str) -> str:
 
 
 def ptb_words(text: str) -> list[str]:
-  """Mikolov's PTB text -> word tokens: each line's words followed by `<eos>`.
-
-  Blank lines (the file's trailing newline) add nothing.
-  """
+  """Mikolov's PTB text -> word tokens: each non-blank line's words followed by `<eos>`."""
   tokens = []
   for line in text.split('\n'):
     words = line.split()
@@ -110,11 +60,8 @@ def ptb_words(text: str) -> list[str]:
 
 
 def ptb_chars(text: str) -> list[str]:
-  """Mikolov's PTB text -> character symbols.
-
-  Per non-blank line: its words joined by `'_'` (one per run of spaces), then `'\\n'`.
-  E.g. `' a <unk> b \\n'` -> `a _ < u n k > _ b \\n`.
-  """
+  """Mikolov's PTB text -> character symbols: per non-blank line its words joined by `'_'`,
+  then `'\\n'` (`' a <unk> b \\n'` -> `a _ < u n k > _ b \\n`)."""
   symbols = []
   for line in text.split('\n'):
     words = line.split()
@@ -159,11 +106,8 @@ def load_ptb(data_dir: str, level: str) -> tuple[list[str], dict[str, np.ndarray
 
 def load_text8(path: str, split_sizes: Sequence[int] = TEXT8_SPLIT_SIZES
                ) -> tuple[list[str], dict[str, np.ndarray]]:
-  """text8 as `(vocab, {split: int32 ids})`: consecutive train/valid/test slices.
-
-  `split_sizes` defaults to the standard 90M/5M/5M; the file must hold exactly their sum
-  (the real file has 100,000,000 characters), so a truncated download is caught here.
-  """
+  """text8 as `(vocab, {split: int32 ids})`, consecutive slices of `split_sizes`; a file
+  that does not hold exactly their sum, or is not ASCII, is an error."""
   path = os.path.abspath(path)
   if not os.path.isfile(path):
     raise FileNotFoundError(f'text8 file not found: {path} (config.data.path must name '
@@ -194,11 +138,8 @@ def load_text8(path: str, split_sizes: Sequence[int] = TEXT8_SPLIT_SIZES
 
 
 def segment_layout(num_symbols: int, seq_length: int) -> tuple[int, int]:
-  """`(examples per epoch, crop slack)` for non-overlapping segments of a stream.
-
-  Examples need T inputs and T targets, so a stream of N symbols gives N-1 predictions;
-  `examples = (N - 1) // T` and the random crop offset lies in `[0, (N - 1) - examples*T]`.
-  """
+  """`(examples per epoch, crop slack)` of non-overlapping segments of length T in a stream
+  of N symbols: `examples = (N - 1) // T`, slack `(N - 1) - examples * T`."""
   examples = (num_symbols - 1) // seq_length
   if examples <= 0:
     raise ValueError(f'A stream of {num_symbols} symbols is too short for one training '
@@ -230,11 +171,8 @@ def contiguous_rows(stream: np.ndarray, batch_size: int) -> np.ndarray:
 
 
 def contiguous_batch(rows: np.ndarray, index: int, seq_length: int) -> Batch:
-  """Batch `index` of a row layout: columns `[index*T, index*T + T)`, targets shifted by one.
-
-  The last batch of a layout whose rows do not divide by T is padded (mask 0); padded
-  steps leave the carried state unchanged in the recurrent layers.
-  """
+  """Batch `index` of a row layout: columns `[index*T, index*T + T)`, targets shifted by
+  one; a last batch shorter than T is padded (mask 0)."""
   predictions = rows.shape[1] - 1
   start = index * seq_length
   if not 0 <= start < predictions:
@@ -251,11 +189,9 @@ def contiguous_batch(rows: np.ndarray, index: int, seq_length: int) -> Batch:
 
 
 def padded_segments(stream: np.ndarray, seq_length: int, batch_size: int) -> Iterator[Batch]:
-  """All N-1 predictions of a stream as segments of length T from offset 0, in order.
-
-  The last segment is padded and masked; the last batch is filled with all-padding rows,
-  so every batch is `[batch_size, seq_length]` (one compiled shape).
-  """
+  """All N-1 predictions of a stream as segments of length T from offset 0, in order; the
+  last segment is masked and the last batch filled with padding rows, so every batch is
+  `[batch_size, seq_length]`."""
   predictions = stream.size - 1
   if predictions <= 0:
     raise ValueError(f'A stream of {stream.size} symbols has nothing to predict.')
@@ -302,7 +238,7 @@ class LanguageModelDataset:
     splits: `{split: int32 ids [N]}`.
     batch_size, seq_length: global training batch `[B, T]`.
     mode: 'segments' (independent shuffled examples) or 'contiguous' (carried state).
-    seed: seed of the data order ('segments' only; the contiguous order is fixed).
+    seed: seed of the 'segments' order (the contiguous order is fixed).
     eval_batch_size: global rows of evaluation batches (default: batch_size).
     process_index, process_count: this process's contiguous share of every batch's rows.
   """
@@ -383,12 +319,9 @@ class LanguageModelDataset:
 
   def eval_batches(self, split: str, seq_length: Optional[int] = None,
                    batch_size: Optional[int] = None) -> Iterator[Batch]:
-    """Every prediction of `split` once, in order (see the module docstring).
-
-    `seq_length` (default: the training length) may exceed any training length, or be
-    `num_symbols(split) - 1` with batch_size 1 to read the whole split as one sequence.
-    `batch_size` is global (default: eval_batch_size).
-    """
+    """Every prediction of `split` once, in order. `seq_length` (default: the training
+    length) may be anything up to `num_symbols(split) - 1` (with batch_size 1: the split as
+    one sequence); `batch_size` is global (default: eval_batch_size)."""
     stream = self._split(split)
     seq_length = seq_length or self.seq_length
     batch_size = batch_size or self.eval_batch_size
@@ -431,14 +364,9 @@ def load_splits(config) -> tuple[str, list[str], dict[str, np.ndarray]]:
 
 def get_dataset(config, workdir: Optional[str] = None, process_index: int = 0,
                 process_count: int = 1) -> LanguageModelDataset:
-  """The dataset a config names.
-
-  Reads `config.data.name` ('ptb_word' | 'ptb_char' | 'text8'), `config.data.path` (the
-  PTB folder or the text8 file), `config.data.seq_length`, optional
-  `config.data.text8_split_sizes`; `config.train.batch_size`, `config.eval.batch_size`
-  and `config.seed`. Word PTB is read in contiguous rows with carried state, the
-  character sets in shuffled independent segments.
-  """
+  """The dataset of `config.data` (name, path, seq_length, optional text8_split_sizes),
+  `config.train.batch_size`, `config.eval.batch_size` and `config.seed`: word PTB in
+  contiguous rows, the character sets in segments."""
   del workdir  # Nothing to save: the symbol tables are rebuilt from the files.
   name, vocab, splits = load_splits(config)
   return LanguageModelDataset(
@@ -451,7 +379,7 @@ def get_dataset(config, workdir: Optional[str] = None, process_index: int = 0,
 
 def default_data_config(name: str = 'ptb_char'):
   """`config.data` fields of this module's datasets; `path` is relative to the data root
-  (`paths.py`) unless absolute."""
+  unless absolute."""
   with extras.needed_by(f'{__name__}.default_data_config'):
     import ml_collections  # pylint: disable=g-import-not-at-top
   defaults = {'ptb_char': ('ptb', 100), 'ptb_word': ('ptb', 20), 'text8': ('text8', 180)}

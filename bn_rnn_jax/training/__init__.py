@@ -1,21 +1,6 @@
-"""The trainer: everything a run needs beyond the layers, models and statistics.
-
-  config         the default config and its checks (imports only ml_collections)
-  tasks          the task registry: model, apply, loss sums, metrics per task
-  optim          optimizers and schedules
-  train          `TrainState` and the pure steps (train, eval, minibatch moments)
-  parallel       device layout: replicate / shard, pmap or jit of shard_map
-  trainer        `Trainer`: one run's model, optimizer, device-mapped steps, evaluation
-  loop           `train_and_evaluate`: the loop, evaluation, resume
-  environment    what a run sets up around itself: log lines shown, compilation cache
-  workdir        what a workdir remembers: the first launch's config, changes since
-  checkpoint     orbax checkpoints (latest K, best), content hashes, workdir lock
-  metric_writer  metrics.jsonl, TensorBoard, progress lines
-
-The trainer needs the 'train' extra (setup.py); the layers do not import it. This package
-imports none of its modules until one is used, so that `from bn_rnn_jax.training import
-config` (what experiment configs import) does not import JAX.
-"""
+"""The trainer (the 'train' extra): config, tasks, optimizers, the pure steps, the device
+layout, the loop, checkpoints and metrics. No module is imported until it is used, so
+`from bn_rnn_jax.training import config` (what experiment configs do) imports no JAX."""
 
 import importlib
 

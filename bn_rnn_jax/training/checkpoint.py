@@ -3,28 +3,13 @@
 Layout in the workdir:
   checkpoints/<step>/   the `keep` latest saves (every `checkpoint.every` steps and at the end)
   best/<step>/          the save with the best validation metric so far
-  damaged/              checkpoints found damaged on restore, moved aside (kept as evidence)
+  damaged/              checkpoints found damaged on restore, moved aside
   other_runs/           best checkpoints of another run found in the workdir, moved aside
-  lock                  who runs in this workdir now (`WorkdirLock`, which also locks
-                        the folder itself)
+  lock                  the live run's pid, host and start time (`WorkdirLock`)
 Each save holds `state` (a host pytree: step, params, batch_stats, opt_state, rng, carry)
-and `meta` (JSON: the loop's bookkeeping, e.g. the best metric and the partial training-
-metric window, so that a resumed run logs exactly what an uninterrupted one logs).
-
-What a save guarantees (docs/design.md, "A run never lies about its state"):
-- It is a snapshot: the state's host arrays and a deep copy of `meta` are handed to orbax,
-  which serialises them later on a background thread; the loop may go on mutating its own.
-- It holds finite values only: a state with a NaN or inf in a floating leaf is refused
-  (`FloatingPointError` naming the leaf), so a bad state never evicts a good checkpoint.
-- It carries a content hash of the state (`meta['state_sha256']`), checked on restore.
-- Orbax writes into a temporary folder and renames it when complete, so a kill during a
-  write leaves the previous checkpoints intact (the partial folder is ignored).
-
-On restore the newest checkpoint that reads back and matches its hash wins; a damaged one
-(flipped bytes, truncated or missing file, empty folder) is moved to `damaged/` with a
-warning naming it, and the next older one is tried. A checkpoint whose shapes do not match
-this config is an error naming the leaf, except a carried state saved on another number
-of devices with the same global batch, which is resharded.
+and `meta` (JSON: the loop's bookkeeping, and `state_sha256`, the state's content hash).
+A save is a snapshot, refuses a non-finite state, and is renamed into place when
+complete; a restore takes the newest checkpoint that reads back and matches its hash.
 """
 
 from __future__ import annotations
@@ -108,11 +93,8 @@ class DamagedCheckpoint(Exception):
 
 class Checkpointer:
   """Latest-K and best checkpoints of one workdir (two orbax `CheckpointManager` objects).
-
-  `read_only`: for tools that read a run they do not hold (no lock): nothing in the
-  workdir is created, saved, deleted or moved; a damaged checkpoint is skipped with a
-  warning and left where it is.
-  """
+  `read_only` (tools that read a run they do not hold) creates, saves, deletes and moves
+  nothing; a damaged checkpoint is then skipped with a warning and left where it is."""
 
   def __init__(self, workdir: str, keep: int = 2, read_only: bool = False):
     if keep <= 0:
@@ -151,11 +133,11 @@ class Checkpointer:
               best: bool = False) -> tuple[Any, dict]:
     """`(state, meta)` of the newest intact checkpoint (or of `step`) like `template`.
 
-    A checkpoint that does not read back is skipped for the next older one; once one
-    reads back, the skipped ones are moved to `<workdir>/damaged/` with a warning (left
-    where they are, with a warning, by a `read_only` checkpointer). Raises
-    FileNotFoundError when there is none, ValueError when none reads back (nothing is
-    moved then) or when the config does not match the saved shapes.
+    A checkpoint that does not read back is skipped for the next older one, and once one
+    does, moved to `<workdir>/damaged/` with a warning (left in place when `read_only`). A
+    carry saved on another device count with the same global batch is resharded. Raises
+    FileNotFoundError when there is none, ValueError when none reads back (nothing is moved
+    then) or when the config does not match the saved shapes (naming the leaf).
     """
     manager = self.best if best else self.latest
     self.wait()
@@ -265,10 +247,8 @@ class Checkpointer:
 
 @contextlib.contextmanager
 def _closed_loop_errors_dropped():
-  """When a restore fails on a damaged file, orbax closes its asyncio loop while
-  tensorstore callbacks still target it; each then prints an "Exception ignored ...
-  RuntimeError: Event loop is closed" traceback. Those (only those) are dropped: the
-  failure itself is reported as one warning line."""
+  """Drop only the "Event loop is closed" tracebacks that orbax's stray tensorstore callbacks
+  print after a restore fails on a damaged file (the failure is one warning line)."""
   previous = sys.unraisablehook
   def hook(unraisable):
     exc = unraisable.exc_value
@@ -329,17 +309,10 @@ def _reshape_leaves(state, shapes: dict):
 
 # ====================================================================== workdir lock
 class WorkdirLock:
-  """One run per workdir: an exclusive `flock` on the workdir folder itself and on
-  `<workdir>/lock`, which holds the holder's pid, host and start time.
-
-  A second launch fails at once naming the holder. The folder's lock holds while the run
-  lives even if its lock file is removed (a run's folder cannot be removed from under it
-  without removing the run); where the filesystem cannot lock a folder (NFS emulates
-  `flock` with byte-range locks, which need a file open for writing) the file's lock is
-  the only one. The kernel drops a `flock` when its process dies (even by SIGKILL), so
-  the lock of a dead run is taken over; that its file still named a holder is logged as a
-  warning. A workdir that is a file, or that cannot be written, is a one-line error.
-  """
+  """One run per workdir: an exclusive `flock` on the workdir folder and on `<workdir>/lock`
+  (the holder's pid, host and start time). A second launch fails at once naming the
+  holder, also when the lock file was removed; a dead run's lock (the kernel drops it) is
+  taken over with a warning. A workdir that is a file or cannot be written is one line."""
 
   def __init__(self, workdir: str):
     self.workdir = os.path.abspath(workdir)
@@ -451,9 +424,8 @@ def _read_holder(handle) -> str:
 
 
 class OrbaxInfoFilter(std_logging.Filter):
-  """Orbax logs several INFO lines per save; keep its warnings and errors only, except
-  the traceback it logs when Ctrl-C cuts its wait for a save (the launcher reports the
-  stop in one line, and closing the checkpointer finishes the save)."""
+  """Keeps orbax's warnings and errors, not its INFO lines nor the traceback of a wait for a
+  save cut by Ctrl-C (the launcher reports the stop in one line)."""
 
   def filter(self, record: std_logging.LogRecord) -> bool:
     if 'orbax' not in record.pathname:
@@ -464,8 +436,7 @@ class OrbaxInfoFilter(std_logging.Filter):
 
 
 def quiet_orbax_logs() -> None:
-  """Hide orbax's INFO chatter, and its traceback of a wait cut by Ctrl-C, from absl
-  logging (launchers call this once)."""
+  """Apply `OrbaxInfoFilter` to absl logging (launchers call this once)."""
   flt = OrbaxInfoFilter()
   absl_logging.get_absl_handler().addFilter(flt)
   std_logging.getLogger('absl').addFilter(flt)

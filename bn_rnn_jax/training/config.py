@@ -1,12 +1,8 @@
 """The fields every run has, and their checks. Imports only ml_collections.
 
-`experiments/configs/*.py` start from `default_config()` and set a paper's values (and
-add the `config.data` fields of their dataset); any field can then be overridden on the
-command line (`--config.model.hidden_size=200`). A field left at None takes the default
-of the model, layer or variant it configures.
-
-`parse_arg` reads a config file's argument (`ptb_char.py:bn_lstm,tiny`), and
-`apply_tiny` sets the fields every config's `tiny` preset shares.
+`experiments/configs/*.py` start from `default_config()`, set a paper's values and add
+their dataset's `config.data`; a field left at None takes the default of the model, layer
+or variant it configures. `parse_arg` reads a config file's argument (`ptb_char.py:bn_lstm,tiny`).
 """
 
 from __future__ import annotations

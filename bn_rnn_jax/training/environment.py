@@ -1,13 +1,5 @@
-"""What `train_and_evaluate` sets up in the process around a run, and undoes after it.
-
-  log_lines_shown()     the loop's INFO lines (progress, evaluations, checkpoints)
-                        logged, where the program did not choose absl's verbosity
-  compilation_cache()   a persistent compilation cache folder that cannot be written
-                        reported in one line, not in a warning per compiled program
-
-Both are context managers that leave the process's logging, warning filters and JAX
-config as they found them.
-"""
+"""What `train_and_evaluate` sets up around a run, as context managers that leave the
+process's logging, warning filters and JAX config as they found them."""
 
 from __future__ import annotations
 
@@ -28,13 +20,10 @@ with extras.needed_by(__name__):
 
 @contextlib.contextmanager
 def log_lines_shown(*filters: std_logging.Filter) -> Iterator[None]:
-  """Inside, absl's INFO lines are logged (the loop's progress, evaluations and
-  checkpoints) when the program has not chosen absl's verbosity: it does not log through
-  absl's handler (as `app.run` sets up, with its `--verbosity`) and has not called
-  `absl.logging.set_verbosity`. They go where Python's logging sends absl's lines: to
-  the program's handlers, or, where it set up none, to stderr through the handler absl
-  adds then. `filters` (e.g. one that drops orbax's INFO chatter) are applied to absl's
-  lines meanwhile. Otherwise nothing changes."""
+  """Inside, absl's INFO lines (progress, evaluations, checkpoints) are logged, to the
+  program's handlers or else stderr, when the program has not chosen absl's verbosity
+  (no absl handler, no `absl.logging.set_verbosity`); `filters` apply to absl's lines
+  meanwhile."""
   logger = logging.get_absl_logger()
   if (logging.get_absl_handler() in std_logging.getLogger().handlers
       or logger.level != std_logging.NOTSET):
@@ -75,10 +64,8 @@ def unwritable_cache_folder() -> Optional[str]:
 
 @contextlib.contextmanager
 def compilation_cache() -> Iterator[None]:
-  """Inside, a persistent compilation cache folder that cannot be written is one warning
-  line, and JAX neither tries to write programs to it nor warns for each one it cannot
-  write or read (programs already there are still read). A writable folder, or none, is
-  left as it is."""
+  """Inside, a persistent compilation cache folder that cannot be written is one warning line,
+  and JAX neither writes programs to it nor warns per program (it still reads them)."""
   problem = unwritable_cache_folder()
   if problem is None:
     yield

@@ -1,22 +1,7 @@
-"""The training loop: `train_and_evaluate(config, workdir)` and the `Trainer` it drives
-(`bn_rnn_jax.training.trainer`, also importable from here).
-
-`Trainer` holds one run's model, optimizer and device-mapped steps (`train.py`'s pure
-functions under `parallel.device_map`) and places the state on the devices. `_Run` is
-the loop over steps with its bookkeeping as attributes: what has been checked finite,
-the metrics not yet fetched, the training-metric window, the best validation value.
-
-With `config.train.time_budget_s` a launch stops at the first checkpoint save after the
-budget is spent (counted from the call of `train_and_evaluate`), logs how to go on and
-returns; the next launch on the same workdir resumes from that checkpoint exactly, as
-after a kill.
-
-Evaluation: `trainer.py` (`config.eval.population_stats`, `config.eval.compare`).
-
-Before anything is written, a launch is checked against the run its workdir holds
-(`bn_rnn_jax.training.workdir`), and in a multi-process run every process against
-process 0 (`parallel.check_same_config`).
-"""
+"""The training loop: `train_and_evaluate(config, workdir)`, which drives a `Trainer`
+(`trainer.py`, also importable from here) over the steps, evaluates, checkpoints and
+resumes. With `config.train.time_budget_s` a launch stops at its first checkpoint save
+after the budget is spent; the next launch resumes from there exactly, as after a kill."""
 
 from __future__ import annotations
 
@@ -52,24 +37,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        dataset=None) -> dict:
   """Train, evaluate, checkpoint; resume from the newest intact checkpoint in `workdir`.
 
-  `dataset` is any object with the interface of `bn_rnn_jax.input_pipeline` (e.g.
-  `input_pipeline.mnist.SequenceDataset` of your own arrays), which config.json then
-  records as `config.data` (`workdir.dataset_fields`: its name, task, lengths and example
-  shapes); None reads the dataset `config.data` names.
-
-  It logs its progress (steps/s, ETA), evaluations and checkpoints with absl logging,
-  shown on stderr while it runs when the program has set up no logging
-  (`environment.log_lines_shown`). A compilation cache folder it cannot write is one
-  warning line (`environment.compilation_cache`).
+  `dataset` is any object with the interface of `bn_rnn_jax.input_pipeline`, recorded in
+  config.json as `config.data` (`workdir.dataset_fields`); None reads the dataset
+  `config.data` names. The launch is checked against the run the workdir holds
+  (`workdir.check`) before anything is written.
 
   Returns the last metrics of every split logged, e.g. `{'valid': {...}, 'test': {...}}`
   (no 'test' when `config.train.time_budget_s` stopped the launch before the last step).
   Raises FloatingPointError on a non-finite state or metric, naming the first bad step,
-  after saving the last good (finite) state; `checkpoint.WorkdirInUse` when another run
-  holds the workdir (`checkpoint.WorkdirLock`); `parallel.ProcessLost` when a peer
-  process of a multi-process run stops; ValueError for a bad workdir, config or
-  data, for processes with different configs, and for a config the workdir's run was not
-  started with (`workdir.check`: refused before anything is written).
+  after saving the last finite state; `checkpoint.WorkdirInUse` when another run holds the
+  workdir; `parallel.ProcessLost` when a peer process stops; ValueError for a bad workdir,
+  config or data, for processes with different configs, and for a config the workdir's run
+  was not started with.
   """
   with environment.log_lines_shown(checkpoint_lib.OrbaxInfoFilter()), \
       environment.compilation_cache():
@@ -130,8 +109,8 @@ def _train_and_evaluate(config, workdir: str, dataset) -> dict:
 
 
 def _remove_new_entries(workdir: str, created: bool, before: Optional[set]) -> None:
-  """After a first launch failed before its first step: what it wrote is removed (the
-  workdir itself when it made it)."""
+  """Remove what a first launch that failed before its first step wrote (the workdir
+  itself when it made it)."""
   if created:
     shutil.rmtree(workdir, ignore_errors=True)
     return
@@ -144,8 +123,8 @@ def _remove_new_entries(workdir: str, created: bool, before: Optional[set]) -> N
 
 
 def _check_eval_splits(trainer: Trainer) -> None:
-  """Every split the run will evaluate has a batch, and `best_metric` names a metric the
-  task logs: found now, not hours later."""
+  """Every split the run will evaluate has a batch, and `best_metric` names a metric the task
+  logs."""
   config = trainer.config
   name = config.checkpoint.best_metric.split('/')[1]
   if trainer.task.metrics and name not in trainer.task.metrics:
@@ -172,32 +151,23 @@ def _better(value: float, best: Optional[float], mode: str) -> bool:
 
 
 class _Run:
-  """The loop over steps of one run. It never waits on the device between fetches:
+  """The loop over steps of one run; it never waits on the device between fetch points.
 
-  - step k is dispatched (asynchronously), then batch k+1 is built on the host and put
-    on the devices while step k runs (a prefetch of depth 2);
-  - each step's metrics, with a device-side flag saying whether its new state and metrics
-    are finite (`train_step`'s `finite`), stay on the device until a fetch point: every
-    `log_every` steps, and before every evaluation and every save;
-  - at a fetch, the first step whose flag is 0 stops the run, named exactly: the loop
-    re-runs the (deterministic) steps from the last fetched state to the step before it,
-    saves that state (checked finite again on the host) and raises FloatingPointError.
-    So every checkpoint holds a state checked finite, and a bad state never evicts one.
-  - the step donates the state it is given (`config.train.donate_state`), so the state
-    a replay starts from is kept as a device copy (`Trainer.copy_state`), made at the
-    start and at each fetch: with the running state, two states live on the device.
+  Step k is dispatched, then batch k+1 is built and placed while it runs. Each step's
+  metrics and its device-side `finite` flag stay on the device until a fetch (every
+  `log_every` steps, before every evaluation and save); the first step whose flag is 0
+  stops the run: the steps before it are replayed from `checked_state`, that state is
+  saved and FloatingPointError raised.
 
-  Attributes (the run's bookkeeping):
+  Attributes:
     state: the newest device state.
     checked_state, checked_step: the newest state whose steps were all fetched and found
-      finite (where a replay after a non-finite step starts); a copy of it when the step
-      donates its state.
+      finite (a device copy when the step donates its state).
     pending: `(step done, device metrics)` of the steps not fetched yet.
-    window: the training metrics summed since the last log line.
+    window, progress: the training metrics since the last log line; steps/s and ETA.
     best: the best value of `checkpoint.best_metric` so far.
-    progress: steps/s, ETA and the run's wall time (across restarts).
     last: the last metrics of every split logged (the return value).
-    started: `time.monotonic()` when this launch began (`config.train.time_budget_s`).
+    started: `time.monotonic()` when this launch began.
   """
 
   def __init__(self, trainer: Trainer, writer: metric_writer.MetricWriter,
@@ -238,8 +208,8 @@ class _Run:
             'lineage': self.lineage}
 
   def _check_best(self) -> None:
-    """A best checkpoint this run's history cannot hold (a step past the one it resumes
-    from, or saved under another config.json) is moved aside, never tested as this run's."""
+    """Move aside a best checkpoint this run's history cannot hold (a step past the one it
+    resumes from, or saved under another config.json)."""
     step = getattr(self.ckpt, 'best', None) and self.ckpt.best.latest_step()
     if step is None:
       return

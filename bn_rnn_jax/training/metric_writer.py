@@ -31,12 +31,9 @@ class MetricWriter:
     self._tb = None  # opened at the first record: a launch that fails before writes none
 
   def truncate(self, step: int, retest: bool = True) -> None:
-    """Drop records past `step` (written after the checkpoint a run resumes from), the
-    end-of-run test record of `step` when `retest` (the launch resumes at its last step and
-    tests it again; an earlier launch's test of the step a longer run resumes from stays),
-    and a partial last line that a crash mid-write left (with a warning). A run resuming
-    without its file warns that the history before `step` is gone; one starting from step
-    0 over records (its checkpoints gone, or none saved yet) warns that they are dropped."""
+    """Drop the records past `step` (written after the checkpoint a run resumes from), the
+    test record of `step` when `retest`, and a partial last line (with a warning); warn when
+    a resumed run's file is gone, or a run from step 0 drops earlier records."""
     if not self.enabled:
       return
     if not os.path.lexists(self.path):

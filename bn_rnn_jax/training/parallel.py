@@ -1,31 +1,13 @@
-"""Device layout in one place (docs/design.md, "Parallelism in one place").
+"""Device layout in one place: steps written for one device's batch, mapped over the
+devices with axis name AXIS by `jax.pmap` or by `jax.jit` of `jax.shard_map` over a
+one-axis mesh (`config.parallel.backend`, 'pmap' or 'shard_map'), with the same layout:
 
-Train and eval steps are written for one device's batch and mapped over the local devices
-by one of two backends (`config.parallel.backend`):
+  replicated state  a leading axis of the local device count (`replicate`)
+  data, carry       split along the batch axis: `[devices, batch / devices, ...]` (`shard`)
 
-  'pmap'       `jax.pmap(..., axis_name=AXIS)` (the default).
-  'shard_map'  `jax.jit` of `jax.shard_map` over a one-axis `Mesh` (axis AXIS): the form
-               JAX recommends for new code (since JAX 0.8 pmap itself is built on it and
-               is in maintenance mode). No deprecated `device_put_*` helper is used.
-
-Both see the same arrays, so they are interchangeable (checkpoints included): replicated
-state holds one copy per device under a leading device axis, data is split along its batch
-axis into `[devices, batch / devices, ...]`; under shard_map these are global arrays
-sharded over AXIS on that leading axis, and each device's block is the pmap slice.
-Inside them gradients and metric sums are psum-ed over AXIS and the recurrent layers
-(built with `axis_name=AXIS`) psum the sums and counts of their batch moments, so every
-device sees the moments of the global batch. On one
-device the same code runs under a 1-device pmap. Multi-host runs call
-`jax.distributed.initialize()` first; each process then feeds its own share of the global
-batch to its local devices, and the psums span all processes' devices.
-
-A mapped function may donate arguments (`device_map(..., donate_argnums=...)`, both
-backends): the train step donates its state, whose buffers then hold the new state and
-are deleted for the caller; `copy_on_devices` makes a copy that outlives the donation.
-
-Layout of arrays under pmap: replicated state has a leading axis of the local device
-count (`replicate`); data (and a carried recurrent state) is split along its batch axis
-into `[devices, batch / devices, ...]` (`shard`).
+Gradients, metric sums and the layers' moment sums and counts are psum-ed over AXIS,
+across every process's devices in a multi-process run, where each process feeds its own
+share of the global batch.
 """
 
 from __future__ import annotations
@@ -53,16 +35,10 @@ AXIS = 'batch'
 
 
 def maybe_initialize_distributed(config) -> None:
-  """`jax.distributed.initialize()` when `config.distributed.enabled` (multi-host).
-
-  Called before anything starts a JAX backend. Empty fields are left to JAX's
-  auto-detection (SLURM, TPU pods, ...). Cross-process collectives on CPU use gloo.
-  A process whose peers miss heartbeats for `config.distributed.heartbeat_timeout_s`
-  seconds is stopped by JAX's coordination service. When the processes have not all
-  started within `config.distributed.init_timeout_s` seconds, this process ends with one
-  line (`_end_waiting_for_peers`): JAX's client would abort it a little later with a
-  C++ stack dump, which no Python code can catch.
-  """
+  """`jax.distributed.initialize()` when `config.distributed.enabled`, before anything starts
+  a JAX backend; empty fields are left to JAX's auto-detection (SLURM, TPU pods). A process
+  whose peers have not all started within `config.distributed.init_timeout_s` seconds ends
+  with one line (`_end_waiting_for_peers`), not JAX's C++ abort."""
   dist = config.get('distributed')
   if dist is None or not dist.get('enabled', False):
     return
@@ -202,11 +178,8 @@ def check_divisible(global_batch: int, num_devices: int, what: str = 'batch size
 
 
 def pmap(fn: Callable, devices: Optional[Sequence[Any]] = None, **kwargs) -> Callable:
-  """`jax.pmap(fn, axis_name=AXIS)` over `devices` (all local devices when None).
-
-  An explicit device list is only valid in a single-process run: across processes pmap
-  must span every device, so there it is left to JAX.
-  """
+  """`jax.pmap(fn, axis_name=AXIS)` over `devices` (all local devices when None); an
+  explicit device list only in a single-process run."""
   if jax.process_count() > 1:
     devices = None
   return jax.pmap(fn, axis_name=AXIS, devices=devices, **kwargs)
@@ -222,11 +195,9 @@ def device_map(fn: Callable, devices: Optional[Sequence[Any]] = None, backend: s
                in_axes: Any = 0, donate_argnums: Sequence[int] = ()) -> Callable:
   """Map `fn`, written for one device's share, over `devices` with axis name AXIS.
 
-  Arguments with in_axes 0 carry a leading device axis (replicated state, data split by
-  `shard`); None marks a value passed to every device as it is. Outputs get a leading
-  device axis. The arguments at `donate_argnums` are donated: their device buffers may
-  be reused for the outputs and are deleted by the call, so the caller must not read
-  them again. Same call and layout for both backends.
+  Arguments with in_axes 0 carry a leading device axis, None ones go to every device as
+  they are; outputs get a leading device axis. The arguments at `donate_argnums` are
+  donated: the call deletes their buffers. Same call and layout for both backends.
   """
   donate_argnums = tuple(donate_argnums)
   if check_backend(backend) == 'pmap':
@@ -266,13 +237,8 @@ def _shard_map(fn: Callable, devices: tuple, in_axes: Any,
 
 
 def put_sharded(tree: Any, devices: Sequence[Any], backend: str = 'pmap') -> Any:
-  """Place host arrays `[D, ...]` one slice per device, as the steps' outputs are placed.
-
-  pmap: through a pmapped identity (same axis name), which gives the arrays the sharding
-  of pmap's outputs, so a step compiled for the first state is not compiled again for the
-  second. shard_map: a global array sharded over AXIS on the leading axis (from this
-  process's slices when there are several processes).
-  """
+  """Place host arrays `[D, ...]` one slice per device, with the sharding of the steps'
+  outputs, so a step compiled for the first state is not compiled again for the next."""
   if check_backend(backend) == 'pmap':
     return _identity(tuple(devices))(tree)
   sharding = NamedSharding(device_mesh(devices), PartitionSpec(AXIS))

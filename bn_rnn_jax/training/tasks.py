@@ -1,40 +1,11 @@
-"""Tasks: what the task-generic loop in `train.py` needs to know about a problem.
+"""Tasks: what the task-generic steps of `train.py` need to know about a problem.
 
-A `Task` is four small functions; `TASKS` maps a dataset's `task` name to one, and
-`get(name, unit)` picks the one whose metrics fit the dataset's `unit` where a task has
-several (`register(name, task, unit=...)`). Adding a task (a model, its loss and its
-metrics) is `register('name', Task(...))` here or from your own module; the loop in
-`train.py` never changes.
-
-  build_model(config, model_kwargs, layer_fields) -> flax module
-      `model_kwargs` come from the dataset (sizes such as `num_classes`), `layer_fields`
-      are the `RecurrentLayer` fields of `config.model` (`train.layer_fields`).
-  apply(model, variables, batch, *, use_running_average, deterministic, carry,
-        **apply_kwargs) -> ((final_carries | None, outputs), mutated collections)
-      The two flags as the models take them (`modes.py`; one given, the other follows
-      it); `apply_kwargs` are `model.apply` keywords (`rngs`, `mutable`).
-  loss_sums(outputs, batch) -> (sums {'loss': ..., <metric>: ...}, count)
-      Sums of per-example (or per-token) values over the valid entries
-      (`batch['weights']`, and `batch['mask']` for tokens); count = their number. The
-      loop divides by the *global* count, so N devices compute the one-device step.
-  finalize(means) -> metrics with derived values (e.g. bpc = loss / ln 2, perplexity);
-      applied to evaluation means and to the training records' window means alike.
-  metrics: the names of the metrics `finalize` returns, so that a config naming another
-      (`checkpoint.best_metric`) is refused at start; () = not declared, not checked.
-  counted: what `count` counts, for progress lines ('examples', 'characters', ...).
-
-The `config.model` fields a task's model reads are all in `config.default_config()`.
-
-Registered here:
-  'classification'  `SequenceClassifier`, logits `[B, C]`, labels `[B]`.
-  'language_model'  `LanguageModel`, logits `[B, T, V]`, targets / mask `[B, T]`. Per
-                    character (`unit='character'`: PTB characters, text8): bits per
-                    character, `bpc`; per word (`unit='word'`, and any other token):
-                    `nats` (= loss) and `perplexity` (Mikolov et al.; Zaremba et al.).
-  'tagging'         `SequenceTagger`, logits `[B, T, C]` at every step, labels / mask
-                    `[B, T]`; frame cross-entropy (fce) and frame error rate (fer).
-  'reading_comprehension'  `AttentiveReader`, logits `[B, E]` over the entity vocabulary
-                    masked to each question's candidates, labels `[B]`; error.
+`register(name, task, unit=None)` makes a `Task` the one of datasets whose `task` is
+`name` (and whose `unit` is `unit`), and `get` finds it: a new task needs no change to
+the loop. Registered: 'classification' (`SequenceClassifier`), 'language_model'
+(`LanguageModel`: `bpc` per character; `nats` and `perplexity` per word or other token),
+'tagging' (`SequenceTagger`: frame cross-entropy `fce`, frame error rate `fer`) and
+'reading_comprehension' (`AttentiveReader`: `error`).
 """
 
 from __future__ import annotations
@@ -57,6 +28,22 @@ with extras.needed_by(__name__):
 
 @dataclasses.dataclass(frozen=True)
 class Task:
+  """What the task-generic steps need to know about a problem.
+
+  Attributes:
+    build_model: `(config, model_kwargs, layer_fields) -> module`; `model_kwargs` from the
+      dataset, `layer_fields` the `RecurrentLayer` fields of `config.model`.
+    apply: `(model, variables, batch, *, use_running_average, deterministic, carry,
+      **apply_kwargs) -> ((final_carries | None, outputs), mutated collections)`.
+    loss_sums: `(outputs, batch) -> ({'loss': ..., <metric>: ...}, count)`: sums over the
+      valid entries (`weights`, and `mask` for tokens) and their number; the steps divide
+      by the global count.
+    finalize: `means -> metrics` with derived values (bpc, perplexity), for evaluations
+      and training windows alike.
+    metrics: the names `finalize` returns; a `checkpoint.best_metric` naming another is
+      refused at start (() = not checked).
+    counted: what `count` counts, for progress lines ('examples', 'characters', ...).
+  """
   build_model: Callable[..., Any]
   apply: Callable[..., Any]
   loss_sums: Callable[..., Any]
@@ -109,9 +96,8 @@ def apply_model(model, variables, args, mode: modes.Mode, apply_kwargs, **call_k
 
 
 def weighted_sums(values: dict, weights) -> tuple[dict, Any]:
-  """`({name: sum(value * weights)}, sum(weights))` over the entries whose weight is
-  positive; `where`, not a product alone, so that a non-finite value at a padded entry
-  (weight 0) does not leak in (NaN * 0 is NaN)."""
+  """`({name: sum(value * weights)}, sum(weights))` over the entries of positive weight,
+  by `where`, so a non-finite value at a padded entry does not leak in (NaN * 0 is NaN)."""
   valid = weights > 0
   sums = {name: jnp.sum(jnp.where(valid, value.astype(jnp.float32) * weights, 0.0))
           for name, value in values.items()}
@@ -237,12 +223,8 @@ def _apply_reader(model, variables, batch, *, carry, use_running_average=None,
 
 
 def _reader_sums(logits, batch):
-  """Sums of cross-entropy and accuracy over weighted questions.
-
-  A question whose answer is not a candidate (only when `data.top_k_sentences` stripped it
-  from the document: the reader drops the others) is always wrong and adds 0 to the loss,
-  which would otherwise be ~|NON_CANDIDATE_LOGIT|.
-  """
+  """Sums of cross-entropy and accuracy over weighted questions. A question whose answer is
+  not a candidate (`data.top_k_sentences` stripped it) is wrong and adds 0 to the loss."""
   labels = batch['labels']
   answerable = jnp.take_along_axis(batch['inputs']['candidates'], labels[:, None], 1)[:, 0]
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)

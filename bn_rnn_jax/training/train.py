@@ -1,22 +1,13 @@
 """Training as pure functions: the state, its creation, and the steps.
 
-As in Flax's examples, this module is a library: `create_train_state`, `train_step`,
-`eval_step` and `minibatch_moments_step` are pure functions of one device's share of a
-batch; `loop.py` maps them over devices and runs the loop (`loop.train_and_evaluate`).
-
-The steps get everything task-specific from a `tasks.Task` (how to build the model, apply
-it, sum its loss and metrics over valid entries) and from the dataset (interface in
-`input_pipeline/__init__.py`). Steps are written for one device's batch and run under
-`parallel.device_map` (axis 'batch'): the loss of a device is its sum divided by the
-*global* count and gradients are psum-ed, so N devices compute exactly the single-device
-gradient of the global batch, and the layers' batch moments are global (psums of sums
-and counts).
-
-Carried state (Zaremba et al. 2014): when `dataset.carries_state`, `TrainState.carry`
-holds the model's final recurrent state of the previous step, per device
-(`[devices, batch / devices, H]` leaves). `train_step` passes it as `initial_carries`
-(zeroing the rows where `batch['reset']` is 1) and stores the new one (no gradient flows
-across segments). It is checkpointed, so a resumed run stays exact.
+`create_train_state`, `train_step`, `eval_step` and `minibatch_moments_step` are pure
+functions of one device's share of a batch, run under `parallel.device_map` (axis
+'batch') by `trainer.py`; what is task-specific comes from a `tasks.Task`. A device's
+loss is its sum over the *global* count and gradients are psum-ed, so N devices compute
+the single-device gradient of the global batch. When `dataset.carries_state`,
+`TrainState.carry` holds the final recurrent state of the previous step
+(`[devices, batch / devices, H]` leaves), passed as `initial_carries` with the rows where
+`batch['reset']` is 1 zeroed; no gradient flows across segments.
 """
 
 from __future__ import annotations
@@ -59,9 +50,8 @@ ESTIMATE_SEED_OFFSET = 3
 class TrainState:
   """Everything a step reads and writes; checkpointed whole.
 
-  step: int32 scalar; params, batch_stats (running population statistics), opt_state;
-  rng: the run's base PRNG key (per-step keys are `fold_in(rng, step)`, so resuming does
-  not depend on history); carry: the carried recurrent state or None.
+  step: int32 scalar; params, batch_stats, opt_state; rng: the run's base key (step keys
+  are `fold_in(rng, step)`); carry: the carried recurrent state or None.
   """
   step: Any
   params: Any
@@ -175,10 +165,8 @@ def create_train_state(config, model, task: Task, tx, dataset, num_devices: int)
 
 # ====================================================================== steps
 def step_rngs(rng, step):
-  """Per-step keys for h0 noise and dropout: a function of (seed, step) only, the same on
-  every device. The layers fold each example's global row into them
-  (`sequence.per_example_keys`), so N devices draw the noise and dropout masks of 1
-  device, and a resumed run draws what the uninterrupted one did."""
+  """Per-step keys for h0 noise and dropout, a function of (seed, step) only; the layers
+  fold in each example's global row (`sequence.per_example_keys`)."""
   noise, dropout = jax.random.split(jax.random.fold_in(rng, step))
   return {'noise': noise, 'dropout': dropout}
 
@@ -231,18 +219,13 @@ def train_step(state: TrainState, batch, *, model, task: Task, tx, carries_state
 FINITE = 'finite'  # the metrics entry of `train_step` that is not a metric
 
 
-_FINITE_CHECK_JOINED_SIZE = 1 << 16  # `all_finite` checks leaves up to this size jointly
+# `all_finite` checks leaves up to this size jointly, one check per dtype: a reduction per
+# small leaf (statistics, scales, optimizer moments) costs compile time; copying them is cheap.
+_FINITE_CHECK_JOINED_SIZE = 1 << 16
 
 
 def all_finite(tree) -> jax.Array:
-  """float32 scalar: 1.0 when every floating leaf of `tree` is finite, else 0.0.
-
-  Leaves of up to `_FINITE_CHECK_JOINED_SIZE` elements are checked together, one check
-  per dtype over their concatenation: a reduction per leaf costs compile time (0.4 s of
-  the quickstart BN-LSTM's train step, with its ~40 small statistics, parameter and
-  optimizer leaves), while copying the small leaves (1 MB there) costs no measurable
-  step time.
-  """
+  """float32 scalar: 1.0 when every floating leaf of `tree` is finite, else 0.0."""
   small, flags = {}, []
   for x in jax.tree.leaves(tree):
     dtype = jnp.result_type(x)
@@ -260,10 +243,9 @@ def eval_step(params, batch_stats, batch, carry, *, model, task: Task,
               batch_statistics: bool = False):
   """Metric sums of one eval batch, deterministic (no dropout, no h0 noise).
 
-  Normalised with the population statistics `batch_stats`, or, with `batch_statistics`,
-  with the moments of this (global) evaluation batch over its real examples (the
-  padding of a last, partial batch is masked out of them); nothing is recorded.
-  Returns `(sums, count, final_carry)`, sums and count psum-ed over devices.
+  Normalised with the population statistics `batch_stats`, or with `batch_statistics` with
+  the moments of this global batch over its real examples; nothing is recorded. Returns
+  `(sums, count, final_carry)`, sums and count psum-ed over devices.
   """
   variables = {'params': params, 'batch_stats': batch_stats}
   if batch_statistics:
@@ -295,23 +277,17 @@ def mask_padding(batch):
 
 
 def estimate_noise_key(seed: int, step: int, index: int):
-  """The key of the h0 noise of the estimate's batch `index` at training step `step`:
-  a function of (seed, step, index) only, so an evaluation is repeatable and N devices
-  draw what 1 draws (`sequence.per_example_keys`)."""
+  """The key of the h0 noise of the estimate's batch `index` at training step `step`: a
+  function of (seed, step, index) only."""
   return jax.random.fold_in(jax.random.fold_in(
       jax.random.PRNGKey(seed + ESTIMATE_SEED_OFFSET), step), index)
 
 
 def minibatch_moments_step(params, batch_stats, batch, noise_key, *, model, task: Task):
-  """This training batch's per-step batch moments, one record of the papers' population
-  estimate (`population.average_minibatch_moments` averages them).
-
-  The network runs with batch statistics as training runs it, but without dropout
-  (`modes.BATCH_STATISTICS`; the layers draw their h0 noise from `noise_key`, as in
-  training) and with the current parameters; the running averages it would update are
-  discarded. The moments are global (psum-ed by the layers), so every device returns
-  the same record.
-  """
+  """This training batch's per-step minibatch moments, one record of the papers' population
+  estimate (`population.average_minibatch_moments`): the network run with batch statistics
+  and training's h0 noise (from `noise_key`), without dropout, with the current
+  parameters; nothing is recorded. The moments are global, the same on every device."""
   variables = {'params': params, 'batch_stats': batch_stats}
   _, mutated = task.apply(model, variables, batch, **modes.BATCH_STATISTICS.kwargs(),
                           carry=None, rngs={'noise': noise_key},

@@ -1,15 +1,6 @@
-"""`Trainer`: one run's model, optimizer and device-mapped steps (`train.py`'s pure
-functions under `parallel.device_map`), the state's placement on the devices, and
-evaluation. `loop.train_and_evaluate` drives it.
-
-Evaluation is deterministic (no dropout, no h0 noise) and normalises with
-`config.eval.population_stats`: the papers' estimate ('estimate', the default: minibatch
-moments averaged over `config.eval.population_batches` training batches with the current
-parameters and the training-time h0 noise, optionally of batches larger than the
-training batch, `config.eval.population_batch_size`), the running average kept in
-`batch_stats` ('running'), or each evaluation batch's own moments ('batch'). `config.eval.compare`
-evaluates with other kinds too, logged beside as `<metric>_<kind>`.
-"""
+"""`Trainer`: one run's model, optimizer and device-mapped steps, the state's placement on
+the devices, and evaluation, deterministic and normalised as `config.eval.population_stats`
+says: 'estimate' (the papers' estimate, the default), 'running' or 'batch'."""
 
 from __future__ import annotations
 
@@ -75,11 +66,9 @@ def _device_steps(model, task, optimizer_json: str, steps_per_epoch: int,
 class Trainer:
   """The device-mapped steps of one run, and the state's placement on devices.
 
-  `config` is validated first, and the distributed runtime started where it asks for
-  one, unless `checked` says the caller did both (`loop.train_and_evaluate`, which
-  checks before it reads the workdir); `dataset` defaults to
-  `input_pipeline.get_dataset(config)`, and must be given for a run whose config.json
-  records a dataset object (`config.data.given`).
+  `config` is validated and the distributed runtime started, unless `checked` says the
+  caller did both; `dataset` defaults to `input_pipeline.get_dataset(config)` and must be
+  given for a run whose config.json records a dataset object (`config.data.given`).
   """
 
   def __init__(self, config, workdir: Optional[str] = None, dataset=None, *,
@@ -142,18 +131,17 @@ class Trainer:
     return parallel.copy_on_devices(state, self.devices, self.backend)
 
   def to_host(self, state: TrainState) -> TrainState:
-    """Device 0's copy of a device state as host arrays (the carry whole, still split
-    per device); safe to keep after `state` is donated to a step."""
+    """Device 0's copy of a device state as host arrays (the carry still split per device);
+    safe to keep after `state` is donated to a step."""
     carry = None if state.carry is None else jax.tree.map(np.asarray, state.carry)
     return parallel.unreplicate(state.replace(carry=None)).replace(carry=carry)
 
   def shard(self, batch, place: bool = False):
-    """A host batch `[B, ...]` split over the devices: `[D, B / D, ...]`. Placed on the
-    devices when `place` (the loop's prefetch) or when the backend reads only placed
-    arrays well (shard_map); pmap splits host arrays itself."""
+    """A host batch `[B, ...]` split over the devices, `[D, B / D, ...]`; placed on them when
+    `place` or when the backend is shard_map."""
     batch = parallel.shard(batch, self.num_devices)
     if self.backend == 'pmap' and not place:
-      return batch
+      return batch  # pmap splits host arrays itself
     return parallel.put_sharded(batch, self.devices, self.backend)
 
   def train_batch(self, step: int):
@@ -165,13 +153,9 @@ class Trainer:
 
   # ---------------------------------------------------------------- evaluation
   def population_stats(self, state: TrainState, kind: Optional[str] = None):
-    """Replicated statistics for evaluation: the running average or the estimate.
-
-    'estimate' averages the minibatch moments of `population_batches` estimate batches,
-    computed with the current parameters. Each is `population_batch_size //
-    train.batch_size` consecutive training batches joined (one when the size is None),
-    read from the current step on (a deterministic function of (seed, step)).
-    """
+    """Replicated statistics for evaluation: the running average, or the estimate over
+    `population_batches` batches of `population_batch_size // train.batch_size` (default 1)
+    consecutive training batches each, read from the current step on, with the current parameters."""
     kind = kind or self.config.eval.population_stats
     if kind in ('running', 'batch') or not jax.tree.leaves(state.batch_stats):
       return state.batch_stats
@@ -196,13 +180,9 @@ class Trainer:
 
   def evaluate(self, state: TrainState, split: str, kind: Optional[str] = None,
                max_batches: Optional[int] = None) -> dict:
-    """Metrics of `split`, normalised as `kind` says (default
-    `config.eval.population_stats`; the module docstring).
-
-    `max_batches` (default `config.eval.max_batches`; None or 0 = all) caps the batches
-    read; `evaluated_count` is then how many entries (`task.counted`) it scored. It logs
-    what it reads: every few seconds while it runs, and at the end.
-    """
+    """Metrics of `split`, normalised as `kind` says (default `config.eval.population_stats`).
+    `max_batches` (default `config.eval.max_batches`; None or 0 = all) caps the batches read,
+    and `evaluated_count` is then the entries scored."""
     start = last_log = time.time()
     kind = kind or self.config.eval.population_stats
     stats = self.population_stats(state, kind)

@@ -1,19 +1,9 @@
-"""What a workdir remembers of its run: the config it was started with, and the changes
-made to it on purpose since.
-
-  config.json           the config of the first launch, written once, never rewritten
-  config_changes.jsonl  one record per launch that changed a field of the run's meaning
-                        with `config.train.allow_config_change=True`: the step it resumed
-                        from and `{field: [before, after]}`
-
-A launch on a workdir that holds a run is checked against that run's config (config.json
-with the recorded changes applied) before anything is written: a changed field of the
-run's meaning (anything but the fields `HARMLESS` lists) is refused, naming the fields,
-unless `config.train.allow_config_change` says it is meant; `train.num_steps` below the
-newest checkpoint is refused. The checks only read, so a refused launch leaves the
-workdir as it was. An allowed change is recorded only once the run's checkpoint has been
-restored under it, so a change the checkpoint's shapes refuse leaves no record either.
-"""
+"""What a workdir remembers of its run: `config.json` (the first launch's config, never
+rewritten) and `config_changes.jsonl` (per launch that changed the run's meaning with
+`config.train.allow_config_change`: the step it resumed from and `{field: [before,
+after]}`). `check` refuses, before anything is written, a launch that changes a field of
+the run's meaning (any but `HARMLESS`) without that flag, or sets `train.num_steps` below
+the newest checkpoint."""
 
 from __future__ import annotations
 
@@ -70,14 +60,10 @@ def _example_shape(value):
 
 
 def dataset_fields(dataset) -> dict:
-  """What config.json records as `config.data` for a dataset object given to the trainer
-  (`train_and_evaluate(..., dataset=...)`), in place of the fields of a dataset by name:
-  its `name` (the object's `name` attribute, else its class's name), `given: True`
-  (config.json cannot hold the object: a run is resumed, evaluated or exported with it
-  given again), the interface's `task`, `model_kwargs`, `train_length` and
-  `steps_per_epoch`, and the dtype and shape of one example of each array of its
-  training batches (`example`, e.g. `{'inputs': 'float32[20, 2]', 'labels': 'int32[]'}`).
-  """
+  """What config.json records as `config.data` for a dataset object given to the trainer:
+  `name` (its attribute, else its class's name), `given: True`, the interface's `task`,
+  `model_kwargs`, `train_length`, `steps_per_epoch`, and `example`, the dtype and shape of
+  one example of each training array (`{'inputs': 'float32[20, 2]', 'labels': 'int32[]'}`)."""
   name = getattr(dataset, 'name', None)
   return {'name': name if isinstance(name, str) else type(dataset).__name__,
           'given': True,
@@ -268,9 +254,9 @@ def write_config(config, workdir: str, launch: Launch) -> None:
 
 
 def record_changes(workdir: str, launch: Launch) -> None:
-  """Append the launch's changes (if any) to config_changes.jsonl. Called once the run's
-  checkpoint has been restored under the changed config: a change the checkpoint has no
-  place for (another model or optimizer) fails there and is never recorded."""
+  """Append the launch's changes (if any) to config_changes.jsonl, once the run's checkpoint
+  has been restored under the changed config (a change it has no place for is never
+  recorded)."""
   if launch.changed:
     entry = {'step': launch.latest_step or 0, 'changed': launch.changed,
              'time': datetime.datetime.now(datetime.timezone.utc).isoformat(

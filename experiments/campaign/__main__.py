@@ -47,6 +47,7 @@ with extras.needed_by('python -m experiments.campaign', exit=True):
   from absl import app
   from absl import flags
 
+  from experiments import config_files
   from experiments.campaign import collect
   from experiments.campaign import runner
   from experiments.campaign import show
@@ -90,7 +91,7 @@ def _extra(campaign: spec_lib.Campaign) -> dict:
   extra = dict(trainer.tiny) if _TINY.value else {}
   if _SET.value:
     base = trainer.config_of(trainer.runs(arms=[next(iter(trainer.arms))])[0])
-    extra.update(spec_lib.parse_assignment(text, base) for text in _SET.value)
+    extra.update(config_files.parse_assignment(text, base) for text in _SET.value)
   return extra
 
 

@@ -2,6 +2,7 @@
 
 `experiments/results/<campaign>.json`:
 
+  kind                       'campaign' (`experiments.rendering`: `show` renders it)
   campaign, title, command   what made it (`command` names no path of this machine)
   spec                       the campaign's spec (`Campaign.describe`), `--set` values
   machine                    processor, cores, GPUs, XLA flags, library versions, load
@@ -17,41 +18,19 @@ Records are written one per line, so the JSON stays readable and diffs stay smal
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
-import platform
 import sys
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import ml_collections
 
+from experiments import machine_facts
 from experiments.campaign import spec as spec_lib
 from experiments.campaign import validate
 
 LAUNCHES = 'campaign_launches.jsonl'   # a run's launch records (runner.py, read_launches)
 EVALUATION = 'evaluation.json'         # an evaluation job's output (runner.py)
-_LIBRARIES = ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'numpy')
-
-
-def machine(xla_flags: Optional[str] = None) -> dict:
-  """What a timing or a result depends on: processor, cores, GPUs, XLA flags, versions, load.
-
-  `xla_flags`: those of the process the record is about (default this one's). Nothing here
-  starts a JAX backend: the runner records its children's machine.
-  """
-  from experiments import machine_facts  # pylint: disable=g-import-not-at-top
-  versions = {}
-  for name in _LIBRARIES:
-    try:
-      versions[name] = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-      versions[name] = None
-  return {'processor': machine_facts.processor(), 'cores': os.cpu_count(),
-          'gpus': machine_facts.accelerators(),
-          'xla_flags': xla_flags if xla_flags is not None else os.environ.get('XLA_FLAGS', ''),
-          'python': platform.python_version(), 'versions': versions,
-          'load_average_1_5_15_min': [round(v, 2) for v in os.getloadavg()]}
 
 
 def machines_used(launches: Sequence[dict]) -> list[dict]:
@@ -192,7 +171,7 @@ def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence
       if not os.path.exists(path):
         notes.append(f'{run.name} (no results yet)')
         continue
-      entry['evaluation'] = _read_json(path, 'an evaluation')
+      entry['evaluation'] = read_json(path, 'an evaluation')
       entry['source'] = f'{campaign.source}/{run.name}'
       entry['launches'] = read_launches(workdir)
     else:
@@ -225,9 +204,11 @@ def collect(campaign: spec_lib.Campaign, runs_dir: str, seeds: Optional[Sequence
   if notes:
     print(f'collect {campaign.name}: left out {", ".join(notes)}.')
   result = {
-      'campaign': campaign.name, 'title': campaign.title, 'command': command,
+      'kind': 'campaign', 'campaign': campaign.name, 'title': campaign.title,
+      'command': command,
       'spec': {**campaign.describe(), 'set': scrub(dict(extra))},
-      **machine_fields(runs, lambda: {**machine(campaign.env.get('XLA_FLAGS')),
+      **machine_fields(runs, lambda: {**machine_facts.machine(campaign.env.get('XLA_FLAGS'),
+                                                              backend=False),
                                       'note': 'at collect time'}),
   }
   if config is None and (campaign.setup or campaign.baselines):
@@ -262,7 +243,7 @@ def _leave_out_unreadable(campaign: spec_lib.Campaign, result: dict) -> None:
       print(f'note: {name} is unfinished and left out: {problem}')
 
 
-def _read_json(path: str, what: str):
+def read_json(path: str, what: str):
   try:
     with open(path) as f:
       value = json.load(f)
@@ -318,7 +299,7 @@ def load(name: str, results_dir: Optional[str] = None) -> dict:
   if not os.path.exists(path):
     raise FileNotFoundError(f'No results for {name!r}: {path} does not exist (write it '
                             f'with `python -m experiments.campaign collect`).')
-  return _read_json(path, 'a results')
+  return read_json(path, 'a results')
 
 
 def write_results(result: dict, path: str, allow_fewer: bool = False) -> None:
@@ -332,7 +313,7 @@ def write_results(result: dict, path: str, allow_fewer: bool = False) -> None:
                      'not written.')
   if os.path.exists(path) and not allow_fewer:
     try:
-      held = len(_read_json(path, 'a results').get('runs') or {})
+      held = len(read_json(path, 'a results').get('runs') or {})
     except (OSError, ValueError):
       held = 0
     if found < held:
@@ -348,7 +329,7 @@ def keep_held_runs(result: dict, path: str, campaign: spec_lib.Campaign) -> list
   Returns the names of the runs kept. A missing `path` keeps none."""
   if not os.path.exists(path):
     return []
-  held = _read_json(path, 'a results').get('runs') or {}
+  held = read_json(path, 'a results').get('runs') or {}
   kept = [name for name in held if name not in result['runs']]
   if not kept:
     return []

@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import ml_collections
 
+from experiments import machine_facts
 from experiments.campaign import collect
 from experiments.campaign import spec as spec_lib
 
@@ -193,7 +194,8 @@ class _Child:
     self.log_path = os.path.join(task.workdir, 'stdout.log')
     self.start = time.time()
     self.record = {'started': _iso(self.start),
-                   'machine': collect.machine(task.env.get('XLA_FLAGS')),
+                   'machine': machine_facts.machine(task.env.get('XLA_FLAGS'),
+                                                    backend=False),
                    'steps_before': done}
     if cores is not None:   # the cores this run kept to (`core_slots`)
       self.record['cores_used'] = len(cores)

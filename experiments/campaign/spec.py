@@ -11,15 +11,16 @@ committed JSON without the runs.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
 import importlib
-import importlib.util
 import os
+import pkgutil
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import ml_collections
+
+from experiments import config_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAIN = os.path.join('experiments', 'main.py')
@@ -153,9 +154,9 @@ class Campaign:
   def config_of(self, run: Run, extra: Mapping[str, Any] = ()) -> ml_collections.ConfigDict:
     """The config `experiments/main.py` builds for `run` from `main_args`."""
     arm = self.arms[run.arm]
-    config = load_config(self.config, arm.config_arg)
+    config = config_files.load_config(self.config, arm.config_arg)
     for overrides in (self.overrides, arm.overrides, {'seed': run.seed}, dict(extra)):
-      apply(config, overrides)
+      config_files.apply(config, overrides)
     return config
 
   def main_args(self, run: Run, workdir: str, extra: Mapping[str, Any] = ()) -> list[str]:
@@ -164,7 +165,7 @@ class Campaign:
     config = self.config + (f':{arm.config_arg}' if arm.config_arg else '')
     values = {**self.overrides, **arm.overrides, 'seed': run.seed, **dict(extra)}
     return [MAIN, f'--config={config}', f'--workdir={workdir}'] + [
-        f'--config.{key}={flag_value(value)}' for key, value in values.items()]
+        f'--config.{key}={config_files.flag_value(value)}' for key, value in values.items()]
 
   def describe(self) -> dict:
     """The spec as JSON: what the results JSON records under 'spec'."""
@@ -178,74 +179,6 @@ class Campaign:
     return jsonable(out)
 
 
-# ---------------------------------------------------------------------- configs
-@functools.lru_cache(maxsize=None)
-def _config_module(path: str):
-  full = os.path.join(ROOT, path)
-  if not os.path.isfile(full):
-    raise ValueError(f'Config file {full} does not exist.')
-  module_spec = importlib.util.spec_from_file_location(
-      'campaign_config_' + os.path.splitext(os.path.basename(path))[0], full)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module
-
-
-def load_config(path: str, arg: Optional[str] = None) -> ml_collections.ConfigDict:
-  """`get_config(arg)` of a config file (relative to the repository root)."""
-  module = _config_module(path)
-  return module.get_config() if arg is None else module.get_config(arg)
-
-
-def apply(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> None:
-  """Set dotted fields (`'model.variant'`) of `config`; an unknown one is a ValueError."""
-  for key, value in overrides.items():
-    node = config
-    *path, field = key.split('.')
-    for part in path:
-      if part not in node:
-        raise ValueError(f'Unknown config field {key!r} (no {part!r}).')
-      node = node[part]
-    if field not in node:
-      raise ValueError(f'Unknown config field {key!r}.')
-    node[field] = value
-
-
-def parse_assignment(text: str, config: ml_collections.ConfigDict) -> tuple[str, Any]:
-  """`'a.b=value'` -> `('a.b', value)`, the value read as the field's type (as
-  `--config.a.b=value` would be)."""
-  key, sep, raw = text.partition('=')
-  if not sep or not key:
-    raise ValueError(f'--set needs KEY=VALUE; got {text!r}.')
-  current = config
-  for part in key.split('.'):
-    if not isinstance(current, ml_collections.ConfigDict) or part not in current:
-      raise ValueError(f'--set {text!r}: the config has no field {key!r}.')
-    current = current[part]
-  if isinstance(current, bool):
-    if raw.lower() not in ('true', 'false'):
-      raise ValueError(f'--set {text!r}: {key} is a bool (True or False).')
-    return key, raw.lower() == 'true'
-  if isinstance(current, str):
-    return key, raw
-  try:
-    value = ast.literal_eval(raw)
-  except (ValueError, SyntaxError):
-    if current is None:
-      return key, raw
-    raise ValueError(f'--set {text!r}: {raw!r} is not a {type(current).__name__}.') from None
-  if isinstance(current, float) and isinstance(value, int):
-    value = float(value)
-  return key, value
-
-
-def flag_value(value: Any) -> str:
-  """A value as `--config.x=<value>` reads it back."""
-  if isinstance(value, (list, tuple)):
-    return repr(tuple(value))
-  return str(value)
-
-
 def jsonable(value):
   if isinstance(value, Mapping):
     return {str(k): jsonable(v) for k, v in value.items()}
@@ -257,15 +190,18 @@ def jsonable(value):
 # ---------------------------------------------------------------------- registry
 def get(name: str) -> Campaign:
   """The campaign of `experiments/campaign_specs/<name>.py`."""
-  from experiments import campaign_specs  # pylint: disable=g-import-not-at-top
-  if name not in campaign_specs.NAMES:
-    raise ValueError(f'Unknown campaign {name!r}; have {", ".join(campaign_specs.NAMES)}.')
+  if name not in names():
+    raise ValueError(f'Unknown campaign {name!r}; have {", ".join(names())}.')
   campaign = importlib.import_module(f'experiments.campaign_specs.{name}').get_campaign()
   if campaign.name != name:
     raise ValueError(f'experiments/campaign_specs/{name}.py names its campaign {campaign.name!r}.')
   return campaign
 
 
+@functools.lru_cache(maxsize=None)
 def names() -> tuple[str, ...]:
+  """The campaigns: every module of experiments/campaign_specs/ but those whose name
+  starts with '_' (what several specs share), by name."""
   from experiments import campaign_specs  # pylint: disable=g-import-not-at-top
-  return tuple(campaign_specs.NAMES)
+  return tuple(sorted(info.name for info in pkgutil.iter_modules(campaign_specs.__path__)
+                      if not info.name.startswith('_')))

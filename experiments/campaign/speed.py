@@ -13,9 +13,11 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping, Optional, Sequence
 
+from experiments import config_files
+from experiments import machine_facts
 from experiments.campaign import collect
 from experiments.campaign import spec as spec_lib
-from experiments.campaign import tables
+from experiments.campaign import columns
 
 
 def measure(campaign: spec_lib.Campaign, extra: Mapping[str, Any] = (),
@@ -27,14 +29,13 @@ def measure(campaign: spec_lib.Campaign, extra: Mapping[str, Any] = (),
   speed = campaign.speed
   if speed is None:
     raise ValueError(f'Campaign {campaign.name!r} has no speed table.')
-  from experiments import machine_facts  # pylint: disable=g-import-not-at-top
   arms = list(arms or speed.arms)
-  facts = machine_facts.machine()   # before the timed work: the load is what else ran
-  load_at_start = facts['load_average_1_5_15_min']
+  # Before the timed work: the load is what else ran.
+  load_at_start = machine_facts.machine(backend=False)['load_average_1_5_15_min']
   trainers, states = {}, {}
   for arm in arms:
-    config = spec_lib.load_config(campaign.config, campaign.arms[arm].config_arg)
-    spec_lib.apply(config, {**campaign.arms[arm].overrides, **speed.overrides, **dict(extra),
+    config = config_files.load_config(campaign.config, campaign.arms[arm].config_arg)
+    config_files.apply(config, {**campaign.arms[arm].overrides, **speed.overrides, **dict(extra),
                             'train.num_devices': 1})
     dataset = next(iter(trainers.values())).dataset if trainers else None
     trainers[arm] = trainer = loop.Trainer(config, None, dataset)
@@ -63,23 +64,21 @@ def measure(campaign: spec_lib.Campaign, extra: Mapping[str, Any] = (),
       out[arm]['wall_s_per_step_rounds'].append((time.perf_counter() - wall) / speed.steps)
       out[arm]['cpu_s_per_step_rounds'].append((time.process_time() - cpu) / speed.steps)
   for record in out.values():
-    record['wall_s_per_step'] = tables.median(record['wall_s_per_step_rounds'])
-    record['cpu_s_per_step'] = tables.median(record['cpu_s_per_step_rounds'])
+    record['wall_s_per_step'] = columns.median(record['wall_s_per_step_rounds'])
+    record['cpu_s_per_step'] = columns.median(record['cpu_s_per_step_rounds'])
   shapes = []   # each distinct batch layout once: {leaf path: shape}
   for batch in host_batches:
     layout = {jax.tree_util.keystr(path): list(leaf.shape)
               for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0]}
     if layout not in shapes:
       shapes.append(layout)
-  return {'campaign': campaign.name, 'speed': speed.name,
+  return {'kind': 'campaign_speed', 'campaign': campaign.name, 'speed': speed.name,
           'command': f'python -m experiments.campaign speed {campaign.name}',
           'spec': spec_lib.jsonable({
               'config': campaign.config, 'arms': arms,
               'overrides': dict(speed.overrides), 'set': collect.scrub(dict(extra)),
               'steps': speed.steps, 'rounds': speed.rounds, 'what': speed.what,
               'expected': speed.expected}),
-          'machine': {**collect.machine(), 'load_average_at_start': load_at_start,
-                      **{k: facts[k] for k in ('backend', 'device_kind', 'devices',
-                                               'matmul_precision')}},
+          'machine': {**machine_facts.machine(), 'load_average_at_start': load_at_start},
           'batch_shapes': shapes, 'arms': out}
 

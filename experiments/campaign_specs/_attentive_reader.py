@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from experiments.campaign import spec
-from experiments.campaign import tables
+from experiments.campaign import columns
 
 CONFIG = 'experiments/configs/attentive_reader.py'
 VARIANTS = ('lstm', 'bn_lstm', 'bn_everywhere', 'bn_e_star', 'bn_e_star_star',
@@ -69,22 +69,22 @@ def baselines(config) -> dict:
 def summarize(records: Sequence[dict], baseline_errors: dict) -> dict:
   """One run's columns: best validation error, test error of the best checkpoint,
   steps/s, gradient norms, and where it leaves the most-frequent-entity plateau."""
-  train = tables.split(records, 'train')
-  valid = tables.split(records, 'valid')
-  test = tables.last(records, 'test')
+  train = columns.split(records, 'train')
+  valid = columns.split(records, 'valid')
+  test = columns.last(records, 'test')
   steps = [r['step'] for r in train]
   out = {'complete': test is not None, 'last_train_step': steps[-1] if steps else 0,
          'best_valid_error': None, 'test_error': test and test['error'],
-         'steps_per_second': tables.train_steps_per_second(records)}
+         'steps_per_second': columns.train_steps_per_second(records)}
   if valid:
     best = int(np.argmin([r['error'] for r in valid]))
     out['best_valid_error'] = valid[best]['error']
   norms = [r['grad_norm'] for r in train]
   out['grad_norm'] = (float(np.median(norms)), float(np.max(norms))) if norms else None
-  out['train_passes'] = tables.first_past(
-      steps, tables.smooth([r['accuracy'] for r in train], SMOOTH),
+  out['train_passes'] = columns.first_past(
+      steps, columns.smooth([r['accuracy'] for r in train], SMOOTH),
       1.0 - baseline_errors['train']['most_frequent'])
-  out['valid_below'] = tables.first_past(
+  out['valid_below'] = columns.first_past(
       [r['step'] for r in valid], [r['error'] for r in valid],
       baseline_errors['valid']['most_frequent'], above=False)
   return out
@@ -93,33 +93,33 @@ def summarize(records: Sequence[dict], baseline_errors: dict) -> dict:
 def table(result: dict) -> str:
   """Per arm: seeds, best valid and test errors per seed, steps/s, where training leaves
   the plateau, gradient norms, the paper's numbers; then the data's baselines."""
-  pct = lambda v: tables.DASH if v is None else f'{100 * v:.1f}'
+  pct = lambda v: columns.DASH if v is None else f'{100 * v:.1f}'
   base = result['baselines']
   paper = result['spec']['paper']
   rows = []
-  for arm, runs in tables.runs_by_arm(result).items():
+  for arm, runs in columns.runs_by_arm(result).items():
     s = [summarize(r['records'], base) for r in runs]
     stopped = [f"seed {r['seed']} stopped; last log at step {x['last_train_step']}"
                for r, x in zip(runs, s) if not x['complete']]
     rates = [x['steps_per_second'] for x in s if x['steps_per_second']]
     rows.append([
-        tables.label(result, arm),
+        columns.label(result, arm),
         f"{len(runs)}{' (' + '; '.join(stopped) + ')' if stopped else ''}",
         ' / '.join(pct(x['best_valid_error']) for x in s if x['best_valid_error'] is not None),
         ' / '.join(pct(x['test_error']) for x in s if x['test_error'] is not None),
-        f'{float(np.mean(rates)):.2f}' if rates else tables.DASH,
+        f'{float(np.mean(rates)):.2f}' if rates else columns.DASH,
         ', '.join(str(x['train_passes'] or 'never') for x in s),
         ', '.join(str(x['valid_below'] or 'never') for x in s),
         ', '.join(f"{x['grad_norm'][0]:.2g} / {x['grad_norm'][1]:.2g}" if x['grad_norm']
-                  else tables.DASH for x in s),
+                  else columns.DASH for x in s),
         pct(paper['fig4a_min_valid_error'].get(arm)),
         pct(paper['table4_test_error'].get(arm))])
   for name, what in (('most_frequent', 'most frequent entity'),
                      ('exclusive_frequency', 'exclusive frequency'),
                      ('random_candidate', 'random candidate (expected)')):
-    rows.append([f'*{what}*', tables.DASH, pct(base['valid'][name]), pct(base['test'][name])]
-                + [tables.DASH] * 6)
-  return tables.markdown(
+    rows.append([f'*{what}*', columns.DASH, pct(base['valid'][name]), pct(base['test'][name])]
+                + [columns.DASH] * 6)
+  return columns.markdown(
       ['variant', 'seeds', 'best valid error % (per seed)',
        'test error % of the best-valid checkpoint', 'steps/s',
        'train acc. passes most-frequent (step, per seed)',
@@ -137,14 +137,14 @@ def figure(result: dict, output: str) -> None:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, (ax_cost, ax_valid) = plt.subplots(1, 2, figsize=(12, 4.5))
   colors = dict(zip(ARMS, plt.rcParams['axes.prop_cycle'].by_key()['color']))
-  for arm, runs in tables.runs_by_arm(result).items():
+  for arm, runs in columns.runs_by_arm(result).items():
     for i, run in enumerate(runs):
       style = dict(color=colors.get(arm), alpha=0.9 if i == 0 else 0.5,
                    linestyle='-' if i == 0 else '--',
-                   label=tables.label(result, arm) if i == 0 else None)
-      steps, loss = tables.curve(run['records'], 'train', 'loss')
-      ax_cost.plot(steps, tables.smooth(loss, PLOT_SMOOTH), **style)
-      ax_valid.plot(*tables.curve(run['records'], 'valid', 'error'), marker='.', **style)
+                   label=columns.label(result, arm) if i == 0 else None)
+      steps, loss = columns.curve(run['records'], 'train', 'loss')
+      ax_cost.plot(steps, columns.smooth(loss, PLOT_SMOOTH), **style)
+      ax_valid.plot(*columns.curve(run['records'], 'valid', 'error'), marker='.', **style)
   for name, what, style in (('most_frequent', 'most frequent entity', ':'),
                             ('exclusive_frequency', 'exclusive frequency', '-.'),
                             ('random_candidate', 'random candidate', '--')):
@@ -181,5 +181,5 @@ def speed_table(speed: dict) -> str:
   rows = [[LABELS[arm], f"{1.0 / r['cpu_s_per_step']:.1f}",
            f"{r['cpu_s_per_step'] / lstm:.2f}", f"{1.0 / r['wall_s_per_step']:.1f}"]
           for arm, r in arms.items()]
-  return tables.markdown(['variant', 'steps per CPU second', 'CPU time per step vs LSTM',
+  return columns.markdown(['variant', 'steps per CPU second', 'CPU time per step vs LSTM',
                           'steps/s wall'], rows)

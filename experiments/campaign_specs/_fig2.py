@@ -26,7 +26,7 @@ from typing import Optional
 
 from experiments import plot
 from experiments.campaign import spec
-from experiments.campaign import tables
+from experiments.campaign import columns
 
 TASKS = {'seq': ('sequential MNIST', False, 10_000), 'pmnist': ('permuted MNIST', True, 12_000)}
 NAMES = {'seq': 'mnist_fig2', 'pmnist': 'pmnist_fig2'}
@@ -93,7 +93,7 @@ def setup(config) -> str:
 
 def validation_curve(records, metric: str) -> tuple[list[int], list[float]]:
   """`(steps, values)` of `metric` in a run's validation records."""
-  found = [r for r in tables.split(records, 'valid') if metric in r]
+  found = [r for r in columns.split(records, 'valid') if metric in r]
   return [r['step'] for r in found], [r[metric] for r in found]
 
 
@@ -120,17 +120,17 @@ def milestones(result: dict) -> str:
             [f'acc@{s // 1000}k' for s in CHECKPOINTS] +
             ['last step', 'test', 'paper 90 % / 95 %'])
   rows = []
-  for arm, runs in tables.runs_by_arm(result).items():
+  for arm, runs in columns.runs_by_arm(result).items():
     for run in runs:
-      tests = tables.split(run['records'], 'test')
-      tested = tables.fmt(tests[-1]['accuracy']) if tests else tables.DASH
+      tests = columns.split(run['records'], 'test')
+      tested = columns.fmt(tests[-1]['accuracy']) if tests else columns.DASH
       for statistics, metric in STATISTICS.items():
         steps, values = validation_curve(run['records'], metric)
-        row = [tables.label(result, arm), statistics]
-        row += [_step(tables.first_past(steps, values, t, above=True)) for t in THRESHOLDS]
-        row += [tables.fmt(dict(zip(steps, values)).get(s)) for s in CHECKPOINTS]
+        row = [columns.label(result, arm), statistics]
+        row += [_step(columns.first_past(steps, values, t, above=True)) for t in THRESHOLDS]
+        row += [columns.fmt(dict(zip(steps, values)).get(s)) for s in CHECKPOINTS]
         row.append(_step(steps[-1] if steps else None))
-        row.append(tested if statistics == 'estimate' else tables.DASH)
+        row.append(tested if statistics == 'estimate' else columns.DASH)
         theirs = paper.get(arm, {})
         row.append(' / '.join(_paper_step(theirs, k) for k in ('0.9', '0.95')))
         rows.append(row)
@@ -141,11 +141,11 @@ def milestones(result: dict) -> str:
           f'{images} images: its binomial standard error is ±{error:.4f} at 90 %. "test": '
           f'the best checkpoint by the estimate on the 10,000 test images.'
           if error is not None else '')
-  return tables.markdown(header, rows) + note + f"\n\n{result['setup']}."
+  return columns.markdown(header, rows) + note + f"\n\n{result['setup']}."
 
 
 def _step(step: Optional[int]) -> str:
-  return tables.DASH if step is None else f'{step:,}'
+  return columns.DASH if step is None else f'{step:,}'
 
 
 def _paper_step(theirs: dict, key: str) -> str:
@@ -159,18 +159,18 @@ def table1(result: dict) -> str:
   checkpoint the estimate's validation picked, its binomial standard error and step,
   beside Cooijmans et al. Table 1."""
   rows = []
-  for arm, runs in tables.runs_by_arm(result).items():
+  for arm, runs in columns.runs_by_arm(result).items():
     for run in runs:
-      tests = tables.split(run['records'], 'test')
+      tests = columns.split(run['records'], 'test')
       test = tests[-1] if tests else None
       accuracy = test['accuracy'] if test else None
       error = standard_error(accuracy, TEST_IMAGES)
-      rows.append([tables.label(result, arm), tables.fmt(accuracy),
-                   tables.DASH if error is None else f'±{error:.4f}',
-                   _step(test.get('checkpoint_step')) if test else tables.DASH,
-                   _step(tables.last(run['records'], 'valid')['step']),
-                   tables.fmt(TABLE1.get(arm))])
-  return tables.markdown(['run', 'test accuracy (estimate)', 'standard error',
+      rows.append([columns.label(result, arm), columns.fmt(accuracy),
+                   columns.DASH if error is None else f'±{error:.4f}',
+                   _step(test.get('checkpoint_step')) if test else columns.DASH,
+                   _step(columns.last(run['records'], 'valid')['step']),
+                   columns.fmt(TABLE1.get(arm))])
+  return columns.markdown(['run', 'test accuracy (estimate)', 'standard error',
                           'checkpoint step', 'steps trained', 'paper, Table 1'], rows)
 
 
@@ -181,11 +181,11 @@ def figure(result: dict, output: str) -> None:
             'pmnist_lstm': 'tab:cyan', 'pmnist_bn_lstm': 'tab:orange'}
   paper = result['spec']['paper'].get('milestones', {})
   series, markers = [], []
-  for arm, runs in tables.runs_by_arm(result).items():
+  for arm, runs in columns.runs_by_arm(result).items():
     for run in runs:
       for statistics, metric in STATISTICS.items():
         steps, values = validation_curve(run['records'], metric)
-        series.append((f'{tables.label(result, arm)} ({statistics})', steps, values,
+        series.append((f'{columns.label(result, arm)} ({statistics})', steps, values,
                        dict(color=colors.get(arm), linestyle='-' if statistics == 'batch'
                             else '--', alpha=0.9)))
       for key in ('0.9', '0.95'):

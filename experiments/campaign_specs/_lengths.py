@@ -25,7 +25,7 @@ import os
 
 from experiments import plot
 from experiments.campaign import spec
-from experiments.campaign import tables
+from experiments.campaign import columns
 
 import functools
 
@@ -192,7 +192,7 @@ def evaluate(workdir: str, tiny: bool = False, *, lengths: tuple[int, ...], spli
 
 # ---------------------------------------------------------------------- table, figure
 def _evaluations(result: dict) -> dict:
-  return {arm: runs[0]['evaluation'] for arm, runs in tables.runs_by_arm(result).items()}
+  return {arm: runs[0]['evaluation'] for arm, runs in columns.runs_by_arm(result).items()}
 
 
 def lengths_table(result: dict) -> str:
@@ -202,10 +202,10 @@ def lengths_table(result: dict) -> str:
   for row, base in zip(bn['rows'], lstm['rows']):
     length = (f"whole text as one sequence ({row['steps']:,} steps)"
               if row['length'] == 'whole' else row['length'])
-    rows.append([length, tables.fmt(row['estimate']), tables.fmt(row['running']),
-                 tables.fmt(row['batch']) if 'batch' in row else 'n/a',
-                 tables.fmt(base['estimate'])])
-  return tables.markdown([f"{bn['split']} length", 'BN-LSTM, training-pass estimate',
+    rows.append([length, columns.fmt(row['estimate']), columns.fmt(row['running']),
+                 columns.fmt(row['batch']) if 'batch' in row else 'n/a',
+                 columns.fmt(base['estimate'])])
+  return columns.markdown([f"{bn['split']} length", 'BN-LSTM, training-pass estimate',
                           'BN-LSTM, running average', 'BN-LSTM, batch statistics', 'LSTM'],
                          rows)
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from experiments import plot
 from experiments.campaign import spec
-from experiments.campaign import tables
+from experiments.campaign import columns
 
 VARIANTS = ('lstm', 'bn_input_only_seq', 'bn_input_only')
 LABELS = {'lstm': 'BL (LSTM)', 'bn_input_only_seq': 'BN (sequence-wise)',
@@ -89,7 +89,7 @@ def baselines(config) -> dict:
 
 
 def _lowest(records, split, key):
-  found = tables.best(records, split, key, 'min')
+  found = columns.best(records, split, key, 'min')
   return found and found[key]
 
 
@@ -98,12 +98,12 @@ def table1(result: dict) -> str:
   checkpoint, steps/s from the speed JSON, and the data's baselines."""
   speed = result.get('speed', {}).get('arms', {})
   rows = []
-  for arm, runs in tables.runs_by_arm(result).items():
+  for arm, runs in columns.runs_by_arm(result).items():
     records = runs[0]['records']
-    test = tables.last(records, 'test')
+    test = columns.last(records, 'test')
     rate = speed.get(arm, {}).get('wall_s_per_step')
-    rows.append([tables.label(result, arm)] + [
-        tables.fmt(_lowest(records, split, key)) for split, key in (
+    rows.append([columns.label(result, arm)] + [
+        columns.fmt(_lowest(records, split, key)) for split, key in (
             ('train_eval', 'loss'), ('train_eval', 'fer'), ('valid', 'loss'), ('valid', 'fer'))
     ] + [f"{test['fer']:.3f} ({test['checkpoint_step']})",
          f'{1.0 / rate:.1f}' if rate else 'n/a'])
@@ -114,16 +114,16 @@ def table1(result: dict) -> str:
   rows.append([f"majority tag (`{base['majority_tag']}`)", '', '', '',
                f"{base['valid']['majority_fer']:.3f}", f"{base['test']['majority_fer']:.3f}",
                ''])
-  return tables.markdown(['model', 'train FCE', 'train FER', 'valid FCE', 'valid FER',
+  return columns.markdown(['model', 'train FCE', 'train FER', 'valid FCE', 'valid FER',
                           'test FER (step)', 'steps/s'], rows)
 
 
 def figure(result: dict, output: str) -> None:
   series = []
-  for arm, runs in tables.runs_by_arm(result).items():
+  for arm, runs in columns.runs_by_arm(result).items():
     for split, style, what in (('train_eval', ':', 'train'), ('valid', '-', 'valid')):
-      steps, values = tables.curve(runs[0]['records'], split, 'loss')
-      series.append((f'{tables.label(result, arm)} {what}', steps, values,
+      steps, values = columns.curve(runs[0]['records'], split, 'loss')
+      series.append((f'{columns.label(result, arm)} {what}', steps, values,
                      dict(linestyle=style, color=COLORS.get(arm))))
   plot.plot_curves(series, output, xlabel='training step (batch 32)',
                    ylabel='frame cross-entropy (nats)', size=(7, 4.5), legend_size=8,
@@ -140,4 +140,4 @@ def speed_table(speed: dict) -> str:
   rows = [[LABELS.get(arm, arm), f"{1.0 / r['wall_s_per_step']:.1f}",
            f"{1000 * r['cpu_s_per_step']:.1f}",
            f"{r['cpu_s_per_step'] / first['cpu_s_per_step']:.2f}"] for arm, r in arms.items()]
-  return tables.markdown(['model', 'steps/s', 'CPU ms per step', '× BL (CPU)'], rows)
+  return columns.markdown(['model', 'steps/s', 'CPU ms per step', '× BL (CPU)'], rows)

@@ -19,7 +19,7 @@ runs at every validation step) and `options` (every arm at the last step).
 """
 
 from experiments.campaign import spec
-from experiments.campaign import tables
+from experiments.campaign import columns
 
 VARIANTS = ('lstm', 'bn_lstm')
 # Cooijmans et al. 2016, Table 1: test accuracy on 784-step MNIST after full training (not
@@ -85,11 +85,11 @@ def seq_mnist14(result: dict) -> str:
   """The `ours` runs' validation accuracy at every validation step."""
   runs = {variant: records for (variant, option), records in _runs(result).items()
           if option == 'ours'}
-  steps = sorted({r['step'] for records in runs.values() for r in tables.split(records,
+  steps = sorted({r['step'] for records in runs.values() for r in columns.split(records,
                                                                                'valid')})
-  rows = [[variant] + [tables.fmt(tables.at_step(records, 'valid', 'accuracy', s))
+  rows = [[variant] + [columns.fmt(columns.at_step(records, 'valid', 'accuracy', s))
                        for s in steps] for variant, records in runs.items()]
-  return tables.markdown(['14×14 seq-MNIST, valid accuracy'] + [f'step {s}' for s in steps],
+  return columns.markdown(['14×14 seq-MNIST, valid accuracy'] + [f'step {s}' for s in steps],
                          rows)
 
 
@@ -97,7 +97,7 @@ def options(result: dict) -> str:
   """Every option (rows) and variant (columns) at the last validation step."""
   runs = _runs(result)
   variants = list(dict.fromkeys(v for v, _ in runs))
-  last = max(r['step'] for records in runs.values() for r in tables.split(records, 'valid'))
+  last = max(r['step'] for records in runs.values() for r in columns.split(records, 'valid'))
   rows = []
   for option in dict.fromkeys(o for _, o in runs):
     description = next(a['label'] for a in result['spec']['arms'].values()
@@ -105,8 +105,8 @@ def options(result: dict) -> str:
     row = [f'`{option}`: {description}']
     for variant in variants:
       records = runs.get((variant, option))
-      row.append(tables.fmt(tables.last(records, 'valid')['accuracy']) if records
-                 else tables.DASH)
+      row.append(columns.fmt(columns.last(records, 'valid')['accuracy']) if records
+                 else columns.DASH)
     rows.append(row)
-  return (tables.markdown(['option'] + [f'{v} @ {last}' for v in variants], rows) +
+  return (columns.markdown(['option'] + [f'{v} @ {last}' for v in variants], rows) +
           f"\n\n{result['setup']}.")

@@ -31,7 +31,7 @@ from typing import Optional
 
 from experiments import plot
 from experiments.campaign import spec
-from experiments.campaign import tables
+from experiments.campaign import columns
 
 VARIANTS = {'lstm': 'LSTM', 'bn_lstm': 'BN-LSTM'}
 CHECKPOINTS = (2_000, 5_000, 10_000, 20_000)
@@ -50,7 +50,7 @@ def get_campaign() -> spec.Campaign:
       overrides={'model.forget_bias': 1.0, 'train.num_steps': 20_000, 'eval.every': 500,
                  'eval.compare': ('batch',), 'checkpoint.every': 500, 'checkpoint.keep': 1,
                  'eval.test_at_end': True},
-      tables={'milestones': milestones, 'launches': tables.launches_table}, figure=figure,
+      tables={'milestones': milestones, 'launches': columns.launches_table}, figure=figure,
       setup=setup, paper=PAPER,
       expected='about 14 h of steps on 2 CPU cores (two runs at a time, one core each), '
                'plus a validation every 500 steps; about 10 min on one H200',
@@ -72,7 +72,7 @@ def setup(config) -> str:
 
 
 def _first_below(records, metric: str, threshold: float) -> Optional[int]:
-  for record in tables.split(records, 'valid'):
+  for record in columns.split(records, 'valid'):
     if metric in record and record[metric] < threshold:
       return record['step']
   return None
@@ -82,9 +82,9 @@ def milestones(result: dict) -> str:
   """Per arm and statistics: validation bpc at 2k/5k/10k/20k steps, the best and its
   step, the test bpc of the best checkpoint (on the estimate's row) beside Table 2, and
   the first step at which the BN-LSTM's validation bpc beats the LSTM's best."""
-  runs = {arm: r[0]['records'] for arm, r in tables.runs_by_arm(result).items()}
+  runs = {arm: r[0]['records'] for arm, r in columns.runs_by_arm(result).items()}
   paper = result['spec']['paper']['table2_test_bpc']
-  lstm_best = tables.best(runs.get('lstm', []), 'valid', 'bpc')
+  lstm_best = columns.best(runs.get('lstm', []), 'valid', 'bpc')
   header = (['run', 'statistics'] + [f'valid @{s // 1000}k' for s in CHECKPOINTS] +
             ['best valid (step)', 'last step', 'test (best)', 'paper test',
              "first step below the LSTM's best"])
@@ -93,31 +93,31 @@ def milestones(result: dict) -> str:
     for statistics, metric in STATISTICS.items():
       if arm == 'lstm' and statistics == 'batch':
         continue          # no statistics: the two coincide
-      found = tables.best(records, 'valid', metric)
-      last = tables.last(records, 'valid')
-      test = tables.last(records, 'test') if statistics == 'estimate' else None
+      found = columns.best(records, 'valid', metric)
+      last = columns.last(records, 'valid')
+      test = columns.last(records, 'test') if statistics == 'estimate' else None
       beats = (_first_below(records, metric, lstm_best['bpc'])
                if lstm_best and arm != 'lstm' else None)
       rows.append(
           [VARIANTS.get(arm, arm), statistics if arm != 'lstm' else 'none'] +
-          [tables.fmt(tables.at_step(records, 'valid', metric, s)) for s in CHECKPOINTS] +
-          [f"{tables.fmt(found[metric])} ({found['step']})" if found else tables.DASH,
-           last['step'] if last else tables.DASH,
-           tables.fmt(test['bpc']) if test else tables.DASH,
-           tables.fmt(paper[arm]) if statistics == 'estimate' else tables.DASH,
-           beats if beats is not None else tables.DASH])
-  return tables.markdown(header, rows)
+          [columns.fmt(columns.at_step(records, 'valid', metric, s)) for s in CHECKPOINTS] +
+          [f"{columns.fmt(found[metric])} ({found['step']})" if found else columns.DASH,
+           last['step'] if last else columns.DASH,
+           columns.fmt(test['bpc']) if test else columns.DASH,
+           columns.fmt(paper[arm]) if statistics == 'estimate' else columns.DASH,
+           beats if beats is not None else columns.DASH])
+  return columns.markdown(header, rows)
 
 
 def figure(result: dict, output: str) -> None:
   styles = {'estimate': '-', 'batch': ':'}
   colors = {'lstm': 'tab:orange', 'bn_lstm': 'tab:blue'}
   series = []
-  for arm, runs in tables.runs_by_arm(result).items():
+  for arm, runs in columns.runs_by_arm(result).items():
     for statistics, metric in STATISTICS.items():
       if arm == 'lstm' and statistics == 'batch':
         continue
-      steps, values = tables.curve(runs[0]['records'], 'valid', metric)
+      steps, values = columns.curve(runs[0]['records'], 'valid', metric)
       name = VARIANTS.get(arm, arm) + ('' if arm == 'lstm' else f', {statistics}')
       series.append((name, steps, values,
                      dict(linestyle=styles[statistics], color=colors.get(arm), marker='.')))

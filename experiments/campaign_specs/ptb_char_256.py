@@ -20,7 +20,7 @@ units and are not comparable in level. The speed table times the config's own 10
 
 from experiments import plot
 from experiments.campaign import spec
-from experiments.campaign import tables
+from experiments.campaign import columns
 
 VARIANTS = ('lstm', 'bn_lstm', 'bn_input_only')
 
@@ -68,33 +68,33 @@ def valid_bpc(result: dict) -> str:
   and the test bpc of the best checkpoint; the lowest final and test values in bold."""
   rows, finals, tests = [], {}, {}
   last_step = None
-  for arm, runs in tables.runs_by_arm(result).items():
+  for arm, runs in columns.runs_by_arm(result).items():
     records = runs[0]['records']
-    last = tables.last(records, 'valid')
+    last = columns.last(records, 'valid')
     last_step = last['step']
-    test = tables.last(records, 'test')
+    test = columns.last(records, 'test')
     finals[arm], tests[arm] = last['bpc'], test and test['bpc']
-    rows.append([arm, tables.fmt(tables.at_step(records, 'valid', 'bpc', 100)),
-                 tables.fmt(tables.at_step(records, 'valid', 'bpc', 200)), last['bpc'],
-                 tables.DASH if arm == 'lstm' else tables.fmt(last.get('bpc_running')),
+    rows.append([arm, columns.fmt(columns.at_step(records, 'valid', 'bpc', 100)),
+                 columns.fmt(columns.at_step(records, 'valid', 'bpc', 200)), last['bpc'],
+                 columns.DASH if arm == 'lstm' else columns.fmt(last.get('bpc_running')),
                  test and test['bpc']])
 
   def bold(value, column):
-    text = tables.fmt(value)
+    text = columns.fmt(value)
     lowest = min((v for v in column.values() if v is not None), default=None)
     return f'**{text}**' if value is not None and value == lowest else text
 
   for row, arm in zip(rows, finals):
     row[3], row[5] = bold(row[3], finals), bold(row[5], tests)
-  return tables.markdown(['variant', 'valid bpc @100 steps', '@200', f'@{last_step}',
+  return columns.markdown(['variant', 'valid bpc @100 steps', '@200', f'@{last_step}',
                           f'@{last_step}, running-average stats',
                           f'test bpc @{last_step}'], rows)
 
 
 def figure(result: dict, output: str) -> None:
   series = []
-  for arm, runs in tables.runs_by_arm(result).items():
-    steps, values = tables.curve(runs[0]['records'], 'valid', 'bpc')
+  for arm, runs in columns.runs_by_arm(result).items():
+    steps, values = columns.curve(runs[0]['records'], 'valid', 'bpc')
     series.append((f'{arm} (valid)', steps, values, dict(marker='.', linestyle='-')))
   plot.plot_curves(series, output, ylabel='bpc')
 
@@ -106,4 +106,4 @@ def speed_table(speed: dict) -> str:
   rows = [[arm, f"{1.0 / r['wall_s_per_step']:.3f}",
            f"{r['wall_s_per_step'] / first['wall_s_per_step']:.2f}",
            f"{r['cpu_s_per_step'] / first['cpu_s_per_step']:.2f}"] for arm, r in arms.items()]
-  return tables.markdown(['variant', 'steps/s', '× LSTM (wall)', '× LSTM (CPU)'], rows)
+  return columns.markdown(['variant', 'steps/s', '× LSTM (wall)', '× LSTM (CPU)'], rows)

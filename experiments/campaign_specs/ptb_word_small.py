@@ -20,7 +20,7 @@ import math
 
 from experiments import plot
 from experiments.campaign import spec
-from experiments.campaign import tables
+from experiments.campaign import columns
 
 # Laurent et al. 2016, Table 2: best perplexity (train, valid), small models.
 PAPER = {'lstm': {'train': 78.5, 'valid': 119.2}, 'bn_input_only': {'train': 62.5,
@@ -53,12 +53,12 @@ def epochs(records) -> dict:
   One training record per epoch (`train.log_every` = an epoch), so the first one's step
   is the epoch's length.
   """
-  train = tables.split(records, 'train')
+  train = columns.split(records, 'train')
   length = train[0]['step'] if train else 1
-  test = tables.last(records, 'test')
+  test = columns.last(records, 'test')
   return {'train': [(r['step'] // length, math.exp(r['loss'])) for r in train],
           'valid': [(r['step'] // length, r['perplexity'])
-                    for r in tables.split(records, 'valid')],
+                    for r in columns.split(records, 'valid')],
           'test': test['perplexity'] if test else None}
 
 
@@ -66,25 +66,25 @@ def table2(result: dict) -> str:
   """Best validation perplexity and its epoch, the training perplexity then and at its
   lowest, the test of the best checkpoint; Laurent's numbers in brackets."""
   rows = []
-  for arm, runs in tables.runs_by_arm(result).items():
+  for arm, runs in columns.runs_by_arm(result).items():
     e = epochs(runs[0]['records'])
     paper = result['spec']['paper']['table2_small'].get(arm, {})
     best_valid = min(e['valid'], key=lambda x: x[1])
     best_train = min(p for _, p in e['train'])
     rows.append([arm, f"{best_valid[1]:.1f}, epoch {best_valid[0]} ({paper.get('valid')})",
                  f"{dict(e['train'])[best_valid[0]]:.1f}",
-                 f"{best_train:.1f} ({paper.get('train')})", tables.fmt(e['test'], 1)])
-  return tables.markdown(['variant', 'best valid ppl, epoch (Laurent)',
+                 f"{best_train:.1f} ({paper.get('train')})", columns.fmt(e['test'], 1)])
+  return columns.markdown(['variant', 'best valid ppl, epoch (Laurent)',
                           'train ppl at that epoch', 'lowest train ppl (Laurent)',
                           'test ppl, best checkpoint'], rows)
 
 
 def _per_epoch(result: dict, split: str, mark_best: bool) -> str:
   lines = []
-  for arm, runs in tables.runs_by_arm(result).items():
+  for arm, runs in columns.runs_by_arm(result).items():
     values = [p for _, p in epochs(runs[0]['records'])[split]]
     best = values.index(min(values)) if mark_best else -1
-    lines.append(f'* {tables.label(result, arm):<4} ' + ', '.join(
+    lines.append(f'* {columns.label(result, arm):<4} ' + ', '.join(
         f'**{v:.0f}**' if i == best else f'{v:.0f}' for i, v in enumerate(values)))
   return '\n'.join(lines)
 
@@ -100,7 +100,7 @@ def train_per_epoch(result: dict) -> str:
 
 def figure(result: dict, output: str) -> None:
   series = []
-  for (arm, runs), color in zip(tables.runs_by_arm(result).items(),
+  for (arm, runs), color in zip(columns.runs_by_arm(result).items(),
                                 ('tab:blue', 'tab:red', 'tab:green')):
     e = epochs(runs[0]['records'])
     for split, style in (('train', ':'), ('valid', '-')):

@@ -25,7 +25,7 @@ import numpy as np
 
 from experiments import plot
 from experiments.campaign import spec
-from experiments.campaign import tables
+from experiments.campaign import columns
 
 ARMS = {'lstm': spec.Arm(overrides={'model.variant': 'lstm'}, label='LSTM'),
         'bn_lstm': spec.Arm(overrides={'model.variant': 'bn_lstm'}, label='BN-LSTM')}
@@ -70,8 +70,8 @@ def setup(config) -> str:
 
 def images_scored(result: dict) -> int:
   """How many validation images each evaluation scored (the count its records carry)."""
-  counts = {r['count'] for runs in tables.runs_by_arm(result).values() for run in runs
-            for r in tables.split(run['records'], 'valid') if 'count' in r}
+  counts = {r['count'] for runs in columns.runs_by_arm(result).values() for run in runs
+            for r in columns.split(run['records'], 'valid') if 'count' in r}
   if len(counts) != 1:
     raise ValueError(f'The quickstart runs scored {sorted(counts) or "no recorded"} '
                      'validation images; the table needs one count.')
@@ -83,18 +83,18 @@ def _row(run):
   one run: its training clock, and the CPU seconds of its processes (start-up and
   compilation included)."""
   records = run['records']
-  valid = tables.split(records, 'valid')
+  valid = columns.split(records, 'valid')
   last = valid[-1]['step']
   at = [min(valid, key=lambda r, f=f: abs(r['step'] - f * last)) for f in FRACTIONS]
   return {'at': [(r['step'], r['accuracy']) for r in at],
           'end': (last, valid[-1]['accuracy']),
-          'best': max(r['accuracy'] for r in valid), 'time_s': tables.wall_time(records),
-          'cpu_s': tables.cpu_time(run)}
+          'best': max(r['accuracy'] for r in valid), 'time_s': columns.wall_time(records),
+          'cpu_s': columns.cpu_time(run)}
 
 
 def table(result: dict) -> str:
   """Every seed's accuracies, then what holds in every seed (BN-LSTM minus LSTM)."""
-  runs = tables.runs_by_arm(result)
+  runs = columns.runs_by_arm(result)
   rows = {arm: {r['seed']: _row(r) for r in arm_runs}
           for arm, arm_runs in runs.items()}
   any_row = next(iter(next(iter(rows.values())).values()))
@@ -110,17 +110,17 @@ def table(result: dict) -> str:
       if seed in by_seed:
         row = by_seed[seed]
         values = [a for _, a in row['at']] + [row['end'][1]]
-        cpu = tables.DASH if row['cpu_s'] is None else f"{row['cpu_s']:.0f}s"
+        cpu = columns.DASH if row['cpu_s'] is None else f"{row['cpu_s']:.0f}s"
         lines.append(f'{seed:>4}  {arm:<8}' + ''.join(f'{v:>9.3f}' for v in values) +
                      f"{row['best']:>7.3f}{row['time_s']:>11.1f}s{cpu:>7}")
   if set(rows) == {'lstm', 'bn_lstm'}:
     seeds = sorted(set(rows['lstm']) & set(rows['bn_lstm']))
     lines += ['', 'BN-LSTM minus LSTM, seed by seed:' if len(seeds) > 1 else
               f'BN-LSTM minus LSTM (seed {seeds[0]}):']
-    columns = [(f'at step {s}', lambda r, i=i: ([a for _, a in r['at']] + [r['end'][1]])[i])
-               for i, s in enumerate(steps)] + [('best', lambda r: r['best'])]
+    gap_columns = [(f'at step {s}', lambda r, i=i: ([a for _, a in r['at']] + [r['end'][1]])[i])
+                   for i, s in enumerate(steps)] + [('best', lambda r: r['best'])]
     errors = []
-    for name, value in columns:
+    for name, value in gap_columns:
       pairs = [(value(rows['bn_lstm'][s]), value(rows['lstm'][s])) for s in seeds]
       gaps = [bn - plain for bn, plain in pairs]
       lines.append(f'  {name + ":":<14}' + ' '.join(f'{g:+.3f}' for g in gaps) +
@@ -153,10 +153,10 @@ def gap_standard_error(a: float, b: float, images: int) -> float:
 def figure(result: dict, output: str) -> None:
   colors = {'lstm': 'tab:blue', 'bn_lstm': 'tab:red'}
   series = []
-  for arm, arm_runs in tables.runs_by_arm(result).items():
+  for arm, arm_runs in columns.runs_by_arm(result).items():
     for i, run in enumerate(arm_runs):
-      steps, values = tables.curve(run['records'], 'valid', 'accuracy')
-      series.append((tables.label(result, arm) if i == 0 else None, steps, values,
+      steps, values = columns.curve(run['records'], 'valid', 'accuracy')
+      series.append((columns.label(result, arm) if i == 0 else None, steps, values,
                      dict(color=colors.get(arm), alpha=0.8, marker='.')))
   plot.plot_curves(series, output, ylabel='validation accuracy (population statistics)',
                    title=f"{result.get('setup', '').split(',')[0]}: every seed")

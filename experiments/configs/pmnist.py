@@ -28,7 +28,7 @@ the workdir, which is read back when a run resumes.
 
 The population estimate from 2 batches of 1,000 is inherited from `seq_mnist.py`. On
 this task it scores the same as the papers' 10 batches of 100 (0.63-0.64 validation
-accuracy after 300 steps, `experiments/analysis/estimate_batch_size.py --eb_permute`;
+accuracy after 300 steps, `python -m experiments.analysis.estimate_batch_size --permute`;
 experiments/results/figures/estimate_batch_size_pmnist.json).
 """
 

@@ -93,7 +93,7 @@ def get_config(arg: str = ''):
   # The papers' estimate from training-size batches trails batch statistics early in
   # training on this task (0.19 vs 0.32 valid accuracy after 300 steps); two batches of
   # 1,000 match the population-mode network (0.31): see
-  # experiments/analysis/estimate_batch_size.py and the README.
+  # `python -m experiments.analysis.estimate_batch_size` and the README.
   config.eval.population_batches = 2
   config.eval.population_batch_size = 1000
   config.eval.test_at_end = True

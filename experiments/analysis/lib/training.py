@@ -1,38 +1,18 @@
-"""Figure-specific helpers of the scripts in this folder: configs, a recording loop, outputs.
-
-The figure scripts train with the library's own stack: data from `bn_rnn_jax.input_pipeline`
-(MNIST and the 8x8 digits in `mnist.py`, character PTB in `text.py`), the pmapped step of
-`loop.Trainer` (optimizer from `optim.create_optimizer`, loss and metrics from the task in
-`tasks.py`) on one device, and the papers' population estimate (`Trainer.population_stats`;
-from arbitrary batches, `population.estimate_population_stats`). What stays here is what a
-figure needs beyond one training run:
-
-* `mnist_config`, `ptb_config`: a `config_lib.default_config()` for a short run from the
-  scripts' arguments (the 8x8 digits when the MNIST files are absent);
-* `initial_state`: a fresh state with a model field that only matters at initialisation
-  (gamma_init) changed, so that many runs share one compiled step;
-* `fit`: steps recording every training loss, with periodic validation;
-* `evaluate_with`: validation metrics with any given population statistics;
-* `save_outputs`: one PNG and one JSON (no paths of this machine) per figure.
-
-Flags shared by every script are defined here once, so that the scripts can be imported
-together (by the tests) without absl's duplicate-flag error.
-"""
+"""Short training runs with the library's own stack, for the figures: configs of
+sequential (p)MNIST and character PTB for the trainer (`loop.Trainer`, one device), a
+fresh state with an initialisation-only field changed, a recording loop, evaluation
+with given population statistics, and the models and variables outside `pmap`."""
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
-from typing import Any, Optional, Sequence
+from typing import Optional
 
-from absl import app
-from absl import flags
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from bn_rnn_jax import extras
 from bn_rnn_jax import input_pipeline
 from bn_rnn_jax import models
 from bn_rnn_jax.input_pipeline import mnist
@@ -41,33 +21,13 @@ from bn_rnn_jax.training import config as config_lib
 from bn_rnn_jax.training import loop
 from bn_rnn_jax.training import parallel
 from bn_rnn_jax.training import train
-# The one trailing moving average of the project's figures (the campaigns' tables use it).
-from experiments.campaign import collect
-from experiments.campaign.tables import smooth  # pylint: disable=unused-import
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(os.path.dirname(_HERE))
-# The data root of `bn_rnn_jax.input_pipeline` ($BN_RNN_JAX_DATA; '' when unset).
-DEFAULT_DATA_ROOT = input_pipeline.data_root() or ''
-DEFAULT_OUTPUT_DIR = os.path.join(REPO_ROOT, 'experiments', 'results', 'figures')
-
-OUTPUT_DIR = flags.DEFINE_string('output_dir', DEFAULT_OUTPUT_DIR,
-                                 'Where the PNG and JSON of the figure are written.')
-MNIST_DIR = flags.DEFINE_string(
-    'mnist_dir', os.path.join(DEFAULT_DATA_ROOT, 'mnist') if DEFAULT_DATA_ROOT else None,
-    'Folder with train-images-idx3-ubyte.gz etc.; scikit-learn 8x8 digits when absent.')
-PTB_DIR = flags.DEFINE_string('ptb_dir', os.path.join(DEFAULT_DATA_ROOT, 'ptb'),
-                              'Folder with ptb.train.txt / ptb.valid.txt.')
-PAPER_SCALE = flags.DEFINE_bool(
-    'paper_scale', False, "The papers' model sizes and budgets (hours on CPU; use an "
-    'accelerator) instead of the few-minute CPU defaults.')
-SEED = flags.DEFINE_integer('seed', 0, 'Random seed.')
-GAMMAS = flags.DEFINE_list('gammas', ['0.1', '0.3', '0.5', '0.7', '1.0'],
-                           "Initial BN gammas (Cooijmans et al. appendix D's grid).")
 
 
-# --------------------------------------------------------------------------------------
-# Configs for the library's trainer.
+def data_dir(name: str) -> Optional[str]:
+  """`<data root>/<name>` ($BN_RNN_JAX_DATA), or None without a data root."""
+  root = input_pipeline.data_root()
+  return os.path.join(root, name) if root else None
+
 
 def _short_run(config, *, batch_size: int, eval_batch_size: int, eval_batches: int,
                population_batches: int, seed: int):
@@ -149,9 +109,6 @@ def data_description(config, dataset) -> str:
                   if config.data.permute else '')
 
 
-# --------------------------------------------------------------------------------------
-# Training and evaluation with the library's Trainer.
-
 def metric_name(trainer: loop.Trainer) -> str:
   """The validation metric a figure plots: bits per character or accuracy."""
   return 'bpc' if trainer.dataset.task == 'language_model' else 'accuracy'
@@ -186,41 +143,27 @@ def fit(trainer: loop.Trainer, state: train.TrainState, num_steps: int,
   history = {'step': [], 'train_loss': [], 'train_accuracy': [], 'eval_step': [],
              'eval': []}
   pending = []
+
+  def record_steps():
+    for s, m in jax.device_get(pending):
+      history['step'].append(s)
+      history['train_loss'].append(float(m['loss'][0]))
+      history['train_accuracy'].append(float(m['accuracy'][0]))
+    pending.clear()
+
   first = int(state.step[0])
   for step in range(first + 1, first + num_steps + 1):
     state, metrics = trainer.p_train_step(state, trainer.train_batch(step - 1))
     pending.append((step, metrics))
     if eval_every and (step % eval_every == 0 or step == first + num_steps):
-      for s, m in jax.device_get(pending):
-        history['step'].append(s)
-        history['train_loss'].append(float(m['loss'][0]))
-        history['train_accuracy'].append(float(m['accuracy'][0]))
-      pending = []
+      record_steps()
       metrics = trainer.evaluate(state, 'valid')
       history['eval_step'].append(step)
       history['eval'].append({'loss': metrics['loss'],
                               'metric': metrics[metric_name(trainer)]})
-  for s, m in jax.device_get(pending):
-    history['step'].append(s)
-    history['train_loss'].append(float(m['loss'][0]))
-    history['train_accuracy'].append(float(m['accuracy'][0]))
+  record_steps()
   history['seconds'] = time.time() - start
   return state, history
-
-
-def run_on_a_run(argv, workdir: flags.FlagHolder, call):
-  """The `main` of a script that reads one finished run: stray arguments and a missing
-  `--<workdir flag>` are usage errors; `call()` runs, and a `ValueError` or
-  `FileNotFoundError` from it (no run, no such checkpoint) ends the script with one line
-  `error: ...`. Returns what `call()` returns."""
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if not workdir.value:
-    raise app.UsageError(f'--{workdir.name} (the workdir of a finished run) is required.')
-  try:
-    return call()
-  except (ValueError, FileNotFoundError) as error:
-    sys.exit(f'error: {error}')
 
 
 def evaluate_with(trainer: loop.Trainer, state: train.TrainState, batch_stats,
@@ -250,71 +193,21 @@ def host_variables(trainer: loop.Trainer, state: train.TrainState) -> dict:
   return {'params': host.params, 'batch_stats': host.batch_stats}
 
 
-# --------------------------------------------------------------------------------------
-# Outputs.
+def batch_statistics_accuracy(trainer: loop.Trainer, state) -> float:
+  """Validation accuracy (the config's first `eval.max_batches` batches) in training
+  mode, h0 noise included: every batch normalised by its own moments."""
+  model = unmapped_model(trainer)
+  variables = host_variables(trainer, state)
 
-def _to_json(value):
-  if isinstance(value, dict):
-    return {str(k): _to_json(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [_to_json(v) for v in value]
-  if isinstance(value, (np.ndarray, jax.Array)):
-    return _to_json(np.asarray(value).tolist())
-  if isinstance(value, (np.floating, float)):
-    # Five significant digits keep the JSON files small; inf/nan become strings.
-    value = float(value)
-    return float(f'{value:.5g}') if np.isfinite(value) else str(value)
-  if isinstance(value, np.integer):
-    return int(value)
-  return value
-
-
-def save_outputs(output_dir: str, name: str, figure, data: dict[str, Any],
-                 dpi: int = 100) -> dict[str, str]:
-  """Write `name.png` and `name.json` and close `figure`; returns their paths. Keep the
-  PNGs < 300 KB (they are committed under experiments/results/figures/): lower `dpi` for
-  busy figures. Titles and `data` must not name paths of this machine. The JSON records
-  the machine (`collect.machine()`) unless `data` does."""
-  os.makedirs(output_dir, exist_ok=True)
-  data = {**data, 'machine': data.get('machine') or collect.machine()}
-  png = os.path.join(output_dir, f'{name}.png')
-  path_json = os.path.join(output_dir, f'{name}.json')
-  figure.savefig(png, dpi=dpi, bbox_inches='tight')
-  matplotlib_pyplot().close(figure)
-  with open(path_json, 'w') as f:
-    json.dump(_to_json(data), f, indent=1)
-    f.write('\n')
-  return {'png': png, 'json': path_json}
-
-
-def save_run_outputs(output_dir: str, script: str, run_dir: str, trainer: loop.Trainer,
-                     step: int, start: float, result: dict[str, Any], figure,
-                     name: Optional[str] = None) -> dict[str, Any]:
-  """`result` of a script that read one finished run, with the run's facts added (the
-  run as its campaign and run folder, never its path; the step read; the validation
-  examples; the data; the seconds since `start`; the machine), written with
-  `figure(result)` as `<name>.{png,json}` (default name `<script>_<run folder>`)."""
-  parent, run_name = os.path.split(os.path.normpath(os.path.abspath(run_dir)))
-  result.update({'run': f'{os.path.basename(parent)}/{run_name}', 'step': step,
-                 'valid_examples': trainer.evaluated_count,
-                 'data': data_description(trainer.config, trainer.dataset),
-                 'seconds': time.time() - start, 'machine': collect.machine()})
-  save_outputs(output_dir, name or f'{script}_{run_name}', figure(result), result, dpi=70)
-  return result
-
-
-def parse_gammas(values: Sequence[str]) -> list[float]:
-  gammas = [float(v) for v in values]
-  if not gammas or any(g <= 0 for g in gammas):
-    raise ValueError(f'gammas must be positive numbers; got {list(values)}.')
-  return gammas
-
-
-def matplotlib_pyplot():
-  """pyplot on the non-interactive Agg backend (scripts and tests run headless)."""
-  with extras.needed_by('Drawing a figure'):
-    import matplotlib
-  matplotlib.use('Agg')
-  from matplotlib import pyplot as plt
-  return plt
-
+  @jax.jit
+  def correct(batch, key):
+    logits, _ = model.apply(variables, batch['inputs'], use_running_average=False,
+                            deterministic=False, rngs={'noise': key},
+                            mutable=['batch_stats'])
+    hits = (jnp.argmax(logits, -1) == batch['labels']) * batch['weights']
+    return jnp.sum(hits), jnp.sum(batch['weights'])
+  totals = np.zeros(2)
+  batches = trainer.dataset.eval_batches('valid')
+  for i in range(trainer.config.eval.max_batches):
+    totals += np.asarray(correct(next(batches), jax.random.PRNGKey(i)), np.float64)
+  return float(totals[0] / totals[1])

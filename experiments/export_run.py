@@ -1,6 +1,6 @@
 r"""Export a run's trained model with `jax.export`, and check the export in a fresh process.
 
-  python -m experiments.export --workdir RUN --output model.jax
+  python -m experiments.export_run --workdir RUN --output model.jax
 
 Reads `RUN/config.json` and the run's best checkpoint (`--checkpoint=latest` for the
 newest), takes the population statistics the run evaluates with (the papers' estimate
@@ -36,9 +36,10 @@ import numpy as np
 
 from bn_rnn_jax import extras
 
-with extras.needed_by('experiments/export.py', exit=True):
+with extras.needed_by('experiments/export_run.py', exit=True):
   from absl import app
   from absl import flags
+  import flatbuffers  # pylint: disable=unused-import  # jax.export's, found before the work
   import ml_collections
 
   from bn_rnn_jax import batch_stats
