@@ -117,9 +117,11 @@ def test_eval_of_untrained_statistics_raises(case):
   with pytest.raises(ValueError, match='no training batch reached'):
     # Variables closed over by a jitted function are concrete when it is traced.
     jax.jit(lambda x, m: module.apply(variables, x, m, **_mode(module, True)))(*args)
-  # Variables passed to it are traced: the statistics normalise to NaN, and a checked
-  # evaluation (`checks.checkify`) names the site.
-  assert np.all(np.isnan(_evaluate(module)(variables, *args)))
+  # Variables passed to it are traced: the statistics normalise every valid step to NaN
+  # (padding stays 0), and a checked evaluation (`checks.checkify`) names the site.
+  out = np.asarray(_evaluate(module)(variables, *args))
+  valid = np.broadcast_to(np.asarray(MASK)[..., None] > 0, out.shape)
+  assert np.all(np.isnan(out[valid]))
   error, _ = jax.jit(checks.checkify(
       lambda v, x, m: module.apply(v, x, m, **_mode(module, True), **_outputs(module))))(
           variables, *args)
