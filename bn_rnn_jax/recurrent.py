@@ -63,6 +63,7 @@ class RecurrentLayer(nn.Module):
     min_row_support: inference reads the steady state past the last row at least this
       fraction of the best row's sequences reached (`normalization.steady_tail`).
     dtype: of the matmuls and outputs; the state and statistics stay float32 or wider.
+    param_dtype: of the parameters (as Flax's layers; float32 also under x64).
     axis_name: the device axis of cross-device batch moments.
     execution: how the layer runs, never what it computes (`policy.Execution`).
     use_running_average, deterministic: Flax's two flags (`modes.py`), here or in the
@@ -87,6 +88,7 @@ class RecurrentLayer(nn.Module):
   min_step_count: int = 1
   min_row_support: float = normalization.DEFAULT_MIN_ROW_SUPPORT
   dtype: Optional[Any] = None
+  param_dtype: Any = jnp.float32
   axis_name: Optional[str] = None
   execution: policy_lib.Execution = policy_lib.Execution()
   use_running_average: Optional[bool] = None
@@ -164,7 +166,8 @@ class RecurrentLayer(nn.Module):
         input_norm=self.input_norm, cell_norm=self.cell_norm, scale_init=self.scale_init,
         forget_bias=self.forget_bias, recurrent_kernel_init=self.recurrent_kernel_init,
         kernel_init=self.kernel_init)
-    return {name: self.param(name, init, shape) for name, (init, shape) in specs.items()}
+    return {name: self.param(name, init, shape, self.param_dtype)
+            for name, (init, shape) in specs.items()}
 
   def initial_carry(self, batch_size: int, deterministic: bool, dtype=jnp.float32):
     """Zeros, a learned vector, or zeros plus Gaussian noise on h_0 (unless
@@ -173,9 +176,11 @@ class RecurrentLayer(nn.Module):
     h = jnp.zeros(shape, dtype)
     c = jnp.zeros(shape, dtype)
     if self.initial_state == 'learned':
-      h = h + self.param('initial_hidden', nn.initializers.zeros, (self.features,))
+      h = h + self.param('initial_hidden', nn.initializers.zeros, (self.features,),
+                           self.param_dtype)
       if self.cell == 'lstm':
-        c = c + self.param('initial_cell', nn.initializers.zeros, (self.features,))
+        c = c + self.param('initial_cell', nn.initializers.zeros, (self.features,),
+                               self.param_dtype)
     elif self.initial_state == 'noise' and not deterministic:
       # One key per global example: N devices draw what 1 draws.
       keys = sequence.per_example_keys(self.make_rng('noise'), batch_size, self.axis_name)

@@ -75,6 +75,23 @@ def test_float64_end_to_end(variant, backward):
     np.testing.assert_allclose(g, want[name], rtol=1e-6, atol=1e-6 * scale, err_msg=name)
 
 
+def test_float32_model_stays_float32_under_x64(data):
+  """`jax_enable_x64` does not widen a float32 model (Flax's `param_dtype` rule): its
+  parameters, carry and outputs stay float32 and match the same call without x64."""
+  x, mask = data
+  layer = br.make_layer('bn_lstm', H, max_length=T)
+
+  def train(x64):
+    with jax.enable_x64(x64):
+      variables = layer.init(jax.random.key(0), x, mask, use_running_average=True)
+      (carry, out), _ = layer.apply(variables, x, mask, use_running_average=False,
+                                    return_carry=True, mutable=['batch_stats'])
+    return variables['params'], carry, out
+  params, carry, out = train(True)
+  assert {a.dtype for a in jax.tree.leaves((params, carry, out))} == {jnp.dtype('float32')}
+  np.testing.assert_allclose(out, train(False)[2], rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.slow
 def test_bfloat16_compute_gives_bfloat16_outputs_and_keeps_float32_statistics(data):
   x, mask = data
