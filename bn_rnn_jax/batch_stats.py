@@ -230,19 +230,23 @@ def site_variable(module: nn.Module, site: Site, *, batch_statistics: bool):
 
 
 def population_rows(module: nn.Module, site: Site, site_stats, length: int, first_step=0,
-                    min_support: float = 0.0) -> tuple[Array, Array]:
+                    min_support: float = 0.0, *, training: bool = False
+                    ) -> tuple[Array, Array]:
   """`(mean, var)` of steps `first_step .. first_step + length - 1`: `[length, F]` (a
   `[batch]` `first_step`: `[length, batch, F]`).
 
   Per-step rows: row `min(t, last trained row)`, after `normalization.steady_tail` with
   `min_support` > 0. Traced statistics that no training batch reached give a NaN
-  variance (and fail `checks.checkify`), unless `allow_untrained_statistics()`."""
+  variance (and fail `checks.checkify`), unless `allow_untrained_statistics()` or
+  `training`: the `min_step_count` fallback of a training step reads them as they are
+  (mean 0, variance 1 before any batch reached them)."""
   if site.rows == 1:
     shape = (length, site.features)
     mean, var = (jnp.broadcast_to(site_stats[k], shape) for k in ('mean', 'var'))
   else:
     mean, var = normalization.population_rows(site_stats, length, first_step, min_support)
-  if isinstance(site_stats['count'], jax.core.Tracer) and not _UNTRAINED_ALLOWED.get():
+  if (isinstance(site_stats['count'], jax.core.Tracer) and not training
+      and not _UNTRAINED_ALLOWED.get()):
     trained = jnp.any(site_stats['count'] > 0)
     checks.check(trained, _untrained_message(module, site.name).replace('{', '{{'))
     var = jnp.where(trained, var, jnp.nan)

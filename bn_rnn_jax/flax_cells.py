@@ -249,15 +249,15 @@ class LNLSTMCell(NormalizedLSTMCell):
 class RNN(nn.Module):
   """`nn.RNN` for the cells of this module: its fields and call (plus
   `use_running_average`, the cell's flag), `seq_lengths` handed to the cell's layer as a
-  mask, the whole sequence one call of it. `unroll` must equal the cell's
-  `Execution(unroll=)`, and `nn.scan`'s options (`variable_*`, `split_rngs`) stay at their
+  mask, the whole sequence one call of it. `unroll` is the cell's `Execution(unroll=)`
+  (None takes it; another value is one line), and `nn.scan`'s options (`variable_*`, `split_rngs`) stay at their
   defaults: the layer scans itself (one line otherwise)."""
   cell: NormalizedLSTMCell
   return_carry: bool = False
   time_major: bool = False
   reverse: bool = False
   keep_order: bool = False
-  unroll: int = 1
+  unroll: Optional[int] = None
   variable_axes: Mapping[Any, Any] = FrozenDict()
   variable_broadcast: Any = 'params'
   variable_carry: Any = False
@@ -275,7 +275,7 @@ class RNN(nn.Module):
         raise ValueError(f'RNN runs the cell\'s layer, which scans itself: {name}='
                          f'{getattr(self, name)!r} has no meaning here (nn.scan\'s option; '
                          f'leave it at {default!r}).')
-    if self.unroll != self.cell.execution.unroll:
+    if self.unroll not in (None, self.cell.execution.unroll):
       raise ValueError(f'RNN(unroll={self.unroll}) runs the cell\'s layer, which unrolls as '
                        'the cell\'s execution says: give the cell execution=Execution('
                        f'unroll={self.unroll}) instead.')

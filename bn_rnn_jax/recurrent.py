@@ -262,7 +262,8 @@ class RecurrentLayer(nn.Module):
     population rows the steps read (in training only the sites with per-step moments, at
     steps with fewer than `min_step_count` sequences)."""
     return {s.name: batch_stats.population_rows(self, s, stats[s.name].value, length,
-                                                first_step, self.min_row_support)
+                                                first_step, self.min_row_support,
+                                                training=training)
             for s in sites if not (training and s.over_time)}
 
   def _record(self, stats, sites, moments, counts, first_step, full_count) -> None:

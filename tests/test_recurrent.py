@@ -496,12 +496,14 @@ def test_coinciding_rows_at_late_steps_keep_the_gradient_bounded():
                                  min_step_count=min_step_count)
     variables = layer.init(jax.random.key(0), jnp.zeros((B, length, I)),
                            use_running_average=True, deterministic=True)
-    def loss(params, x):
-      out, _ = layer.apply({'params': params, 'batch_stats': variables['batch_stats']},
+    # The statistics are traced and never trained, as in a training loop's first step.
+    def loss(params, stats, x):
+      out, _ = layer.apply({'params': params, 'batch_stats': stats},
                            x, jnp.asarray(mask), use_running_average=False,
                            deterministic=False, mutable=['batch_stats'])
       return jnp.sum(out * w_out)
-    grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(variables['params'], jnp.asarray(x))
+    grads = jax.jit(jax.grad(loss, argnums=(0, 2)))(
+        variables['params'], variables['batch_stats'], jnp.asarray(x))
     largest = [float(np.max(np.abs(g))) for g in jax.tree.leaves(grads)]
     return max(largest) if np.all(np.isfinite(largest)) else np.inf   # max() skips NaN
 
