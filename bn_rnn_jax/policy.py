@@ -1,9 +1,9 @@
 """How a recurrent layer runs: `Execution` (what the user sets) and `ExecutionPolicy` (what
 `resolve` makes of it for one platform and layer).
 
-Every choice changes how `RecurrentLayer` computes, never what: every combination gives the
-same outputs, statistics and gradients (the tests force each one on CPU and compare).
-'auto' is the platform's choice, for the layer's size and per-device batch:
+No choice changes what the layer computes: every combination gives the same outputs,
+statistics and gradients. 'auto' is the platform's choice, for the layer's size and
+per-device batch (docs/speed.md, "The execution policy", says why):
 
   | choice | CPU | GPU | TPU |
   |---|---|---|---|
@@ -12,12 +12,9 @@ same outputs, statistics and gradients (the tests force each one on CPU and comp
   | `backward` | 'layer' for LSTMs with H >= 8 B; else 'scan' | 'layer' for LSTMs without batch norm; else 'scan' | 'scan' |
   | `batch_sums` | 'contraction' | 'reduce' | 'reduce' |
 
-The CPU and GPU columns follow `benchmarks/rnn_speed.py`, the TPU column the offline TPU
-compile (`benchmarks/tpu_compile.py`); docs/speed.md, "The execution policy", says why. The platform is the program's
-target: the default backend's, or those named by `targets` while it is traced (`with
-policy.targets('tpu'):` compiles for a TPU on another machine). Several targets get a
-policy each, and `jax.lax.platform_dependent` keeps the one of the platform the program
-is lowered for, at the cost of tracing the layer once per distinct policy.
+The platform is the program's target: the default backend's, or those named by `targets`
+while it is traced (`with policy.targets('tpu'):`). With several targets,
+`jax.lax.platform_dependent` keeps the policy of the platform the program is lowered for.
 """
 
 from __future__ import annotations
@@ -36,14 +33,11 @@ REMAT_MODES = ('none', 'dots', 'full')
 BACKWARD_PASSES = ('scan', 'layer')
 BATCH_SUMS = normalization.BATCH_SUMS
 FUSED_STEPS = ('none', 'xla', 'pallas', 'persistent')
-#: The platforms a policy is resolved for (`jax.lax.platform_dependent`'s names).
+#: `jax.lax.platform_dependent`'s platform names.
 PLATFORMS = ('cpu', 'cuda', 'rocm', 'tpu')
-
-#: remat 'auto' on CPU: the largest hidden size whose batch-normalised layers recompute the
-#: whole step in the backward pass.
+#: CPU, with batch norm: remat 'full' up to this hidden size.
 FULL_REMAT_MAX_HIDDEN = 128
-#: backward 'auto' on CPU: LSTM layers take the whole-layer backward pass when the hidden
-#: size is at least this many times the per-device batch.
+#: CPU: LSTM layers take backward 'layer' when H is at least this times the batch.
 LAYER_BACKWARD_MIN_HIDDEN_PER_EXAMPLE = 8
 
 
@@ -70,14 +64,12 @@ class Execution:
     unroll: steps per scan iteration (`lax.scan(unroll=)`).
     backward: the autodiff of `lax.scan` ('scan') or `layer_vjp`'s whole-layer backward
       pass ('layer'; no forward-mode derivative).
-    batch_sums: the sums over the batch as a reduction ('reduce') or a contraction with
-      ones ('contraction').
-    fused_step: 'none', or `fused_step.py`'s BN-LSTM step with its whole-sequence backward
-      pass: as plain JAX ('xla'), one Pallas kernel per step and direction ('pallas'), or
-      one Pallas kernel per pass with the time loop inside ('persistent',
-      `persistent.py`; H up to `persistent.MAX_HIDDEN`). For BN-LSTM layers with
-      per-step statistics (the kernels: on one device); `remat` and `backward` do not
-      apply, and the input term is hoisted.
+    batch_sums: sums over the batch as a reduction ('reduce') or a contraction with ones
+      ('contraction').
+    fused_step: 'none', or the fused BN-LSTM step (per-step statistics; kernels on one
+      device): plain JAX ('xla'), a Pallas kernel per step ('pallas'), or one per pass
+      ('persistent', H up to `persistent.MAX_HIDDEN`). It hoists the input term;
+      `remat` and `backward` do not apply.
     block_h: hidden units per Pallas block (a power of two); None: `fused.layout`'s.
     num_warps: warps per Pallas program on GPUs (a power of two).
 
@@ -102,15 +94,15 @@ class Execution:
     if self.hoist_input != AUTO and not isinstance(self.hoist_input, bool):
       raise ValueError(f'hoist_input must be {AUTO!r}, True or False; got '
                        f'{self.hoist_input!r}.')
-    _choice('remat', self.remat, REMAT_MODES)
-    _choice('backward', self.backward, BACKWARD_PASSES)
-    _choice('batch_sums', self.batch_sums, BATCH_SUMS)
+    for name, allowed in (('remat', REMAT_MODES), ('backward', BACKWARD_PASSES),
+                          ('batch_sums', BATCH_SUMS)):
+      _choice(name, getattr(self, name), allowed)
     if self.fused_step not in FUSED_STEPS:
       raise ValueError(f'fused_step must be one of {FUSED_STEPS}; got {self.fused_step!r}.')
     if not isinstance(self.unroll, int) or self.unroll < 1:
       raise ValueError(f'unroll must be a positive int; got {self.unroll!r}.')
-    _power_of_two('block_h', self.block_h)
-    _power_of_two('num_warps', self.num_warps)
+    for name in ('block_h', 'num_warps'):
+      _power_of_two(name, getattr(self, name))
 
 
 #: The settings of `Execution`, by name.
@@ -150,8 +142,7 @@ _TARGETS = contextvars.ContextVar('bn_rnn_jax_targets', default=())
 @contextlib.contextmanager
 def targets(*platforms: str) -> Iterator[None]:
   """Programs traced inside this context run the policies of `platforms` (e.g. 'tpu'),
-  whatever the host's backend; with several, the one of the platform each program is
-  lowered for (`jax.lax.platform_dependent`)."""
+  whatever the host's backend; with several, that of the platform it is lowered for."""
   token = _TARGETS.set(tuple(dict.fromkeys(platform_name(p) for p in platforms)))
   try:
     yield
@@ -179,7 +170,7 @@ def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
   `batch` per device, `batch_norm` whether a site is batch-normalised, `sequence_input`
   whether the input term has sequence-wise statistics (which must hoist).
 
-  Example: a BN-LSTM layer of 1000 units at batch 64 (the character-PTB config).
+  Example: a BN-LSTM layer of 1000 units at batch 64.
 
     >>> from bn_rnn_jax import policy
     >>> for platform in ('cpu', 'cuda', 'tpu'):
@@ -202,10 +193,8 @@ def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
     raise ValueError('hoist_input=False cannot hold with sequence-wise input statistics or '
                      'a fused step: they need every step\'s input term before the scan.')
   if remat == AUTO:
-    if cpu and batch_norm:
-      remat = 'full' if hidden_size <= FULL_REMAT_MAX_HIDDEN else 'dots'
-    else:
-      remat = 'dots' if batch_norm else 'none'
+    full = cpu and hidden_size <= FULL_REMAT_MAX_HIDDEN
+    remat = ('full' if full else 'dots') if batch_norm else 'none'
   if backward == AUTO:
     wide = hidden_size >= LAYER_BACKWARD_MIN_HIDDEN_PER_EXAMPLE * batch
     layer = (cpu and wide) or (gpu and not batch_norm)
