@@ -186,6 +186,10 @@ def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
   cpu = platform == 'cpu'
   gpu = platform in ('gpu', 'cuda', 'rocm')
   fused = execution.fused_step != 'none'
+  if platform == 'tpu' and execution.fused_step in ('pallas', 'persistent'):
+    raise ValueError(f"Execution(fused_step={execution.fused_step!r}) is Triton kernels, for "
+                     "GPUs (interpreted on CPU); a TPU target has none: use fused_step='xla' "
+                     "or 'none'.")
   hoist, remat, backward = execution.hoist_input, execution.remat, execution.backward
   if hoist == AUTO:
     hoist = sequence_input or fused or not cpu

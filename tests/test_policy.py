@@ -244,6 +244,15 @@ def test_resolve_keeps_forced_choices_and_refuses_bad_ones(platform):
   with pytest.raises(ValueError, match='hoist_input=False cannot hold'):
     policy.resolve(sequence_input=True, **common,
                    execution=policy.Execution(hoist_input=False))
+  for kernel in ('pallas', 'persistent'):   # Triton kernels: GPUs, and interpreted on CPU
+    execution = policy.Execution(fused_step=kernel)
+    if platform == 'tpu':
+      with pytest.raises(ValueError, match='a TPU target has none') as error:
+        policy.resolve(sequence_input=False, **common, execution=execution)
+      helpers.one_line(error)
+    else:
+      assert policy.resolve(sequence_input=False, **common,
+                            execution=execution).fused_step == kernel
 
 
 def test_execution_values_are_checked_in_one_line():
