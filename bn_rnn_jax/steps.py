@@ -83,12 +83,7 @@ def apply_norm(kind: Optional[str], z: Array, scale: Optional[Array], bias: Opti
   var)`; in training they replace the moments of statistics with fewer than `min_count`
   valid entries (no gradient into them)."""
   if kind is None:
-    y = z
-    if scale is not None:
-      y = y * scale
-    if bias is not None:
-      y = y + bias
-    return y, None
+    return normalization.affine(z, scale, bias), None
   if kind == 'layer':
     return normalization.layer_norm(z, scale, bias, epsilon), None
   if kind != 'batch':
