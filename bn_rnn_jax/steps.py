@@ -6,7 +6,7 @@ moments it used, in inference it receives its step's population rows as inputs.
 Gate order is `(f, i, o, g)` (Cooijmans et al. eq. 6): forget, input, output, candidate.
 A gated pre-activation `[B, 4H]` is the concatenation of the four `[B, H]` gate blocks.
 
-Parameter names (all float32 unless a compute dtype is set):
+Parameter names (in the layer's `param_dtype`, float32 by default):
   input_kernel      [I, G*H]   W_x
   recurrent_kernel  [H, G*H]   W_h
   bias              [G*H]      b (also the shift of an input-only normalisation)
