@@ -46,6 +46,11 @@ STATISTICS = ('per_step', 'sequence', 'shared')
 MOMENTS = 'minibatch_moments'
 
 
+def is_site(node) -> bool:
+  """Whether `node` is one site's `{'mean', 'var', 'count'}` (an `is_leaf` over sites)."""
+  return isinstance(node, Mapping) and set(node) == {'mean', 'var', 'count'}
+
+
 def check_statistics(statistics: str) -> None:
   if statistics not in STATISTICS:
     raise ValueError(f'statistics must be one of {STATISTICS}; got {statistics!r}.')
@@ -131,7 +136,7 @@ def untrained_sites(stats_tree) -> list[str]:
   """
   found = []
   def visit(node, path):
-    if isinstance(node, Mapping) and set(node) == {'mean', 'var', 'count'}:
+    if is_site(node):
       if is_untrained(node):
         found.append('/'.join(path))
     elif isinstance(node, Mapping):
@@ -232,14 +237,10 @@ def site_variable(module: nn.Module, site: Site, *, batch_statistics: bool):
 def population_rows(module: nn.Module, site: Site, site_stats, length: int, first_step=0,
                     min_support: float = 0.0, *, training: bool = False
                     ) -> tuple[Array, Array]:
-  """`(mean, var)` of steps `first_step .. first_step + length - 1`: `[length, F]` (a
-  `[batch]` `first_step`: `[length, batch, F]`).
-
-  Per-step rows: row `min(t, last trained row)`, after `normalization.steady_tail` with
-  `min_support` > 0. Traced statistics that no training batch reached give a NaN
-  variance (and fail `checks.checkify`), unless `allow_untrained_statistics()` or
-  `training`: the `min_step_count` fallback of a training step reads them as they are
-  (mean 0, variance 1 before any batch reached them)."""
+  """`normalization.population_rows` of `site` (a one-row site's row at every step).
+  Traced statistics no training batch reached give a NaN variance (and fail
+  `checks.checkify`), unless `allow_untrained_statistics()` or `training`: the
+  `min_step_count` fallback of a training step reads them as they are (mean 0, var 1)."""
   if site.rows == 1:
     shape = (length, site.features)
     mean, var = (jnp.broadcast_to(site_stats[k], shape) for k in ('mean', 'var'))
@@ -320,8 +321,7 @@ class MaskedBatchNorm(nn.Module):
       raise ValueError(f'MaskedBatchNorm expects x [batch, F] or [batch, time, F]; got '
                        f'{x.shape}.')
     per_step = x.ndim == 3 and self.statistics == 'per_step'
-    rows = statistics_length(self, self.max_length, ['stats'] if per_step else [],
-                             x.shape[1]) if per_step else 1
+    rows = statistics_length(self, self.max_length, ['stats'], x.shape[1]) if per_step else 1
     site = Site('stats', x.shape[-1], 'per_step' if per_step else 'sequence', rows)
     stats = site_variable(self, site, batch_statistics=batch)
     if batch:

@@ -246,22 +246,27 @@ class LNLSTMCell(NormalizedLSTMCell):
   scale_init: initializers.Initializer = initializers.Constant(1.0)
 
 
+#: `nn.RNN`'s `nn.scan` options and their defaults (`RNN` takes these only).
+_SCAN_DEFAULTS = {'variable_axes': FrozenDict(), 'variable_broadcast': 'params',
+                  'variable_carry': False, 'split_rngs': FrozenDict({'params': False})}
+
+
 class RNN(nn.Module):
   """`nn.RNN` for the cells of this module: its fields and call (plus
   `use_running_average`, the cell's flag), `seq_lengths` handed to the cell's layer as a
   mask, the whole sequence one call of it. `unroll` is the cell's `Execution(unroll=)`
-  (None takes it; another value is one line), and `nn.scan`'s options (`variable_*`, `split_rngs`) stay at their
-  defaults: the layer scans itself (one line otherwise)."""
+  (None takes it), and `nn.scan`'s options (`variable_*`, `split_rngs`) stay at their
+  defaults: the layer scans itself (another value is one line)."""
   cell: NormalizedLSTMCell
   return_carry: bool = False
   time_major: bool = False
   reverse: bool = False
   keep_order: bool = False
   unroll: Optional[int] = None
-  variable_axes: Mapping[Any, Any] = FrozenDict()
-  variable_broadcast: Any = 'params'
-  variable_carry: Any = False
-  split_rngs: Mapping[Any, bool] = FrozenDict({'params': False})
+  variable_axes: Mapping[Any, Any] = _SCAN_DEFAULTS['variable_axes']
+  variable_broadcast: Any = _SCAN_DEFAULTS['variable_broadcast']
+  variable_carry: Any = _SCAN_DEFAULTS['variable_carry']
+  split_rngs: Mapping[Any, bool] = _SCAN_DEFAULTS['split_rngs']
 
   @nn.compact
   def __call__(self, inputs: Array, *, initial_carry=None, init_key=None,
@@ -290,11 +295,6 @@ class RNN(nn.Module):
         return_carry=pick(return_carry, self.return_carry),
         time_major=pick(time_major, self.time_major), reverse=pick(reverse, self.reverse),
         keep_order=pick(keep_order, self.keep_order))
-
-
-#: `nn.RNN`'s `nn.scan` options and their defaults (`RNN` takes these only).
-_SCAN_DEFAULTS = {'variable_axes': FrozenDict(), 'variable_broadcast': 'params',
-                  'variable_carry': False, 'split_rngs': FrozenDict({'params': False})}
 
 
 def run_sequence(run_cell, inputs: Array, *, initial_carry, seq_lengths, return_carry: bool,

@@ -43,10 +43,6 @@ class Layout:
   hidden: int
   block_h: int
 
-  @property
-  def grid(self) -> int:
-    return self.hidden // self.block_h
-
 
 # ----------------------------------------------------------------------------- step math
 # On values: 'gates' are 4-tuples of `[B, F]`, 'gate_vec' 4-tuples of `[F]`, 'state'
@@ -213,7 +209,7 @@ def _step(static: Static, direction: str, inputs: dict[str, Array]) -> dict:
         ref[...] = value
 
   call = pl.pallas_call(
-      kernel, grid=(lay.grid,),
+      kernel, grid=(lay.hidden // lay.block_h,),
       out_shape=[jax.ShapeDtypeStruct(shapes[_KINDS[n]], inputs['c_prev'].dtype)
                  for n in outputs],
       in_specs=[specs[_KINDS[n]] for n in names], out_specs=[specs[_KINDS[n]] for n in outputs],

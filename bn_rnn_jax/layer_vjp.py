@@ -106,12 +106,7 @@ def scan_layer(cell: Callable, terms_fn: Callable, params: dict[str, jax.Array],
     kernels, pointwise_params = split(params)
     w_h = kernels['recurrent_kernel']
     # The reverse scan reads only what its mode recomputes from.
-    if mode == 'none':
-      loop_xs = {}
-    elif mode == 'dots':
-      loop_xs = {k: v for k, v in xs.items() if k != 'x'}
-    else:
-      loop_xs = xs
+    loop_xs = {'none': {}, 'dots': {k: v for k, v in xs.items() if k != 'x'}, 'full': xs}[mode]
 
     def backward_step(state, inputs):
       d_carry, d_pointwise = state
@@ -146,7 +141,7 @@ def scan_layer(cell: Callable, terms_fn: Callable, params: dict[str, jax.Array],
     h_prev = saved['h'] if mode == 'none' else _h(saved['carry'])         # [T, B, H]
     d_params = dict(d_pointwise)
     d_xs = jax.tree.map(jnp.zeros_like, xs)
-    if tied and 'x' in xs:
+    if tied:
       # One product for both kernels: [x_t, h_{t-1}]^T dZ.
       w_x = kernels['input_kernel']
       both = _sequence_matmul(jnp.concatenate([xs['x'].astype(h_prev.dtype), h_prev], -1),

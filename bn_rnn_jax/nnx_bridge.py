@@ -93,8 +93,9 @@ class FromLinen(bridge.ToNNX):
     what it updates: the Linen call behind `__call__`."""
     # The bridge's own call reads every attribute as a variable, `use_running_average`
     # (which `model.train()` / `eval()` set) included: the Linen module is applied here.
-    nest = (lambda tree: {k: {scope: v} for k, v in tree.items()}) if scope else (lambda t: t)
-    variables = nest(self.linen_variables())
+    variables = self.linen_variables()
+    if scope:
+      variables = {k: {scope: v} for k, v in variables.items()}
     if self.use_running_average and not self._estimating:
       return module.apply(variables, *args, **modes.flags(module, modes.EVAL), **kwargs)
     if self._estimating:  # the papers' estimate: batch statistics and h0 noise, no dropout

@@ -83,14 +83,9 @@ class LNLSTMCell(NormalizedLSTMCell):
 
 
 class RNN(nnx.Module):
-  """`nnx.RNN` for the cells of this module: the same arguments and call, with
-  `seq_lengths` handed to the cell as a mask and the whole sequence run in one cell call
-  (`flax_cells.run_sequence`).
-
-  Args:
-    cell: a `NormalizedLSTMCell`.
-    return_carry, time_major, reverse, keep_order: as `nnx.RNN`.
-  """
+  """`nnx.RNN` for the cells of this module (a `NormalizedLSTMCell`): the same arguments
+  and call, with `seq_lengths` handed to the cell as a mask and the whole sequence run in
+  one cell call (`flax_cells.run_sequence`)."""
 
   def __init__(self, cell: NormalizedLSTMCell, *, return_carry: bool = False,
                time_major: bool = False, reverse: bool = False, keep_order: bool = False):
@@ -103,11 +98,9 @@ class RNN(nnx.Module):
                reverse: Optional[bool] = None, keep_order: Optional[bool] = None,
                rngs=None):
     del rngs  # the cells start from zeros
-    pick = lambda value, default: default if value is None else value
-    rnn = flax_cells.RNN(self.cell.to_nnx__module, return_carry=pick(return_carry,
-                                                                      self.return_carry),
-                         time_major=pick(time_major, self.time_major),
-                         reverse=pick(reverse, self.reverse),
-                         keep_order=pick(keep_order, self.keep_order))
+    rnn = flax_cells.RNN(self.cell.to_nnx__module, return_carry=self.return_carry,
+                         time_major=self.time_major, reverse=self.reverse,
+                         keep_order=self.keep_order)
     return self.cell.apply_linen(rnn, inputs, scope='cell', initial_carry=initial_carry,
-                                 seq_lengths=seq_lengths)
+                                 seq_lengths=seq_lengths, return_carry=return_carry,
+                                 time_major=time_major, reverse=reverse, keep_order=keep_order)

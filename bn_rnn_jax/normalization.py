@@ -13,6 +13,7 @@ A site's population statistics are `{'mean': [R, F], 'var': [R, F], 'count': [R]
 from __future__ import annotations
 
 import functools
+import math
 from typing import Optional, Sequence
 
 import jax
@@ -48,18 +49,9 @@ def batch_sum(v: Array, reduce_axes: Axes, batch_sums: str = 'reduce') -> Array:
                        precision=lax.Precision.HIGHEST)
 
 
-def _valid_count(x: Array, mask: Optional[Array], reduce_axes: Axes,
-                 axis_name: Optional[str], batch_sums: str) -> Array:
-  """Number of valid entries that each statistic averages over (psum-ed)."""
-  if mask is None:
-    n = 1
-    for a in reduce_axes:
-      n *= x.shape[a]
-    count = jnp.asarray(n, x.dtype)
-  else:
-    mask = jnp.broadcast_to(mask, x.shape[:-1] + (1,)).astype(x.dtype)
-    count = batch_sum(mask[..., 0], reduce_axes, batch_sums)
-  return _psum(count, axis_name)
+def _per_feature(count: Array) -> Array:
+  """A count that broadcasts against per-feature statistics `[..., F]`."""
+  return count[..., None] if jnp.ndim(count) else count
 
 
 def _masked_sum(v: Array, mask: Optional[Array], reduce_axes: Axes,
@@ -90,23 +82,29 @@ def batch_moments(x: Array,
   reduce_axes = tuple(a % x.ndim for a in reduce_axes)
   # Statistics in at least float32, also under a bfloat16 compute dtype.
   x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-  if mask is not None:
+  if mask is None:
+    count = jnp.asarray(math.prod(x.shape[a] for a in reduce_axes), x.dtype)
+  else:
     mask = jnp.broadcast_to(mask, x.shape[:-1] + (1,)).astype(x.dtype)
-  count = _valid_count(x, mask, reduce_axes, axis_name, batch_sums)
-  safe_count = jnp.maximum(count, 1.0)
-  count_f = safe_count[..., None] if jnp.ndim(safe_count) else safe_count
-  mean = _psum(_masked_sum(x, mask, reduce_axes, batch_sums), axis_name) / count_f
+    count = batch_sum(mask[..., 0], reduce_axes, batch_sums)
+  count = _psum(count, axis_name)
+  safe_count = _per_feature(jnp.maximum(count, 1.0))
+  mean = _psum(_masked_sum(x, mask, reduce_axes, batch_sums), axis_name) / safe_count
   centred = x - jnp.expand_dims(mean, reduce_axes)
   # Two passes: E[x^2] - E[x]^2 cancels catastrophically in float32 when |mean| >> std.
   var = _psum(_masked_sum(centred * centred, mask, reduce_axes, batch_sums),
-              axis_name) / count_f
+              axis_name) / safe_count
   return mean, var, count
 
 
 def normalize(x: Array, mean: Array, var: Array, scale: Optional[Array] = None,
               bias: Optional[Array] = None, epsilon: float = DEFAULT_EPSILON) -> Array:
   """`bias + scale * (x - mean) / sqrt(var + epsilon)`; statistics broadcast against x."""
-  y = (x - mean) * lax.rsqrt(var + epsilon)
+  return affine((x - mean) * lax.rsqrt(var + epsilon), scale, bias)
+
+
+def affine(y: Array, scale: Optional[Array], bias: Optional[Array]) -> Array:
+  """`y * scale + bias`, either left out when None."""
   if scale is not None:
     y = y * scale
   if bias is not None:
@@ -125,11 +123,7 @@ def _batch_norm_forward(x, scale, bias, mask, reduce_axes, axis_name, epsilon, b
   mean, var, count = batch_moments(x, mask, reduce_axes, axis_name, batch_sums)
   inv_std = lax.rsqrt(var + epsilon)
   x_hat = (x - jnp.expand_dims(mean, reduce_axes)) * jnp.expand_dims(inv_std, reduce_axes)
-  y = x_hat
-  if scale is not None:
-    y = y * scale
-  if bias is not None:
-    y = y + bias
+  y = affine(x_hat, scale, bias)
   # The empty array carries x's dtype to the backward pass (dx is returned in it).
   residuals = (x_hat, inv_std, scale, bias, mask, jnp.maximum(count, 1.0),
                jnp.zeros((0,), x.dtype))
@@ -178,7 +172,7 @@ def batch_norm_backward(dy: Array, x_hat: Array, inv_std: Array, scale: Optional
     d_mean = jnp.zeros_like(terms[0]) if _is_zero(d_mean) else d_mean
     d_var = jnp.zeros_like(terms[0]) if _is_zero(d_var) else d_var
     terms += [d_mean, d_var * 2.0 / inv_std]  # d_var * 2 (x - mean) = d_var * 2 x_hat / inv_std
-  count = count[..., None] if jnp.ndim(count) else count
+  count = _per_feature(count)
   sums = [total / count for total in _psum(terms, axis_name)]  # one psum of all the sums
   expand = lambda s: jnp.expand_dims(s, reduce_axes)
   inv = expand(inv_std)

@@ -2,11 +2,8 @@
 
 Cooijmans et al. (sec. 3) estimate the population statistics after training as the
 average, per time step, of the minibatch means and variances over N training batches with
-the final parameters:
-
-  minibatch_moments(model, variables, batch, rngs, **apply_kwargs)   one batch's moments
-  average_minibatch_moments(records)                                  their average
-  estimate_population_stats(model, variables, batches, rng=, **apply_kwargs)   both
+the final parameters: `minibatch_moments` gives one batch's, `average_minibatch_moments`
+their average, `estimate_population_stats` both.
 
 A batch is the arguments of one call: a tuple of positional arguments (`(x, mask)`) or a
 mapping of keyword arguments (`{'inputs': x, 'seq_lengths': lengths}`). `apply_kwargs`
@@ -40,6 +37,7 @@ from bn_rnn_jax import modes
 from bn_rnn_jax import sequence
 
 MOMENTS = batch_stats.MOMENTS
+is_site = batch_stats.is_site
 
 
 def call_arguments(batch) -> tuple[tuple, dict]:
@@ -79,11 +77,6 @@ def _moments(model, variables, args: tuple, kwargs: dict, apply_kwargs, rngs=Non
   _, mutated = model.apply(variables, *args, **kwargs, **_mode_kwargs(model, apply_kwargs, kwargs),
                            mutable=[MOMENTS], rngs=rngs)
   return mutated.get(MOMENTS, {})
-
-
-def is_site(node) -> bool:
-  """Whether `node` is one site's `{'mean', 'var', 'count'}` (an `is_leaf` over sites)."""
-  return isinstance(node, Mapping) and set(node) == {'mean', 'var', 'count'}
 
 
 #: How the estimate combines the minibatch variances of a row (`average_minibatch_moments`).
@@ -135,33 +128,28 @@ def thin_rows(records: Sequence[Any]) -> list[str]:
   """One line per site whose rows rest on one sequence in every minibatch (variance 0), and
   per site whose rows only minibatches thinner than `min_step_count` reached."""
   lines = []
-  def visit(nodes, path):
-    if is_site(nodes[0]):
-      counts = np.stack([np.asarray(n['count']) for n in nodes])          # [N, R]
-      supported = (counts > 0).any(axis=0)
-      single = np.nonzero(supported & (counts <= 1).all(axis=0))[0]
-      if single.size:
-        lines.append(f"site '{'/'.join(path)}': rows {_ranges(single)} rest on one "
-                     'sequence in every batch: their variance is 0; inference reads the '
-                     "steady state there where they fall below the layer's min_row_support "
-                     '(the default), and divides by sqrt(epsilon) with min_row_support=0. '
-                     'Estimate from larger batches (the same sequences joined), or leave '
-                     'such rows out with min_step_count=2 on the layer')
-      thin = np.nonzero((counts < 0).any(axis=0) & ~supported)[0]
-      if thin.size:
-        examples = -counts[:, thin][counts[:, thin] < 0]
-        last = np.nonzero(supported)[0]
-        uses = f'row {last[-1]}' if last.size else 'no supported row'
-        low, high = examples.min(), examples.max()
-        number = f'{low:g}' if low == high else f'{low:g}-{high:g}'
-        lines.append(f"site '{'/'.join(path)}': rows {_ranges(thin)} rest on {number} "
-                     'sequence(s) per batch, fewer than the layer\'s min_step_count; '
-                     f'inference uses {uses} there')
-      return
-    for key in nodes[0]:
-      visit([n[key] for n in nodes], path + (str(key),))
-  if records:
-    visit(list(records), ())
+  for entries in zip(*(sites(record) for record in records)):
+    path = entries[0][0]
+    counts = np.stack([np.asarray(site['count']) for _, site in entries])     # [N, R]
+    supported = (counts > 0).any(axis=0)
+    single = np.nonzero(supported & (counts <= 1).all(axis=0))[0]
+    if single.size:
+      lines.append(f"site '{path}': rows {_ranges(single)} rest on one sequence in every "
+                   'batch: their variance is 0; inference reads the steady state there '
+                   "where they fall below the layer's min_row_support (the default), and "
+                   'divides by sqrt(epsilon) with min_row_support=0. Estimate from larger '
+                   'batches (the same sequences joined), or leave such rows out with '
+                   'min_step_count=2 on the layer')
+    thin = np.nonzero((counts < 0).any(axis=0) & ~supported)[0]
+    if thin.size:
+      examples = -counts[:, thin][counts[:, thin] < 0]
+      last = np.nonzero(supported)[0]
+      uses = f'row {last[-1]}' if last.size else 'no supported row'
+      low, high = examples.min(), examples.max()
+      number = f'{low:g}' if low == high else f'{low:g}-{high:g}'
+      lines.append(f"site '{path}': rows {_ranges(thin)} rest on {number} sequence(s) per "
+                   "batch, fewer than the layer's min_step_count; inference uses "
+                   f'{uses} there')
   return lines
 
 
@@ -188,17 +176,6 @@ def padding_without_lengths(batch) -> Optional[str]:
       if found:
         return found
   return None
-
-
-def padding_warning(function: str, batch) -> Optional[str]:
-  """The one-line warning `function` gives for a batch that looks padded and passes no
-  lengths (`padding_without_lengths`), or None."""
-  found = padding_without_lengths(batch)
-  if found is None:
-    return None
-  return (f'{function}: a batch passes {found}; the padding would count in the '
-          'statistics as data. Pass the lengths or mask the model trains with, e.g. '
-          "(x, mask) or {'inputs': x, 'seq_lengths': lengths}.")
 
 
 def check_concrete_batch(module, args: tuple, kwargs: dict, where: str) -> None:
@@ -248,12 +225,6 @@ def nonfinite_moments(records: Sequence[Any]) -> Optional[str]:
   return None
 
 
-def _fresh_site(site):
-  """Statistics no batch reached, shaped as `site`: mean 0, var 1, count 0."""
-  return {'mean': jnp.zeros_like(site['mean']), 'var': jnp.ones_like(site['var']),
-          'count': jnp.zeros_like(site['count'])}
-
-
 def with_every_site(estimate, stats_tree) -> tuple[Any, list[str]]:
   """`estimate` with the sites of `stats_tree` it lacks as fresh statistics (which
   evaluation refuses), and their paths."""
@@ -262,7 +233,8 @@ def with_every_site(estimate, stats_tree) -> tuple[Any, list[str]]:
     if is_site(node):
       if estimate is None:
         missing.append('/'.join(path))
-        return _fresh_site(node)
+        return {'mean': jnp.zeros_like(node['mean']), 'var': jnp.ones_like(node['var']),
+                'count': jnp.zeros_like(node['count'])}
       return estimate
     estimate = {} if estimate is None else dict(estimate)
     for key, value in node.items():
@@ -283,7 +255,7 @@ def records(batches, module, record) -> list:
   for i, batch in enumerate(batches):
     args, kwargs = call_arguments(batch)
     check_concrete_batch(module, args, kwargs, f'{_FUNCTION}: batch {i}')
-    padded = padded or padding_warning(_FUNCTION, batch)
+    padded = padded or padding_without_lengths(batch)
     found.append(record(i, args, kwargs))
   if not found:
     raise ValueError(f'{_FUNCTION} needs at least one batch.')
@@ -292,7 +264,9 @@ def records(batches, module, record) -> list:
     raise ValueError(f'{_FUNCTION}: {nonfinite}: the batch\'s inputs at valid steps, or the '
                      'parameters, hold NaN or inf, and the estimate would be NaN there.')
   if padded:
-    warnings.warn(padded, stacklevel=3)
+    warnings.warn(f'{_FUNCTION}: a batch passes {padded}; the padding would count in the '
+                  'statistics as data. Pass the lengths or mask the model trains with, e.g. '
+                  "(x, mask) or {'inputs': x, 'seq_lengths': lengths}.", stacklevel=3)
   for line in thin_rows(found):
     warnings.warn(f'{_FUNCTION}: {line}.', stacklevel=3)
   return found

@@ -176,11 +176,11 @@ class RecurrentLayer(nn.Module):
     h = jnp.zeros(shape, dtype)
     c = jnp.zeros(shape, dtype)
     if self.initial_state == 'learned':
-      h = h + self.param('initial_hidden', nn.initializers.zeros, (self.features,),
-                           self.param_dtype)
+      learned = lambda name: self.param(name, nn.initializers.zeros, (self.features,),
+                                        self.param_dtype)
+      h = h + learned('initial_hidden')
       if self.cell == 'lstm':
-        c = c + self.param('initial_cell', nn.initializers.zeros, (self.features,),
-                               self.param_dtype)
+        c = c + learned('initial_cell')
     elif self.initial_state == 'noise' and not deterministic:
       # One key per global example: N devices draw what 1 draws.
       keys = sequence.per_example_keys(self.make_rng('noise'), batch_size, self.axis_name)
@@ -206,7 +206,7 @@ class RecurrentLayer(nn.Module):
     mode = modes.resolve(self, use_running_average, deterministic)
     training, (batch, length, _) = mode.batch_statistics, inputs.shape
     sites = self._sites(length)
-    full_count = (self._sequences(first_step, mask, batch, length) if training else None)
+    full_count = self._sequences(first_step, mask, batch, length) if training else None
     first_step, ok = self._first_step(first_step, mask, training, sites, length)
     if training and mask is None:
       if sequence.trailing_zero_padding(inputs):  # zeros at the ends can be data: a warning

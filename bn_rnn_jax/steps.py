@@ -6,7 +6,7 @@ moments it used, in inference it receives its step's population rows as inputs.
 Gate order is `(f, i, o, g)` (Cooijmans et al. eq. 6): forget, input, output, candidate.
 A gated pre-activation `[B, 4H]` is the concatenation of the four `[B, H]` gate blocks.
 
-Parameter names (all float32 unless a compute dtype is set):
+Parameter names (in the layer's `param_dtype`, float32 by default):
   input_kernel      [I, G*H]   W_x
   recurrent_kernel  [H, G*H]   W_h
   bias              [G*H]      b (also the shift of an input-only normalisation)
@@ -62,11 +62,6 @@ class StepConfig:
   batch_sums: str = 'reduce'
 
 
-def _statistics_mask(cfg: StepConfig, mask: Optional[Array]) -> Optional[Array]:
-  """The mask the batch moments use: none when padded entries count."""
-  return None if cfg.padded_statistics else mask
-
-
 def matmul(a: Array, b: Array, compute_dtype, contract=None) -> Array:
   """`a . b` over `contract` (`(a_axes, b_axes)`; default a's last axis with b's first) in
   `compute_dtype` (None: the operands', at least float32), returned in at least float32
@@ -88,12 +83,7 @@ def apply_norm(kind: Optional[str], z: Array, scale: Optional[Array], bias: Opti
   var)`; in training they replace the moments of statistics with fewer than `min_count`
   valid entries (no gradient into them)."""
   if kind is None:
-    y = z
-    if scale is not None:
-      y = y * scale
-    if bias is not None:
-      y = y + bias
-    return y, None
+    return normalization.affine(z, scale, bias), None
   if kind == 'layer':
     return normalization.layer_norm(z, scale, bias, epsilon), None
   if kind != 'batch':
@@ -119,8 +109,10 @@ def _keep_padded(mask: Optional[Array], new: Array, old: Array) -> Array:
   return new if mask is None else jnp.where(mask > 0, new, old)
 
 
-def _zero_padded(mask: Optional[Array], value: Array) -> Array:
-  return value if mask is None else jnp.where(mask > 0, value, jnp.zeros_like(value))
+def _outputs(mask: Optional[Array], h: Array, moments: dict[str, Any]) -> dict[str, Any]:
+  """A step's outputs: `h` (0 on padded rows) and the moments of its batch norms."""
+  h = h if mask is None else jnp.where(mask > 0, h, jnp.zeros_like(h))
+  return {'h': h, 'moments': {site: m for site, m in moments.items() if m is not None}}
 
 
 def step_terms(params: Params, cfg: StepConfig, carry, inputs: dict[str, Any]):
@@ -136,17 +128,21 @@ def step_terms(params: Params, cfg: StepConfig, carry, inputs: dict[str, Any]):
   return terms
 
 
-def _step_input_term(params: Params, cfg: StepConfig, terms: dict[str, Array],
-                     inputs: dict[str, Any]):
+def _norm(cfg: StepConfig, kind: Optional[str], z: Array, scale, bias, mask, stats):
+  """`apply_norm` with `cfg`'s settings; padded entries count in the batch moments under
+  `cfg.padded_statistics`."""
+  return apply_norm(kind, z, scale, bias, batch_statistics=cfg.batch_statistics,
+                    mask=None if cfg.padded_statistics else mask, stats=stats,
+                    epsilon=cfg.epsilon, axis_name=cfg.axis_name,
+                    min_count=cfg.min_step_count, batch_sums=cfg.batch_sums)
+
+
+def _input_term(params: Params, cfg: StepConfig, terms: dict[str, Array], mask, stats):
   """The (normalised) input term of one step and its batch moments (or None)."""
   if 'input_term' in terms:
     return terms['input_term'], None
-  return apply_norm(cfg.input_norm, terms['input'], params.get('input_scale'), None,
-                    batch_statistics=cfg.batch_statistics,
-                    mask=_statistics_mask(cfg, inputs.get('mask')),
-                    stats=inputs.get('stats', {}).get('input'), epsilon=cfg.epsilon,
-                    axis_name=cfg.axis_name, min_count=cfg.min_step_count,
-                    batch_sums=cfg.batch_sums)
+  return _norm(cfg, cfg.input_norm, terms['input'], params.get('input_scale'), None, mask,
+               stats.get('input'))
 
 
 def _fuse_batch_norms(cfg: StepConfig, terms) -> bool:
@@ -173,10 +169,7 @@ def _fused_batch_norm_terms(params: Params, cfg: StepConfig, terms, mask, stats)
   rows = None
   if 'input' in stats:  # population rows for steps with too few valid rows
     rows = tuple(jnp.concatenate(pair) for pair in zip(stats['input'], stats['recurrent']))
-  y, (mean, var, count) = apply_norm(
-      'batch', z, scale, None, batch_statistics=True, mask=mask, stats=rows,
-      epsilon=cfg.epsilon, axis_name=cfg.axis_name, min_count=cfg.min_step_count,
-      batch_sums=cfg.batch_sums)
+  y, (mean, var, count) = _norm(cfg, 'batch', z, scale, None, mask, rows)
   width = terms['input'].shape[-1]
   moments = {'input': (mean[:width], var[:width], count),
              'recurrent': (mean[width:], var[width:], count)}
@@ -203,37 +196,24 @@ def lstm_cell(params: Params, cfg: StepConfig, carry: tuple[Array, Array],
               terms: dict[str, Array], inputs: dict[str, Any]):
   """`lstm_step` after its matmuls (`terms` of `step_terms`)."""
   c_prev, h_prev = carry
-  mask = inputs.get('mask')
-  stats = inputs.get('stats', {})
-  moments = {}
-  kw = dict(batch_statistics=cfg.batch_statistics, mask=_statistics_mask(cfg, mask),
-            epsilon=cfg.epsilon, axis_name=cfg.axis_name, min_count=cfg.min_step_count,
-            batch_sums=cfg.batch_sums)
-
+  mask, stats = inputs.get('mask'), inputs.get('stats', {})
   if _fuse_batch_norms(cfg, terms):
-    gates, moments = _fused_batch_norm_terms(params, cfg, terms, _statistics_mask(cfg, mask),
-                                             stats)
+    gates, moments = _fused_batch_norm_terms(params, cfg, terms, mask, stats)
     gates = gates + params['bias']
   else:
-    input_term, input_moments = _step_input_term(params, cfg, terms, inputs)
-    if input_moments is not None:
-      moments['input'] = input_moments
-    recurrent_term, recurrent_moments = apply_norm(
-        cfg.recurrent_norm, terms['recurrent'], params.get('recurrent_scale'), None,
-        stats=stats.get('recurrent'), **kw)
-    if recurrent_moments is not None:
-      moments['recurrent'] = recurrent_moments
+    input_term, input_moments = _input_term(params, cfg, terms, mask, stats)
+    recurrent_term, recurrent_moments = _norm(
+        cfg, cfg.recurrent_norm, terms['recurrent'], params.get('recurrent_scale'), None,
+        mask, stats.get('recurrent'))
+    moments = {'input': input_moments, 'recurrent': recurrent_moments}
     gates = recurrent_term + input_term + params['bias']
   f, i, o, g = jnp.split(gates, 4, axis=-1)
   c = jax.nn.sigmoid(f) * c_prev + jax.nn.sigmoid(i) * jnp.tanh(g)
-  c_out, cell_moments = apply_norm(cfg.cell_norm, c, params.get('cell_scale'),
-                                   params.get('cell_bias'), stats=stats.get('cell'), **kw)
-  if cell_moments is not None:
-    moments['cell'] = cell_moments
+  c_out, moments['cell'] = _norm(cfg, cfg.cell_norm, c, params.get('cell_scale'),
+                                 params.get('cell_bias'), mask, stats.get('cell'))
   h = jax.nn.sigmoid(o) * jnp.tanh(c_out)
-
   new_carry = (_keep_padded(mask, c, c_prev), _keep_padded(mask, h, h_prev))
-  return new_carry, {'h': _zero_padded(mask, h), 'moments': moments}
+  return new_carry, _outputs(mask, h, moments)
 
 
 def rnn_step(params: Params, cfg: StepConfig, carry: Array, inputs: dict[str, Any]):
@@ -246,26 +226,17 @@ def rnn_step(params: Params, cfg: StepConfig, carry: Array, inputs: dict[str, An
 def rnn_cell(params: Params, cfg: StepConfig, carry: Array, terms: dict[str, Array],
              inputs: dict[str, Any]):
   """`rnn_step` after its matmuls (see `lstm_cell`)."""
-  h_prev = carry
-  mask = inputs.get('mask')
-  stats = inputs.get('stats', {})
-  moments = {}
-  input_term, input_moments = _step_input_term(params, cfg, terms, inputs)
-  if input_moments is not None:
-    moments['input'] = input_moments
-  pre = terms['recurrent'] + input_term
+  mask, stats = inputs.get('mask'), inputs.get('stats', {})
+  input_term, input_moments = _input_term(params, cfg, terms, mask, stats)
+  pre, recurrent_moments = terms['recurrent'] + input_term, None
   if cfg.recurrent_norm is None:
     pre = pre + params['bias']
   else:
-    pre, recurrent_moments = apply_norm(
-        cfg.recurrent_norm, pre, params['scale'], params['bias'],
-        batch_statistics=cfg.batch_statistics, mask=_statistics_mask(cfg, mask),
-        stats=stats.get('recurrent'), epsilon=cfg.epsilon, axis_name=cfg.axis_name,
-        min_count=cfg.min_step_count, batch_sums=cfg.batch_sums)
-    if recurrent_moments is not None:
-      moments['recurrent'] = recurrent_moments
+    pre, recurrent_moments = _norm(cfg, cfg.recurrent_norm, pre, params['scale'],
+                                   params['bias'], mask, stats.get('recurrent'))
   h = jnp.tanh(pre)
-  return _keep_padded(mask, h, h_prev), {'h': _zero_padded(mask, h), 'moments': moments}
+  moments = {'input': input_moments, 'recurrent': recurrent_moments}
+  return _keep_padded(mask, h, carry), _outputs(mask, h, moments)
 
 
 def step_function(cfg: StepConfig):
