@@ -34,6 +34,16 @@ _GATES = {'lstm': 4, 'rnn': 1}
 _INITIAL_STATES = ('zeros', 'learned', 'noise')
 
 
+def _warn_if_padded(inputs: Array) -> None:
+  """Training inputs that look zero-padded, with no mask: a warning, since zeros at the
+  ends can be data."""
+  found = sequence.trailing_zero_padding(inputs)
+  if found:
+    warnings.warn(f'RecurrentLayer: training {found}: the padding counts in the batch '
+                  'statistics as data; pass the mask (a layer) or seq_lengths (RNN).',
+                  stacklevel=3)
+
+
 class RecurrentLayer(nn.Module):
   """One recurrent layer over `[batch, time, features]` (docs/guide/layers.md).
 
@@ -191,17 +201,14 @@ class RecurrentLayer(nn.Module):
   # ------------------------------------------------------------------ forward
   @nn.compact
   def __call__(self, inputs: Array, mask: Optional[Array] = None, *,
-               use_running_average: Optional[bool] = None,
-               deterministic: Optional[bool] = None, initial_carry=None, first_step=0,
-               return_carry: bool = False):
+               use_running_average: Optional[bool] = None, deterministic: Optional[bool] = None,
+               initial_carry=None, first_step=0, return_carry: bool = False):
     """`outputs [batch, time, hidden]` (0 at padded steps), or with `return_carry`
-    `(final_carry, outputs)`, the state after each row's last valid step.
-
-    `mask` `[batch, time]`: padded steps keep the state and count in no statistic.
-    `initial_carry`: `(c, h)` (LSTM) or `h` (RNN) `[batch, hidden]`. `first_step`: the
-    step of `inputs[:, 0]` (an int, a scalar array, or `[batch]`), whose statistics row
-    step t reads; in training the rows valid at `inputs[:, 0]` share it.
-    """
+    `(final_carry, outputs)`, the state after each row's last valid step. `mask [batch,
+    time]`: padded steps keep the state and count in no statistic. `initial_carry`: `(c,
+    h)` (LSTM) or `h` (RNN) `[batch, hidden]`. `first_step`: the step of `inputs[:, 0]`
+    (an int, a scalar array, or `[batch]`), whose statistics row step t reads; in
+    training the rows valid at `inputs[:, 0]` share it."""
     self._validate(inputs, mask, initial_carry)
     mode = modes.resolve(self, use_running_average, deterministic)
     training, (batch, length, _) = mode.batch_statistics, inputs.shape
@@ -209,11 +216,7 @@ class RecurrentLayer(nn.Module):
     full_count = self._sequences(first_step, mask, batch, length) if training else None
     first_step, ok = self._first_step(first_step, mask, training, sites, length)
     if training and mask is None:
-      if sequence.trailing_zero_padding(inputs):  # zeros at the ends can be data: a warning
-        warnings.warn('RecurrentLayer: training inputs with no mask or lengths whose rows end '
-                      'in all-zero frames of different lengths, as padding does: the padding '
-                      'counts in the batch statistics as data; pass the mask (a layer) or '
-                      'seq_lengths (RNN).', stacklevel=2)
+      _warn_if_padded(inputs)
     if mask is not None:  # padding is inert, whatever it holds (NaN * 0 is NaN: `where`)
       inputs = jnp.where(mask[..., None] > 0, inputs, jnp.zeros_like(inputs))
     params = self._params(inputs.shape[-1])
