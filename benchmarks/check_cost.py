@@ -9,7 +9,8 @@ tracing a training step for several target platforms.
 * **Targets.** Tracing (`jax.jit(...).trace`, no compilation) of the layer's training
   gradient with one target platform (the default) against three (`policy.targets('cpu',
   'cuda', 'tpu')`, which traces one program per distinct policy and keeps the lowering
-  platform's with `jax.lax.platform_dependent`).
+  platform's with `jax.lax.platform_dependent`): the first trace of a fresh process, and
+  the same trace repeated in one process (JAX's caches filled).
 
   python benchmarks/check_cost.py --out benchmarks/results/check_cost_cpu.json
   python benchmarks/check_cost.py --report benchmarks/results/check_cost_cpu.json
@@ -21,8 +22,10 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +34,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
 import bn_rnn_jax as br
+from bn_rnn_jax import batch_stats
 from bn_rnn_jax import policy
 from experiments import machine_facts
 # pylint: enable=wrong-import-position
@@ -59,6 +63,8 @@ def _trained_layer(shape):
 def callbacks(shape, repeats: int) -> dict:
   """Median evaluation-step times without and with a host check per site."""
   layer, variables, x = _trained_layer(shape)
+  # The statistics are set by hand, not a running average this process kept.
+  warnings.simplefilter('ignore', batch_stats.RunningAverageWarning)
 
   def check(count):
     if not np.any(np.asarray(count) > 0):
@@ -84,45 +90,67 @@ def callbacks(shape, repeats: int) -> dict:
     wall, cpu = zip(*values)
     row[f'{name}_wall_ms'] = statistics.median(wall)
     row[f'{name}_cpu_ms'] = statistics.median(cpu)
+  # Paired by repetition (the two steps run back to back), so load drifts cancel.
+  ratios = [c[0] / p[0] for p, c in zip(times['plain'], times['callbacks'])]
+  row['wall_ratio_range'] = [min(ratios), max(ratios)]
   return row
 
 
-def targets(shape, repeats: int) -> dict:
-  """Median seconds to trace the training gradient for one target and for three."""
+def _trace_seconds(shape, platforms) -> float:
+  """Seconds to trace the layer's training gradient for `platforms`."""
   layer, variables, x = _trained_layer(shape)
 
   def loss(variables, x):
     out, _ = layer.apply(variables, x, use_running_average=False, mutable=['batch_stats'])
     return jnp.sum(out)
 
-  def trace(platforms):
-    with policy.targets(*platforms):
-      start = time.perf_counter()
-      jax.jit(jax.grad(loss)).trace(variables, x)
-      return time.perf_counter() - start
+  with policy.targets(*platforms):
+    start = time.perf_counter()
+    jax.jit(jax.grad(loss)).trace(variables, x)
+    return time.perf_counter() - start
 
-  kinds = {'one_target': (policy.target_platforms()[0],),
-           'three_targets': ('cpu', 'cuda', 'tpu')}
-  for platforms in kinds.values():
-    trace(platforms)
-  seconds = {name: [] for name in kinds}
-  for _ in range(repeats):
-    for name, platforms in kinds.items():
-      seconds[name].append(trace(platforms))
-  return {f'{name}_trace_s': statistics.median(values) for name, values in seconds.items()}
+
+TARGETS = {'one_target': None, 'three_targets': ('cpu', 'cuda', 'tpu')}
+
+
+def targets(name: str, repeats: int) -> dict:
+  """Median seconds to trace the training gradient for one target and for three: the
+  first trace of a fresh process (`cold`, a process per repetition) and a repeated trace
+  in one process (`warm`, JAX's caches filled)."""
+  row = {}
+  for kind, platforms in TARGETS.items():
+    cold = [float(subprocess.run(
+        [sys.executable, __file__, '--trace', name, '--platforms', ','.join(platforms or ())],
+        check=True, capture_output=True, text=True).stdout.split()[-1])
+            for _ in range(repeats)]
+    platforms = platforms or (policy.target_platforms()[0],)
+    warm = [_trace_seconds(SHAPES[name], platforms) for _ in range(repeats + 1)][1:]
+    for state, seconds in (('cold', cold), ('warm', warm)):
+      row[f'{kind}_{state}_trace_s'] = statistics.median(seconds)
+      row[f'{kind}_{state}_trace_range_s'] = [min(seconds), max(seconds)]
+  return row
+
+
+def _traces(row, state) -> str:
+  """`median (min-max)` of one target's and of three targets' traces."""
+  return ' / '.join(
+      f"{row[f'{kind}_{state}_trace_s']:.2f} ({row[f'{kind}_{state}_trace_range_s'][0]:.2f}-"
+      f"{row[f'{kind}_{state}_trace_range_s'][1]:.2f})" for kind in TARGETS)
 
 
 def format_report(result: dict) -> str:
   """The markdown table of a results JSON."""
-  lines = ['| shape | eval ms | eval + checks ms | ratio (wall) | ratio (CPU) | trace s, '
-           'one target | trace s, three targets |', '|---|---:|---:|---:|---:|---:|---:|']
+  lines = ['| shape | eval ms | eval + checks ms | ratio (wall), median (range) | ratio (CPU) | '
+           'first trace s, one target / three | repeated trace s, one target / three |',
+           '|---|---:|---:|---:|---:|---:|---:|']
   for name, row in result['shapes'].items():
     b, t, i, h = row['shape']
     lines.append(
         f"| ({name}) B{b} T{t} I{i} H{h} | {row['plain_wall_ms']:.1f} | "
-        f"{row['callbacks_wall_ms']:.1f} | {row['callbacks_wall_ms'] / row['plain_wall_ms']:.2f} | "
-        f"{row['callbacks_cpu_ms'] / row['plain_cpu_ms']:.2f} | {row['one_target_trace_s']:.2f} | "
-        f"{row['three_targets_trace_s']:.2f} |")
+        f"{row['callbacks_wall_ms']:.1f} | {row['callbacks_wall_ms'] / row['plain_wall_ms']:.2f} "
+        f"({row['wall_ratio_range'][0]:.2f}-{row['wall_ratio_range'][1]:.2f}) | "
+        f"{row['callbacks_cpu_ms'] / row['plain_cpu_ms']:.2f} | "
+        f"{_traces(row, 'cold')} | {_traces(row, 'warm')} |")
   return '\n'.join(lines)
 
 
@@ -133,7 +161,14 @@ def main():
   parser.add_argument('--out', default=os.path.join('benchmarks', 'results',
                                                     'check_cost_cpu.json'))
   parser.add_argument('--report', help='Print the table of this results JSON and exit.')
+  parser.add_argument('--trace', help=argparse.SUPPRESS)       # one cold trace of a shape
+  parser.add_argument('--platforms', default='', help=argparse.SUPPRESS)
   args = parser.parse_args()
+  if args.trace:
+    platforms = tuple(p for p in args.platforms.split(',') if p) or (
+        policy.target_platforms()[0],)
+    print(_trace_seconds(SHAPES[args.trace], platforms))
+    return
   if args.report:
     with open(args.report) as f:
       print(format_report(json.load(f)))
@@ -143,7 +178,7 @@ def main():
   for name in args.shapes.split(','):
     shape = SHAPES[name]
     shapes[name] = {'shape': list(shape), **callbacks(shape, args.repeats),
-                    **targets(shape, max(1, args.repeats // 2))}
+                    **targets(name, max(1, args.repeats // 2))}
   out = {'kind': 'check_cost', 'machine': facts, 'command': 'python benchmarks/check_cost.py ' +
          ' '.join(sys.argv[1:]), 'repeats': args.repeats, 'shapes': shapes}
   print(format_report(out))

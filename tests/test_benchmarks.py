@@ -21,6 +21,7 @@ BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
                           'benchmarks')
 sys.path.insert(0, BENCHMARKS)
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import check_cost
 import cudnn_lstm
 import donation_memory
 import environment
@@ -400,6 +401,23 @@ def test_launch_profile_traces_and_reads_the_profile_here():
     assert summary == {'device_plane': False}
   else:
     assert summary['device_plane'] and summary['kernels_per_step'] > 0
+
+
+def test_check_cost_rows_render():
+  """An evaluation step with a host callback per site runs (the callbacks see trained
+  counts), a one- and a three-target trace return, and the row renders."""
+  shape = (4, 6, 2, 8)
+  row = {'shape': list(shape), **check_cost.callbacks(shape, repeats=1)}
+  assert row['callbacks_per_step'] == 3   # bn_lstm: W_x x, W_h h and c_t
+  for kind, platforms in check_cost.TARGETS.items():
+    for state in ('cold', 'warm'):
+      seconds = check_cost._trace_seconds(shape, platforms or ('cpu',))
+      row[f'{kind}_{state}_trace_s'] = seconds
+      row[f'{kind}_{state}_trace_range_s'] = [seconds, seconds]
+  assert all(row[k] > 0 for k in row if k.endswith('_trace_s'))
+  assert row['wall_ratio_range'][0] > 0
+  assert check_cost.format_report({'shapes': {'t': row}}).splitlines()[2].startswith(
+      '| (t) B4 T6 I2 H8 |')
 
 
 # ------------------------------------------------------------------------ evaluation statistics
