@@ -231,7 +231,8 @@ def test_late_steps_with_few_or_no_valid_documents(cloze_arrays, compiled):
     assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads)), variant
 
 
-@pytest.mark.slow
+# The layer's own: test_recurrent.py::test_coinciding_rows_at_late_steps_keep_the_gradient_bounded.
+@pytest.mark.exhaustive
 def test_a_question_drawn_twice_keeps_bn_e_star_gradients_finite(cloze_arrays):
   """Two copies of one query outlast the other queries of the batch, beside different
   documents: zero per-step variance in the query encoder, and the gradient grows about

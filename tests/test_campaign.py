@@ -594,10 +594,10 @@ def test_run_again_skips_finished_runs_and_resumes_the_others(data, tiny_runs, t
   the run from its checkpoint (one more launch); no step is evaluated twice."""
   campaign = spec.get('quickstart')
   extra = dict(campaign.tiny)
-  _tiny('quickstart', data, tiny_runs, tmp_path)
+  _tiny('quickstart', data, tiny_runs, tmp_path, ['lstm'])
   workdir = os.path.join(tiny_runs, 'quickstart', 'lstm_s0')
   before = collect.read_launches(workdir)
-  assert runner.run(campaign, str(tiny_runs), 2, [0], None, extra) == []
+  assert runner.run(campaign, str(tiny_runs), 2, [0], ['lstm'], extra) == []
   assert collect.read_launches(workdir) == before
   longer = {**extra, 'train.num_steps': 4}
   assert runner.run(campaign, str(tiny_runs / 'longer'), 2, [0], ['lstm'], extra) == []

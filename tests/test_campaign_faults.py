@@ -283,8 +283,9 @@ def _processes_naming(text: str) -> list[int]:
   return out
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
+# SIGTERM also stops the accelerator campaign's runs in test_experiment_tools.
+@pytest.mark.parametrize('signum', helpers.core_cases([signal.SIGTERM, signal.SIGINT], core=[],
+                                                      also=[signal.SIGINT]))
 def test_a_stopped_runner_stops_its_runs_without_a_traceback(tmp_path, signum):
   """SIGTERM to the runner, or Ctrl-C (SIGINT to its whole process group, as a terminal
   sends it): the runs stop, no traceback anywhere, no run left behind."""

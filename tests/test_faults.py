@@ -305,10 +305,11 @@ def _damage(run, how):
 
 # Unraisable exceptions fail the test: a damaged file printed a screen of "Event loop is
 # closed" tracebacks from orbax's callbacks (not on every run: see the next test too).
-@pytest.mark.slow
 @pytest.mark.filterwarnings('error::pytest.PytestUnraisableExceptionWarning')
-@pytest.mark.parametrize('how, rerun', [('flipped_bytes', True), ('truncated', True),
-                                       ('missing_file', False), ('empty_folder', False)])
+@pytest.mark.parametrize('how, rerun', helpers.core_cases(
+    [('flipped_bytes', True), ('truncated', True), ('missing_file', False),
+     ('empty_folder', False)], core=[],
+    also=[('flipped_bytes', True), ('missing_file', False), ('empty_folder', False)]))
 def test_damaged_checkpoint_falls_back_to_the_newest_intact_one(straight, tmp_path, caplog,
                                                                 capfd, how, rerun):
   config, dataset, workdir, state = straight

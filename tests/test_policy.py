@@ -365,8 +365,9 @@ def _trainer_step(forced: dict):
   return resolved, fx.one_step(config, dataset, num_devices=1)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize('forced', ['gpu', 'persistent'])
+# The GPU policy against the CPU's, layer by layer: test_forced_choice_matches_cpu_policy.
+@pytest.mark.parametrize('forced', helpers.core_cases(['gpu', 'persistent'], core=[],
+                                                      also=['persistent']))
 def test_trainer_step_with_the_accelerator_policy_matches_the_cpu_policy(forced):
   """The config fields reach the layers, and one training step (SGD, so that the update
   is the gradient times the learning rate) plus a validation pass with population

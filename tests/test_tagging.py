@@ -75,9 +75,9 @@ def _run(variant, variables, x, labels):
 
 
 # ------------------------------------------------------------------ model and loss
-@pytest.mark.slow
-@pytest.mark.parametrize('junk', ['large', 'nan'])
-@pytest.mark.parametrize('variant', VARIANTS)
+@pytest.mark.parametrize('variant,junk', helpers.core_cases(
+    [(v, junk) for v in VARIANTS for junk in ('large', 'nan')], core=[],
+    also=[('bn_input_only_seq', 'nan')]))
 def test_padding_changes_no_loss_gradient_or_statistic(variant, junk):
   x, labels = _frames()
   model = _tagger(variant)
