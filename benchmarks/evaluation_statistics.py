@@ -71,6 +71,7 @@ import optax
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
 import bn_rnn_jax as br
+from bn_rnn_jax import batch_stats
 from bn_rnn_jax import initializers
 from bn_rnn_jax import normalization
 from bn_rnn_jax import population
@@ -222,7 +223,7 @@ def update(stats, record, momentum: float, debiased: bool):
 
 
 def _over_sites(fn, *trees):
-  return jax.tree.map(fn, *trees, is_leaf=population.is_site)
+  return jax.tree.map(fn, *trees, is_leaf=batch_stats.is_site)
 
 
 # ---------------------------------------------------------------------------- training

@@ -37,7 +37,6 @@ from bn_rnn_jax import modes
 from bn_rnn_jax import sequence
 
 MOMENTS = batch_stats.MOMENTS
-is_site = batch_stats.is_site
 
 
 def call_arguments(batch) -> tuple[tuple, dict]:
@@ -121,7 +120,8 @@ def average_minibatch_moments(records: Sequence[Any], variance: str = 'averaged'
   if not records:
     raise ValueError('The population estimate needs at least one minibatch record.')
   stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *records)
-  return jax.tree.map(lambda site: _average_site(site, variance), stacked, is_leaf=is_site)
+  return jax.tree.map(lambda site: _average_site(site, variance), stacked,
+                      is_leaf=batch_stats.is_site)
 
 
 def thin_rows(records: Sequence[Any]) -> list[str]:
@@ -204,10 +204,11 @@ def check_concrete_batch(module, args: tuple, kwargs: dict, where: str) -> None:
 
 
 def sites(tree) -> list[tuple[str, Any]]:
-  """`[(path, site)]` of the sites (`is_site`) of a `batch_stats` or `MOMENTS` tree."""
-  leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_site)[0]
+  """`[(path, site)]` of the sites (`batch_stats.is_site`) of a `batch_stats` or `MOMENTS`
+  tree."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=batch_stats.is_site)[0]
   return [('/'.join(str(getattr(key, 'key', key)) for key in path), node)
-          for path, node in leaves if is_site(node)]
+          for path, node in leaves if batch_stats.is_site(node)]
 
 
 def nonfinite_moments(records: Sequence[Any]) -> Optional[str]:
@@ -230,7 +231,7 @@ def with_every_site(estimate, stats_tree) -> tuple[Any, list[str]]:
   evaluation refuses), and their paths."""
   missing = []
   def visit(estimate, node, path):
-    if is_site(node):
+    if batch_stats.is_site(node):
       if estimate is None:
         missing.append('/'.join(path))
         return {'mean': jnp.zeros_like(node['mean']), 'var': jnp.ones_like(node['var']),

@@ -169,7 +169,7 @@ def test_the_estimate_draws_the_h0_noise_of_training_and_no_dropout(data):
                            deterministic=False, mutable=['batch_stats'],
                            rngs={'noise': jax.random.fold_in(key, 0)})
   moments = lambda tree: jax.tree.map(lambda site: (site['mean'], site['var']), tree,
-                                      is_leaf=population.is_site)
+                                      is_leaf=batch_stats.is_site)
   helpers.assert_trees_close(moments(got), moments(trained['batch_stats']), rtol=1e-5,
                              atol=1e-7)
   default = br.estimate_population_stats(dropout, variables, [(x, mask)])

@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 import bn_rnn_jax as br
+from bn_rnn_jax import batch_stats
 from bn_rnn_jax import normalization
 from bn_rnn_jax import population
 from experiments import machine_facts
@@ -147,15 +148,15 @@ def _made_statistics(model, variables, tracked, batches, supports) -> dict:
       'estimate': br.estimate_population_stats(model, variables, batches),
       'pooled': jax.tree.map(moments.pooled_site, moments.stacked(
           [population.minibatch_moments(model, variables, args) for args in batches]),
-                             is_leaf=population.is_site),
+                             is_leaf=batch_stats.is_site),
       'running': variables['batch_stats'],
       **{f'running, pooled, momentum {m}': jax.tree.map(moments.finished, t,
-                                                        is_leaf=population.is_site)
+                                                        is_leaf=batch_stats.is_site)
          for m, t in tracked.items()},
   }
   tails = {f'{kind}, steady tail {support}': jax.tree.map(
       lambda site, support=support: normalization.steady_tail(
-          jax.tree.map(jnp.asarray, dict(site)), support), stats, is_leaf=population.is_site)
+          jax.tree.map(jnp.asarray, dict(site)), support), stats, is_leaf=batch_stats.is_site)
            for kind, stats in made.items() if kind == 'estimate' or 'pooled,' in kind
            for support in supports}
   return {kind: jax.tree.map(jnp.asarray, stats) for kind, stats in {**made, **tails}.items()}

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bn_rnn_jax import batch_stats
 from bn_rnn_jax import population
 from experiments.analysis.lib import training
 
@@ -62,7 +63,7 @@ def pooled(minibatch_records) -> Any:
   """The moments of every example behind each row of the records, pooled by the law of
   total variance (`pooled_site`), as JAX arrays."""
   return jax.tree.map(jnp.asarray, jax.tree.map(pooled_site, stacked(minibatch_records),
-                                                is_leaf=population.is_site))
+                                                is_leaf=batch_stats.is_site))
 
 
 def pooled_running_update(tracked: Mapping[str, Any], record: Mapping[str, Any],
@@ -89,11 +90,11 @@ def pooled_running(momenta: Sequence[float]):
   average of every site}`, kept from each step's minibatch moments."""
   def init(stats):
     zeros = jax.tree.map(lambda site: jax.tree.map(jnp.zeros_like, dict(site)), stats,
-                         is_leaf=population.is_site)
+                         is_leaf=batch_stats.is_site)
     return {str(m): zeros for m in momenta}
   def update(tracked, moments):
     return {str(m): jax.tree.map(lambda t, r, m=m: pooled_running_update(t, r, m),
-                                 tracked[str(m)], moments, is_leaf=population.is_site)
+                                 tracked[str(m)], moments, is_leaf=batch_stats.is_site)
             for m in momenta}
   return init, update
 
@@ -114,14 +115,14 @@ def sites(stats) -> dict[str, dict]:
   def visit(path, node):
     found[_name(path)] = node
     return node
-  jax.tree_util.tree_map_with_path(visit, stats, is_leaf=population.is_site)
+  jax.tree_util.tree_map_with_path(visit, stats, is_leaf=batch_stats.is_site)
   return found
 
 
 def replace_sites(stats, choose) -> Any:
   """`stats` with each site replaced by `choose(name, site)`."""
   return jax.tree_util.tree_map_with_path(lambda path, site: choose(_name(path), site),
-                                          stats, is_leaf=population.is_site)
+                                          stats, is_leaf=batch_stats.is_site)
 
 
 def hybrids(accuracy, base, other, bounds=(1, 4, 16, 64, 256)) -> dict[str, float]:

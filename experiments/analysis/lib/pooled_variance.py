@@ -40,6 +40,7 @@ import jax
 import numpy as np
 
 import bn_rnn_jax as br
+from bn_rnn_jax import batch_stats
 from bn_rnn_jax import population
 from experiments.analysis.lib import length_studies
 from experiments.analysis.lib import outputs
@@ -72,7 +73,7 @@ def single_rows_left_out(record):
   def site(node):
     count = np.asarray(node['count'])
     return {**node, 'count': np.where(count == 1, -1.0, count)}
-  return jax.tree.map(site, record, is_leaf=population.is_site)
+  return jax.tree.map(site, record, is_leaf=batch_stats.is_site)
 
 
 def estimates(model, variables, batches, joined: bool) -> dict:
