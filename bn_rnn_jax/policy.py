@@ -33,6 +33,8 @@ REMAT_MODES = ('none', 'dots', 'full')
 BACKWARD_PASSES = ('scan', 'layer')
 BATCH_SUMS = normalization.BATCH_SUMS
 FUSED_STEPS = ('none', 'xla', 'pallas', 'persistent')
+#: The fused steps that are Pallas (Triton) kernels: GPUs, interpreted on CPU.
+PALLAS_STEPS = ('pallas', 'persistent')
 #: `jax.lax.platform_dependent`'s platform names.
 PLATFORMS = ('cpu', 'cuda', 'rocm', 'tpu')
 #: CPU, with batch norm: remat 'full' up to this hidden size.
@@ -186,7 +188,7 @@ def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
   cpu = platform == 'cpu'
   gpu = platform in ('gpu', 'cuda', 'rocm')
   fused = execution.fused_step != 'none'
-  if platform == 'tpu' and execution.fused_step in ('pallas', 'persistent'):
+  if platform == 'tpu' and execution.fused_step in PALLAS_STEPS:
     raise ValueError(f"Execution(fused_step={execution.fused_step!r}) is Triton kernels, for "
                      "GPUs (interpreted on CPU); a TPU target has none: use fused_step='xla' "
                      "or 'none'.")
@@ -208,4 +210,4 @@ def resolve(*, cell: str, hidden_size: int, batch: int, batch_norm: bool,
       batch_sums=batch_sums_for(platform, execution.batch_sums),
       fused_step=execution.fused_step, unroll=execution.unroll, block_h=execution.block_h,
       num_warps=execution.num_warps,
-      interpret=cpu and execution.fused_step in ('pallas', 'persistent'))
+      interpret=cpu and execution.fused_step in PALLAS_STEPS)
