@@ -96,15 +96,16 @@ def callbacks(shape, repeats: int) -> dict:
   return row
 
 
-def _trace_seconds(shape, platforms) -> float:
-  """Seconds to trace the layer's training gradient for `platforms`."""
+def _trace_seconds(shape, platforms=()) -> float:
+  """Seconds to trace the layer's training gradient for `platforms` (none: the default
+  target)."""
   layer, variables, x = _trained_layer(shape)
 
   def loss(variables, x):
     out, _ = layer.apply(variables, x, use_running_average=False, mutable=['batch_stats'])
     return jnp.sum(out)
 
-  with policy.targets(*platforms):
+  with policy.targets(*(platforms or policy.target_platforms()[:1])):
     start = time.perf_counter()
     jax.jit(jax.grad(loss)).trace(variables, x)
     return time.perf_counter() - start
@@ -123,7 +124,6 @@ def targets(name: str, repeats: int) -> dict:
         [sys.executable, __file__, '--trace', name, '--platforms', ','.join(platforms or ())],
         check=True, capture_output=True, text=True).stdout.split()[-1])
             for _ in range(repeats)]
-    platforms = platforms or (policy.target_platforms()[0],)
     warm = [_trace_seconds(SHAPES[name], platforms) for _ in range(repeats + 1)][1:]
     for state, seconds in (('cold', cold), ('warm', warm)):
       row[f'{kind}_{state}_trace_s'] = statistics.median(seconds)
@@ -165,9 +165,7 @@ def main():
   parser.add_argument('--platforms', default='', help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.trace:
-    platforms = tuple(p for p in args.platforms.split(',') if p) or (
-        policy.target_platforms()[0],)
-    print(_trace_seconds(SHAPES[args.trace], platforms))
+    print(_trace_seconds(SHAPES[args.trace], tuple(p for p in args.platforms.split(',') if p)))
     return
   if args.report:
     with open(args.report) as f:
