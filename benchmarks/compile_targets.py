@@ -60,7 +60,7 @@ FORMS = {
     'fused_xla': Form({'fused_step': 'xla'}, ('gpu',)),
     'fused_pallas': Form({'fused_step': 'pallas'}, ('gpu',)),
     # One program holds the whole recurrence: H up to `persistent.MAX_HIDDEN` (256).
-    'persistent': Form({'fused_step': 'persistent'}, ('gpu',), shapes=('a',)),
+    'persistent': Form({'fused_step': 'persistent'}, ('gpu',), shapes=('a', 'b')),
 }
 #: Flax's `nn.RNN(nn.OptimizedLSTMCell)` (`rnn_speed.FlaxLSTM`), compiled beside the forms.
 FLAX = 'flax_lstm'

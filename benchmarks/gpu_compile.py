@@ -250,6 +250,8 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  flags.FLAGS.set_default('shapes', list(compile_targets.SHAPES))
+  # Every shape a GPU form is compiled at (each form keeps to its own).
+  flags.FLAGS.set_default('shapes', sorted({shape for name in GPU_FORMS
+                                            for shape in compile_targets.FORMS[name].shapes}))
   flags.FLAGS.set_default('dtypes', list(compile_targets.DTYPES))
   app.run(main)

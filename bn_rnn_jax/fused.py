@@ -61,7 +61,7 @@ def layout(batch: int, hidden: int, kernel: str = 'pallas',
   if kernel == 'persistent':
     from bn_rnn_jax import persistent  # pylint: disable=g-import-not-at-top
     rows = max(rows, persistent.MIN_TILE)
-    block_h = block_h or persistent.default_block(_pow2(hidden, up=True))
+    block_h = block_h or persistent.default_block(rows, _pow2(hidden, up=True))
   elif block_h is None:
     block_h = min(_pow2(hidden, up=True), _pow2(_BLOCK_ELEMENTS // rows, up=False))
   if block_h < 1 or block_h & (block_h - 1):

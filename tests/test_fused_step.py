@@ -155,6 +155,37 @@ def test_inference_with_population_rows_matches_the_reference(kernel):
   _check_gradients(got, want)
 
 
+@pytest.mark.parametrize('steps', [T - 1, T])
+def test_persistent_state_slots_match_the_reference(steps):
+  """The persistent programs keep the state, and its cotangents, in two slots that take
+  turns (the forward pass alone, with no gradient to take, and the backward pass): the
+  outputs, the final state and the initial state's gradient after an odd and an even
+  number of steps."""
+  stats = {site: ref.init_population(T, f) for site, f in _widths.items()}
+  x, mask = X[:, :steps], MASK[:, :steps]
+
+  def run(carry0):
+    return _layer('persistent').apply(
+        {'params': PARAMS, 'batch_stats': stats}, x, mask, use_running_average=False,
+        initial_carry=carry0, mutable=['minibatch_moments'], return_carry=True)[0]
+
+  def loss(carry, out):   # numpy's or jax's arrays
+    return (out * W_OUT[:, :steps]).sum() + (carry[0] * carry[1]).sum()
+
+  carry, out = helpers.float64(jax.jit(run)(helpers.float32(CARRY0)))
+  want_carry, want_out, _ = ref.run_layer(PARAMS, x, mask, 'bn_lstm', initial_carry=CARRY0)
+  assert_close(out, want_out, what='outputs')
+  assert_close(carry[0], want_carry[0], what='final c')
+  assert_close(carry[1], want_carry[1], what='final h')
+  got = helpers.float64(jax.jit(jax.grad(lambda c: loss(*run(c))))(helpers.float32(CARRY0)))
+  want = ref.numerical_grad(
+      lambda a: loss(*ref.run_layer(PARAMS, x, mask, 'bn_lstm',
+                                    initial_carry=(a['c0'], a['h0']))[:2]),
+      {'c0': CARRY0[0], 'h0': CARRY0[1]})
+  assert_close(got[0], want['c0'], rtol=GRAD_RTOL, what='d loss / d c0')
+  assert_close(got[1], want['h0'], rtol=GRAD_RTOL, what='d loss / d h0')
+
+
 @pytest.mark.parametrize('kernel', helpers.core_cases(KERNELS, core=['pallas'],
                                                       also=['xla', 'persistent']))
 def test_the_layer_records_what_training_normalised_with(kernel):
@@ -181,10 +212,14 @@ def test_layers_it_does_not_cover_are_refused_in_one_line():
 
 def test_layout_pads_to_powers_of_two():
   """The Pallas layout: the batch to a power of two, H to a multiple of the block; the
-  pure-JAX path pads nothing."""
+  persistent program's tiles at least 16 on a side and at most 1024 elements (what its
+  registers hold without spilling); the pure-JAX path pads nothing."""
   assert fused.layout(B, H, block_h=BLOCK_H) == fused_step.Layout(8, 8, 4)
   assert fused.layout(64, 100) == fused_step.Layout(64, 128, 32)
   assert fused.layout(64, 1000) == fused_step.Layout(64, 1024, 32)
+  assert fused.layout(64, 100, 'persistent') == fused_step.Layout(64, 112, 16)
+  assert fused.layout(B, 240, 'persistent') == fused_step.Layout(16, 256, 64)
+  assert fused.layout(B, H, 'persistent') == fused_step.Layout(16, 16, 16)
   assert fused.layout(B, H, 'xla') == fused_step.Layout(B, H, H)
   with pytest.raises(ValueError, match='power of two'):
     fused.layout(B, H, block_h=6)
