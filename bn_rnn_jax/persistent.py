@@ -118,13 +118,13 @@ def _forward_kernel(static, save: bool, names, *refs):
     mask = r['mask'][t, :][:, None]
 
     def block(blk):
-      def product(j, z):  # Z[:, g, blk] += h_{t-1}[:, blk_j] W_h[blk_j, g, blk]
-        bj = _block(static, j)
+      # Z[:, g, blk] = sum_j h_{t-1}[:, bj] W_h[bj, g, blk], unrolled over j so that
+      # every tile's load is in flight at once.
+      z = [jnp.zeros(tile, jnp.float32)] * GATES
+      for j in range(nb):
+        bj = pl.ds(j * static.layout.block_h, static.layout.block_h)
         h_j = r['h_state'][read, :, bj]
-        return tuple(z[g] + _dot(h_j, r['w'][bj, g, blk], static.compute_dtype)
-                     for g in range(GATES))
-
-      z = lax.fori_loop(0, nb, product, (jnp.zeros(tile, jnp.float32),) * GATES)
+        z = [z[g] + _dot(h_j, r['w'][bj, g, blk], static.compute_dtype) for g in range(GATES)]
       z = tuple(a.astype(r['u'].dtype) for a in z)
       o = math({**_vec(r, blk, static.population, t), 'z': z, 'mask': mask,
                 'u': tuple(r['u'][t, :, g, blk] for g in range(GATES)),
@@ -176,11 +176,11 @@ def _backward_kernel(static, names, *refs):
       r['dc_state'][write, :, blk], r['dh_state'][write, :, blk] = gr['dc_prev'], gr['dh_keep']
 
     def through_w(bj):  # dh_{t-1}[:, bj] += sum_{i, g} dZ[:, g, bi] W_h[bj, g, bi]^T
-      def product(i, dh):
-        bi = _block(static, i)
-        return dh + sum(_dot(r['dz'][t, :, g, bi], r['w'][bj, g, bi], static.compute_dtype,
-                             transpose_b=True) for g in range(GATES))
-      dh = lax.fori_loop(0, nb, product, r['dh_state'][write, :, bj].astype(jnp.float32))
+      dh = r['dh_state'][write, :, bj].astype(jnp.float32)
+      for i in range(nb):   # unrolled, as the forward products
+        bi = pl.ds(i * static.layout.block_h, static.layout.block_h)
+        dh = dh + sum(_dot(r['dz'][t, :, g, bi], r['w'][bj, g, bi], static.compute_dtype,
+                           transpose_b=True) for g in range(GATES))
       r['dh_state'][write, :, bj] = dh.astype(r['dh_state'].dtype)
 
     _over_blocks(static, pointwise)
