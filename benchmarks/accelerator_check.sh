@@ -30,10 +30,11 @@
 #             stage                                          -> tests.xml
 #   speed     rnn_speed.py at shapes a-d ($SHAPES), float32 and bfloat16, one JSON per
 #             shape (batch-sum timings with the first); $IMPLS (rnn_speed.py's
-#             --impls) picks the implementations             -> rnn_speed_<shape>.json
+#             --impls) picks the implementations; with the canary stage, a Pallas form
+#             is timed only where the canary passed it       -> rnn_speed_<shape>.json
 #   profile   launch_profile.py: one jax.profiler trace of shape (a) per implementation
 #             ($TRACED, comma-separated, picks them), kernels per time step and the gaps
-#             between them                                   -> launch_profile_a.json
+#             between them; the canary gates it as speed     -> launch_profile_a.json
 #   hoist     rnn_speed.py at $SHAPES with the input term computed in the step
 #             (--hoist false), float32, lstm and bn_lstm: the hoisting choice of the
 #             execution policy                               -> rnn_speed_<shape>_in_step.json
@@ -64,6 +65,9 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
 site=${SITE:-/tmp/site}
 stages=${STAGES-canary env tests speed profile hoist donation overhead}
+# With the canary stage, the timing stages take its verdicts (no file: nothing it checks).
+canary=()
+[[ " $stages " == *" canary "* ]] && canary=(--canary "$outdir/canary.json")
 quick=${QUICK:-0}
 cd "$repo" || exit 2
 exec > >(tee -a "$outdir/check.log") 2>&1
@@ -97,6 +101,7 @@ canary_stage() {
   local args=(--configs "${CANARY_CONFIGS:-default}") limit=${CANARY_TIMEOUT:-180}
   # On a CPU (QUICK) the kernels run interpreted: minutes, not seconds.
   (( quick )) && { args+=(--steps 4 --repeats 1 --shapes "${SHAPES:-a}"); limit=${CANARY_TIMEOUT:-900}; }
+  rm -f "$outdir/canary.json"   # an earlier run's verdicts are not this one's
   timeout "$limit" "$python" benchmarks/fused_canary.py "${args[@]}" --json "$outdir/canary.json"
 }
 
@@ -129,7 +134,7 @@ speed_stage() {
   fi
   for shape in ${shapes//,/ }; do
     py benchmarks/rnn_speed.py --shapes "$shape" --dtypes float32,bfloat16 \
-      "${impls[@]}" "${repeats[@]}" $sums --json "$outdir/rnn_speed_$shape.json" || rc=1
+      "${impls[@]}" "${repeats[@]}" "${canary[@]}" $sums --json "$outdir/rnn_speed_$shape.json" || rc=1
     sums=--nobatch_sums
   done
   return $rc
@@ -138,7 +143,7 @@ speed_stage() {
 profile_stage() {
   local traced=${TRACED:-flax_optimized_lstm,cudnn_lstm,lstm,bn_lstm,bn_lstm_cell} calls=3
   (( quick )) && calls=1
-  py benchmarks/launch_profile.py --shape a --traced "$traced" \
+  py benchmarks/launch_profile.py --shape a --traced "$traced" "${canary[@]}" \
     --calls $calls --json "$outdir/launch_profile_a.json"
 }
 

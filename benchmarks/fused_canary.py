@@ -58,6 +58,11 @@ _RTOL = flags.DEFINE_float('rtol', 1e-3, 'Largest difference, relative to the la
                            'entry of each value of the xla path.')
 
 
+def rnn_speed_impl(form: str) -> str:
+  """The name `rnn_speed.py` and `launch_profile.py` time the form under."""
+  return f"bn_lstm:fused:{compile_targets.FORMS[form].settings['fused_step']}"
+
+
 def config_settings(config: str) -> dict:
   """`Execution` settings of a `--configs` entry."""
   return {} if config == 'default' else dict(zip(CONFIG_FIELDS, map(int, config.split('x'))))
@@ -147,7 +152,7 @@ def main(argv):
       continue
     for form in [f for f in CHECKED if shape_name in compile_targets.FORMS[f].shapes]:
       for config in _CONFIGS.value:
-        row = {**base, 'form': form, 'config': config}
+        row = {**base, 'form': form, 'config': config, 'impl': rnn_speed_impl(form)}
         reason = compile_targets.form_unavailable(form)
         if reason:
           record({**row, 'ok': True, 'skipped': reason})

@@ -50,8 +50,10 @@ _SHAPE = flags.DEFINE_enum('shape', 'a', list(rnn_speed.SHAPES), 'Shape to trace
 _IMPLS = flags.DEFINE_list('traced', [rnn_speed.REFERENCE, rnn_speed.CUDNN, 'lstm', 'bn_lstm',
                                      rnn_speed.CELL], 'Implementations to trace.')
 _CALLS = flags.DEFINE_integer('calls', 3, 'Traced calls per implementation.')
-# `--json` (write the results) and `--report` (print a saved table) are rnn_speed.py's flags.
-_OUT, _REPORT = rnn_speed._JSON, rnn_speed._REPORT  # pylint: disable=protected-access
+# `--json` (write the results), `--report` (print a saved table) and `--canary` (time only
+# the Pallas forms the canary passed) are rnn_speed.py's flags.
+_OUT, _REPORT, _CANARY = (rnn_speed._JSON, rnn_speed._REPORT,  # pylint: disable=protected-access
+                          rnn_speed._CANARY)  # pylint: disable=protected-access
 
 NON_KERNELS = ('Memcpy', 'Memset')
 
@@ -145,12 +147,13 @@ def main(argv):
   facts = machine_facts.machine()
   shape = rnn_speed.SHAPES[_SHAPE.value]
   cudnn_unavailable = rnn_speed.cudnn_lstm.unavailable_reason()
+  canary = rnn_speed.canary_verdicts(_CANARY.value) if _CANARY.value else None
   saved = {'kind': 'launch_profile', 'machine': facts, 'shape': _SHAPE.value,
            'calls': _CALLS.value, 'skipped': [], 'rows': []}
   for impl in _IMPLS.value:
     # Each row on its own: one that fails is a line of `skipped`, and the JSON is written
     # as each row finishes.
-    reason = rnn_speed.skip_reason(impl, 'float32', cudnn_unavailable)
+    reason = rnn_speed.skip_reason(impl, 'float32', cudnn_unavailable, canary)
     if reason is None:
       try:
         saved['rows'].append({'impl': impl, **trace(impl, shape, _CALLS.value)})

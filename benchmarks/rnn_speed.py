@@ -122,6 +122,8 @@ _BATCH_SUMS = flags.DEFINE_bool('batch_sums', True,
                                  'Also time the two batch sums (batch_sum_speed.py).')
 _JSON = flags.DEFINE_string('json', None, 'Write the results to this path.')
 _REPORT = flags.DEFINE_string('report', None, 'Print the table of this JSON and exit.')
+_CANARY = flags.DEFINE_string('canary', None, "fused_canary.py's JSON: a Pallas form is "
+                              'timed only where it passed there at its default settings.')
 _UNROLL = flags.DEFINE_integer('unroll', None, 'Override the layers\' execution unroll.')
 _HOIST = flags.DEFINE_enum('hoist', None, ['true', 'false'],
                            'Override the layers\' execution hoist_input (default: auto).')
@@ -326,12 +328,33 @@ def _time_once(step, params) -> tuple[float, float]:
   return (time.perf_counter() - start) * 1e3, (time.process_time() - start_cpu) * 1e3
 
 
-def skip_reason(impl: str, dtype: str, cudnn_unavailable: Optional[str]) -> Optional[str]:
-  """One line saying why `impl` in `dtype` has no row here, or None."""
+def canary_verdicts(path: str) -> dict[str, bool]:
+  """From `fused_canary.py`'s JSON at `path`: for each Pallas impl it checked at its
+  default settings, whether every such row passed (none where the canary wrote nothing)."""
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    rows = json.load(f)['rows']
+  verdicts = {}
+  for row in rows:
+    if row.get('config') == 'default' and 'impl' in row:
+      verdicts[row['impl']] = verdicts.get(row['impl'], True) and bool(row['ok'])
+  return verdicts
+
+
+def skip_reason(impl: str, dtype: str, cudnn_unavailable: Optional[str],
+                canary: Optional[dict[str, bool]] = None) -> Optional[str]:
+  """One line saying why `impl` in `dtype` has no row here, or None. With `canary`
+  (`canary_verdicts`), a Pallas impl the canary did not pass is not timed."""
   if impl == CUDNN and cudnn_unavailable:
     return cudnn_unavailable
   if impl in (CUDNN, *FLOORS) and dtype != 'float32':
     return f'{impl} {dtype}: skipped, it runs float32 only.'
+  if canary is not None and impl.endswith((':pallas', ':persistent')):
+    if impl not in canary:
+      return f'{impl}: skipped, the canary did not check it (not timed unchecked).'
+    if not canary[impl]:
+      return f'{impl}: skipped, it failed the canary (its outputs or gradients are wrong here).'
   if impl.endswith((':pallas', ':persistent')) and jax.default_backend() == 'cpu':
     return f'{impl}: skipped, Pallas runs interpreted on CPU (time it on an accelerator).'
   return None
@@ -350,21 +373,21 @@ def _failure(impl: str, dtype: str, shape_name: str, error: Exception) -> str:
   return f'{impl} {dtype} at ({shape_name}): failed, {type(error).__name__}: {first}'
 
 
-def run(shapes, impls, repeats, dtypes=('float32',),
-        on_update=None) -> tuple[list[dict], list[str]]:
+def run(shapes, impls, repeats, dtypes=('float32',), on_update=None,
+        canary: Optional[dict[str, bool]] = None) -> tuple[list[dict], list[str]]:
   """Rows of every (shape, impl, dtype) that runs here, interleaved repetition by
   repetition within a shape; and one line for each (impl, dtype) skipped, or that
   failed to build, compile or run (a failure loses that row only).
 
   `on_update(results, skipped)`, where given, is called after every repetition round
   with the rows so far (their medians over the rounds done: a run stopped midway keeps
-  them) and after every failure.
+  them) and after every failure. `canary`: as `skip_reason`'s.
   """
   cudnn_unavailable = cudnn_lstm.unavailable_reason() if CUDNN in impls else None
   runs, skipped = [], []
   for impl in impls:
     for dtype in dtypes:
-      reason = skip_reason(impl, dtype, cudnn_unavailable)
+      reason = skip_reason(impl, dtype, cudnn_unavailable, canary)
       if reason is None:
         runs.append((impl, dtype))
       elif reason not in skipped:
@@ -486,7 +509,9 @@ def main(argv):
     if _JSON.value:
       with open(_JSON.value, 'w') as f:
         json.dump(saved, f, indent=1)
-  write(*run(_SHAPES.value, _IMPLS.value, repeats, _DTYPES.value, on_update=write))
+  canary = canary_verdicts(_CANARY.value) if _CANARY.value else None
+  write(*run(_SHAPES.value, _IMPLS.value, repeats, _DTYPES.value, on_update=write,
+             canary=canary))
   if _BATCH_SUMS.value:
     saved['batch_sums'] = batch_sum_speed.run(repeats, _time_once)
     write(saved['results'], saved['skipped'])

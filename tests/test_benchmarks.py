@@ -203,6 +203,30 @@ def test_canary_compares_every_value():
   assert fused_canary.config_settings('default') == {}
 
 
+def test_only_pallas_forms_the_canary_passed_are_timed(tmp_path):
+  """With the canary's JSON, a Pallas form that failed it at its default settings, or that
+  it did not check, has no timing row, one line each; a failure in another sweep entry
+  does not count against the default settings that are timed."""
+  path = tmp_path / 'canary.json'
+  assert rnn_speed.canary_verdicts(str(path)) == {}   # the canary wrote nothing
+  pallas, persistent = (fused_canary.rnn_speed_impl(form) for form in ('fused_pallas',
+                                                                       'persistent'))
+  assert {pallas, persistent} <= set(rnn_speed.FUSED)
+  rows = [{'form': 'fused_xla', 'ok': True},
+          {'form': 'fused_pallas', 'config': 'default', 'impl': pallas, 'ok': True},
+          {'form': 'fused_pallas', 'config': '32x4', 'impl': pallas, 'ok': False},
+          {'form': 'persistent', 'config': 'default', 'impl': persistent, 'ok': True},
+          {'form': 'persistent', 'config': 'default', 'impl': persistent, 'ok': False}]
+  path.write_text(json.dumps({'rows': rows}))
+  verdicts = rnn_speed.canary_verdicts(str(path))
+  assert verdicts == {pallas: True, persistent: False}
+  assert rnn_speed.skip_reason(persistent, 'float32', None, verdicts) == (
+      f'{persistent}: skipped, it failed the canary (its outputs or gradients are wrong '
+      'here).')
+  assert 'the canary did not check it' in rnn_speed.skip_reason(pallas, 'float32', None, {})
+  assert rnn_speed.skip_reason('bn_lstm', 'float32', None, {}) is None
+
+
 @pytest.mark.parametrize('bidirectional', helpers.core_cases([False, True], core=[False]))
 def test_cell_row_runs_and_updates_its_statistics(monkeypatch, bidirectional):
   """The `br.RNN(BNLSTMCell)` row: a fwd+bwd with batch statistics, timed beside Flax's
