@@ -44,7 +44,7 @@ import rnn_speed  # pylint: disable=g-bad-import-order
 REFERENCE = 'fused_xla'
 #: The forms checked: those that run kernels of their own (Pallas).
 CHECKED = [name for name, form in compile_targets.FORMS.items()
-           if form.settings.get('fused_step', 'none') not in ('none', 'xla')]
+           if form.settings.get('fused_step') in br.policy.PALLAS_STEPS]
 #: `Execution` fields a `--configs` entry sets, in order ('32x4': block_h 32, 4 warps).
 CONFIG_FIELDS = ('block_h', 'num_warps')
 

@@ -350,12 +350,13 @@ def skip_reason(impl: str, dtype: str, cudnn_unavailable: Optional[str],
     return cudnn_unavailable
   if impl in (CUDNN, *FLOORS) and dtype != 'float32':
     return f'{impl} {dtype}: skipped, it runs float32 only.'
-  if canary is not None and impl.endswith((':pallas', ':persistent')):
+  pallas = impl.rsplit(':', 1)[-1] in policy.PALLAS_STEPS
+  if canary is not None and pallas:
     if impl not in canary:
       return f'{impl}: skipped, the canary did not check it (not timed unchecked).'
     if not canary[impl]:
       return f'{impl}: skipped, it failed the canary (its outputs or gradients are wrong here).'
-  if impl.endswith((':pallas', ':persistent')) and jax.default_backend() == 'cpu':
+  if pallas and jax.default_backend() == 'cpu':
     return f'{impl}: skipped, Pallas runs interpreted on CPU (time it on an accelerator).'
   return None
 

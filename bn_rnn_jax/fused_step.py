@@ -43,6 +43,11 @@ class Layout:
   hidden: int
   block_h: int
 
+  @property
+  def blocks(self) -> int:
+    """Unit blocks of `block_h` in `hidden`."""
+    return self.hidden // self.block_h
+
 
 # ----------------------------------------------------------------------------- step math
 # On values: 'gates' are 4-tuples of `[B, F]`, 'gate_vec' 4-tuples of `[F]`, 'state'
@@ -209,7 +214,7 @@ def _step(static: Static, direction: str, inputs: dict[str, Array]) -> dict:
         ref[...] = value
 
   call = pl.pallas_call(
-      kernel, grid=(lay.hidden // lay.block_h,),
+      kernel, grid=(lay.blocks,),
       out_shape=[jax.ShapeDtypeStruct(shapes[_KINDS[n]], inputs['c_prev'].dtype)
                  for n in outputs],
       in_specs=[specs[_KINDS[n]] for n in names], out_specs=[specs[_KINDS[n]] for n in outputs],

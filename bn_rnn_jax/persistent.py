@@ -64,9 +64,9 @@ def _dot(a, b, compute_dtype, transpose_b=False):
 
 
 def _block(static, i):
-  """Unit block `i` (traced) of a state, as a slice of its columns."""
+  """Unit block `i` (an int, or traced) of a state, as a slice of its columns."""
   bh = static.layout.block_h
-  return pl.ds(pl.multiple_of(i * bh, bh), bh)
+  return pl.ds(i * bh if isinstance(i, int) else pl.multiple_of(i * bh, bh), bh)
 
 
 def _barrier(static):
@@ -94,13 +94,12 @@ def _over_blocks(static, body):
   def run(i, _):
     body(_block(static, i))
     return 0
-  lax.fori_loop(0, static.layout.hidden // static.layout.block_h, run, 0)
+  lax.fori_loop(0, static.layout.blocks, run, 0)
 
 
 def _forward_kernel(static, save: bool, names, *refs):
   r = dict(zip(names, refs))
   length, tile = r['u'].shape[0], (static.layout.batch, static.layout.block_h)
-  nb = static.layout.hidden // static.layout.block_h
   math = functools.partial(fused_step.forward_math, epsilon=static.epsilon,
                            population=static.population, axis_name=None)
   # (c, h)_{t-1} in slot t of `state`: with `save` every step keeps its own (the backward
@@ -121,8 +120,8 @@ def _forward_kernel(static, save: bool, names, *refs):
       # Z[:, g, blk] = sum_j h_{t-1}[:, bj] W_h[bj, g, blk], unrolled over j so that
       # every tile's load is in flight at once.
       z = [jnp.zeros(tile, jnp.float32)] * GATES
-      for j in range(nb):
-        bj = pl.ds(j * static.layout.block_h, static.layout.block_h)
+      for j in range(static.layout.blocks):
+        bj = _block(static, j)
         h_j = r['h_state'][read, :, bj]
         z = [z[g] + _dot(h_j, r['w'][bj, g, blk], static.compute_dtype) for g in range(GATES)]
       z = tuple(a.astype(r['u'].dtype) for a in z)
@@ -148,7 +147,7 @@ def _forward_kernel(static, save: bool, names, *refs):
 
 def _backward_kernel(static, names, *refs):
   r = dict(zip(names, refs))
-  length, nb = r['u'].shape[0], static.layout.hidden // static.layout.block_h
+  length = r['u'].shape[0]
   math = functools.partial(fused_step.backward_math, epsilon=static.epsilon,
                            population=static.population, axis_name=None)
   # The cotangents of step t's (c, h)_{t-1} in slot (T - t) % 2 (the final state's in 0).
@@ -177,8 +176,8 @@ def _backward_kernel(static, names, *refs):
 
     def through_w(bj):  # dh_{t-1}[:, bj] += sum_{i, g} dZ[:, g, bi] W_h[bj, g, bi]^T
       dh = r['dh_state'][write, :, bj].astype(jnp.float32)
-      for i in range(nb):   # unrolled, as the forward products
-        bi = pl.ds(i * static.layout.block_h, static.layout.block_h)
+      for i in range(static.layout.blocks):   # unrolled, as the forward products
+        bi = _block(static, i)
         dh = dh + sum(_dot(r['dz'][t, :, g, bi], r['w'][bj, g, bi], static.compute_dtype,
                            transpose_b=True) for g in range(GATES))
       r['dh_state'][write, :, bj] = dh.astype(r['dh_state'].dtype)
