@@ -147,7 +147,7 @@ def main(argv):
   facts = machine_facts.machine()
   shape = rnn_speed.SHAPES[_SHAPE.value]
   cudnn_unavailable = rnn_speed.cudnn_lstm.unavailable_reason()
-  canary = rnn_speed.canary_verdicts(_CANARY.value) if _CANARY.value else None
+  canary = rnn_speed.canary_verdicts(_CANARY.value)
   saved = {'kind': 'launch_profile', 'machine': facts, 'shape': _SHAPE.value,
            'calls': _CALLS.value, 'skipped': [], 'rows': []}
   for impl in _IMPLS.value:

@@ -328,9 +328,12 @@ def _time_once(step, params) -> tuple[float, float]:
   return (time.perf_counter() - start) * 1e3, (time.process_time() - start_cpu) * 1e3
 
 
-def canary_verdicts(path: str) -> dict[str, bool]:
+def canary_verdicts(path: Optional[str]) -> Optional[dict[str, bool]]:
   """From `fused_canary.py`'s JSON at `path`: for each Pallas impl it checked at its
-  default settings, whether every such row passed (none where the canary wrote nothing)."""
+  default settings, whether every such row passed (none where the canary wrote nothing);
+  None without a path (no canary to heed)."""
+  if not path:
+    return None
   if not os.path.exists(path):
     return {}
   with open(path) as f:
@@ -510,9 +513,8 @@ def main(argv):
     if _JSON.value:
       with open(_JSON.value, 'w') as f:
         json.dump(saved, f, indent=1)
-  canary = canary_verdicts(_CANARY.value) if _CANARY.value else None
   write(*run(_SHAPES.value, _IMPLS.value, repeats, _DTYPES.value, on_update=write,
-             canary=canary))
+             canary=canary_verdicts(_CANARY.value)))
   if _BATCH_SUMS.value:
     saved['batch_sums'] = batch_sum_speed.run(repeats, _time_once)
     write(saved['results'], saved['skipped'])
